@@ -1,0 +1,83 @@
+"""Names shared by every part of SDG: the API group, annotations, labels and condition types.
+
+Everything that appears on the wire (annotation keys, label values, condition types) is
+defined once here so the scheduler, webhooks, CRD tests and docs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Final
+
+from sdgruntime.kinds import Kind
+
+GROUP: Final = "deviceshare.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "SharedDeviceGroup"
+PLURAL: Final = "shareddevicegroups"
+SHORT_NAME: Final = "sdg"
+
+#: The SharedDeviceGroup resource; cluster-scoped, so groups are shared across namespaces.
+SDG_KIND: Final = Kind(GROUP, VERSION, KIND, PLURAL, namespaced=False)
+
+#: Pod annotation naming the group a pod joins.
+GROUP_ANNOTATION: Final = "deviceshare.io/group"
+
+#: Nodes opt in to sharing with this label (key=value).
+NODE_MODE_LABEL: Final = "deviceshare.io/mode"
+NODE_MODE_SHARED: Final = "shared"
+
+#: Node annotation holding the fenced per-node claim record (see controllers.tracker).
+CLAIMS_ANNOTATION: Final = "deviceshare.io/claims"
+
+#: schedulerName pods of a group must use; the webhook sets it when absent/default.
+SCHEDULER_NAME: Final = "deviceshare-scheduler"
+DEFAULT_SCHEDULER_NAME: Final = "default-scheduler"
+
+#: Finalizer that holds a group while pods still use it (like kubernetes.io/pvc-protection).
+FINALIZER: Final = "deviceshare.io/protection"
+
+# --- Phases -----------------------------------------------------------------------------
+PHASE_PENDING: Final = "Pending"
+PHASE_BOUND: Final = "Bound"
+
+# --- Condition types ----------------------------------------------------------------------
+#: ``Scheduled``: the group has a node and concrete device IDs.
+#:   True/``Bound`` once bound; False/``Unschedulable`` with the per-node-class message
+#:   ("0/5 nodes are available: ...") while Pending.
+CONDITION_SCHEDULED: Final = "Scheduled"
+#: ``NodeHealthy``: the bound node still exists, is Ready, is not cordoned and still
+#:   offers the selected devices. False/``NodeNotFound``|``NodeNotReady``|``DevicesMissing``.
+#:   Unknown while the group is not bound.
+CONDITION_NODE_HEALTHY: Final = "NodeHealthy"
+#: ``Ready``: summary a user waits on (``kubectl wait --for=condition=Ready sdg/x``):
+#:   True iff Scheduled and NodeHealthy are both True.
+CONDITION_READY: Final = "Ready"
+
+# --- Condition reasons (CamelCase, as Kubernetes API conventions require) ----------------
+REASON_BOUND: Final = "Bound"
+REASON_UNSCHEDULABLE: Final = "Unschedulable"
+REASON_NODE_READY: Final = "NodeReady"
+REASON_NODE_NOT_FOUND: Final = "NodeNotFound"
+REASON_NODE_NOT_READY: Final = "NodeNotReady"
+REASON_DEVICES_MISSING: Final = "DevicesMissing"
+REASON_NOT_BOUND: Final = "NotBound"
+REASON_READY: Final = "Ready"
+REASON_NOT_READY: Final = "NotReady"
+
+# --- Device env vars ----------------------------------------------------------------------
+#: Default device resource -> env var table. Keys are fnmatch-style globs matched against
+#: the whole resource name (case-sensitive); an exact key wins over a glob, and among globs
+#: the longest pattern wins. Extend it with the manager flag ``DEVICE_ENV_FLAG``.
+DEFAULT_ENV_TABLE: Final = MappingProxyType(
+    {
+        "nvidia.com/gpu": "NVIDIA_VISIBLE_DEVICES",
+        "amd.com/gpu": "AMD_VISIBLE_DEVICES",
+        "huawei.com/Ascend*": "ASCEND_VISIBLE_DEVICES",
+    }
+)
+
+#: The manager command-line flag that adds/overrides env table entries, repeated as
+#: ``--device-env RESOURCE_GLOB=ENV_VAR`` (parsed by ``api.envvars.parse_env_table``).
+DEVICE_ENV_FLAG: Final = "--device-env"

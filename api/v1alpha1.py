@@ -1,0 +1,197 @@
+"""``deviceshare.io/v1alpha1`` SharedDeviceGroup: pydantic models and dict-friendly readers.
+
+The models are for construction, docs and validation at the edges (CLI, examples, tests).
+Hot paths (caches, scheduler, webhooks) read plain decoded JSON with the small readers at
+the bottom, which never raise on a partially filled object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from api.conditions import rfc3339
+from api.constants import API_VERSION, KIND, PHASE_BOUND, PHASE_PENDING
+from api.validation import validate_spec
+
+Strategy = Literal["binpack", "spread"]
+Phase = Literal["Pending", "Bound"]
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields ignored (forward compat)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="ignore",
+    )
+
+
+class Condition(_Model):
+    """A ``metav1.Condition``."""
+
+    type: str = Field(min_length=1, max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(min_length=1, max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime
+    observed_generation: int | None = Field(default=None, ge=0)
+
+    @field_serializer("last_transition_time")
+    def _ser_time(self, value: datetime) -> str:
+        return rfc3339(value)
+
+
+class SharedDeviceGroupSpec(_Model):
+    """What the group wants: device counts, a strategy, and where it may land."""
+
+    resources: dict[str, StrictInt]
+    scheduling_strategy: Strategy = "binpack"
+    node_selector: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> SharedDeviceGroupSpec:
+        errors = validate_spec(self.model_dump(exclude_none=True))
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+
+class SharedDeviceGroupStatus(_Model):
+    """What the system decided: node, concrete device IDs, member pods, conditions."""
+
+    phase: Phase | None = None
+    node_name: str | None = None
+    #: resource -> comma-separated device IDs, e.g. ``{"nvidia.com/gpu": "0,1"}``.
+    selected_devices: dict[str, str] = Field(default_factory=dict)
+    #: ``namespace/name`` of the pods using the group, sorted.
+    allocated_pods: list[str] = Field(default_factory=list)
+    #: ``len(allocatedPods)``: a clean integer for the PODS printer column.
+    pod_count: int = Field(default=0, ge=0)
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = Field(default=None, ge=0)
+
+    @field_validator("allocated_pods")
+    @classmethod
+    def _sorted_pods(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))
+
+    @field_validator("selected_devices")
+    @classmethod
+    def _valid_ids(cls, value: dict[str, str]) -> dict[str, str]:
+        return {res: format_ids(parse_ids(ids)) for res, ids in value.items()}
+
+
+class ObjectMeta(_Model):
+    """The metadata fields SDG reads; everything else is kept verbatim."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    generate_name: str | None = None
+    uid: str | None = None
+    resource_version: str | None = None
+    generation: int | None = None
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    finalizers: list[str] | None = None
+
+
+class SharedDeviceGroup(_Model):
+    api_version: Literal["deviceshare.io/v1alpha1"] = API_VERSION
+    kind: Literal["SharedDeviceGroup"] = KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: SharedDeviceGroupSpec
+    status: SharedDeviceGroupStatus | None = None
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> SharedDeviceGroup:
+        return cls.model_validate(obj)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object to send to the API server (no nulls)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+# --- device ID lists ----------------------------------------------------------------------
+
+
+def format_ids(ids: Iterable[int]) -> str:
+    """``[1, 0] -> "0,1"``: sorted, the form stored in ``status.selectedDevices``."""
+    out = sorted(ids)
+    for i, dev in enumerate(out):
+        if isinstance(dev, bool) or not isinstance(dev, int) or dev < 0:
+            raise ValueError(f"device IDs must be non-negative integers, got {dev!r}")
+        if i and out[i - 1] == dev:
+            raise ValueError(f"device ID {dev} listed twice")
+    return ",".join(str(d) for d in out)
+
+
+def parse_ids(text: str) -> list[int]:
+    """``"0,1" -> [0, 1]`` (sorted). ``""`` is no devices. Raises ValueError when malformed."""
+    if not isinstance(text, str):
+        raise ValueError(f"device IDs must be a string like '0,1', got {text!r}")
+    if not text.strip():
+        return []
+    ids: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isascii() or not part.isdigit():
+            raise ValueError(f"malformed device ID list {text!r}: {part!r} is not an integer")
+        ids.append(int(part))
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"malformed device ID list {text!r}: an ID is listed twice")
+    return sorted(ids)
+
+
+# --- dict readers for hot paths -------------------------------------------------------------
+
+
+def group_name(group: Mapping[str, Any]) -> str:
+    return str((group.get("metadata") or {}).get("name") or "")
+
+
+def group_resources(group: Mapping[str, Any]) -> dict[str, int]:
+    """``spec.resources`` (empty if missing)."""
+    return dict((group.get("spec") or {}).get("resources") or {})
+
+
+def group_strategy(group: Mapping[str, Any]) -> str:
+    return str((group.get("spec") or {}).get("schedulingStrategy") or "binpack")
+
+
+def group_phase(group: Mapping[str, Any]) -> str:
+    """``status.phase``; a group nobody has scheduled yet is Pending."""
+    return str((group.get("status") or {}).get("phase") or PHASE_PENDING)
+
+
+def is_bound(group: Mapping[str, Any]) -> bool:
+    status = group.get("status") or {}
+    return status.get("phase") == PHASE_BOUND and bool(status.get("nodeName"))
+
+
+def group_node(group: Mapping[str, Any]) -> str | None:
+    return (group.get("status") or {}).get("nodeName") or None
+
+
+def selected_devices(group: Mapping[str, Any]) -> dict[str, list[int]]:
+    """``status.selectedDevices`` parsed to ID lists. Raises ValueError when malformed."""
+    raw = (group.get("status") or {}).get("selectedDevices") or {}
+    return {res: parse_ids(ids) for res, ids in raw.items()}
