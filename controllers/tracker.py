@@ -1,0 +1,381 @@
+"""In-memory device bookkeeping: which group holds which device ID on which node.
+
+Pure and synchronous: the group scheduler owns one tracker, mutates it only from its
+reconcile path, and persists each change to the node's fenced claim record (the
+``deviceshare.io/claims`` Node annotation, see ``encode_claims``) before treating it as
+final. After a restart the tracker is rebuilt from those records (``rebuild``).
+
+Invariant (checked by ``check_invariants`` and the property tests): every (node, resource,
+device ID) is held by at most one group, and each group holds devices on exactly one
+node. Every public method either keeps it or raises/returns without changing anything;
+conflicting inputs are reported, never merged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from api.v1alpha1 import format_ids, parse_ids
+from api.validation import is_resource_name
+
+__all__ = [
+    "AllocationError",
+    "Claim",
+    "Conflict",
+    "DeviceTracker",
+    "Holding",
+    "InsufficientDevices",
+    "decode_claims",
+    "encode_claims",
+    "format_ids",
+    "parse_ids",
+]
+
+#: Devices per resource, e.g. ``{"nvidia.com/gpu": [0, 1]}``.
+Devices = dict[str, list[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The devices one group holds; always on a single node. IDs are sorted tuples."""
+
+    node: str
+    devices: Mapping[str, tuple[int, ...]]
+
+    def as_dict(self) -> Devices:
+        return {res: list(ids) for res, ids in sorted(self.devices.items())}
+
+    def counts(self) -> dict[str, int]:
+        return {res: len(ids) for res, ids in self.devices.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """One held device, reported when capacity shrinks below it."""
+
+    node: str
+    resource: str
+    device: int
+    group: str
+
+    def __str__(self) -> str:
+        return f"{self.resource} {self.device} on node {self.node} held by group {self.group}"
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """A claim that was rejected because it overlaps one already recorded.
+
+    ``holder`` is the group that keeps the device; when it equals ``group`` the group
+    was already recorded with a different claim (e.g. another node) and ``device`` is None.
+    """
+
+    group: str
+    node: str
+    resource: str | None
+    device: int | None
+    holder: str
+
+    def __str__(self) -> str:
+        if self.holder == self.group:
+            return (
+                f"group {self.group} already holds other devices; "
+                f"its claim on node {self.node} was not recorded"
+            )
+        return (
+            f"group {self.group} claims {self.resource} {self.device} on node {self.node}, "
+            f"already held by group {self.holder}"
+        )
+
+
+class AllocationError(ValueError):
+    """An allocation that cannot be made; nothing was changed."""
+
+
+class InsufficientDevices(AllocationError):
+    def __init__(self, node: str, resource: str, free: int, need: int) -> None:
+        self.node, self.resource, self.free, self.need = node, resource, free, need
+        super().__init__(f"node {node} has {free} free {resource} (need {need})")
+
+
+def _normalize(devices: Mapping[str, Iterable[int] | str]) -> dict[str, tuple[int, ...]]:
+    """Validate a claim's devices: known shape, non-empty, no duplicate IDs."""
+    if not devices:
+        raise ValueError("a claim must hold at least one device")
+    out: dict[str, tuple[int, ...]] = {}
+    for res, ids in devices.items():
+        if not isinstance(res, str) or not res:
+            raise ValueError(f"bad resource name {res!r}")
+        parsed = parse_ids(ids) if isinstance(ids, str) else parse_ids(format_ids(ids))
+        if not parsed:
+            raise ValueError(f"claim on {res} lists no device IDs")
+        out[res] = tuple(parsed)
+    return out
+
+
+class DeviceTracker:
+    """Device IDs ``0..capacity-1`` per node and resource, and the group holding each."""
+
+    def __init__(self) -> None:
+        self._capacity: dict[str, dict[str, int]] = {}
+        # node -> resource -> device ID -> group
+        self._held: dict[str, dict[str, dict[int, str]]] = {}
+        self._claims: dict[str, Claim] = {}
+
+    # --- queries -----------------------------------------------------------------------
+
+    def capacity(self, node: str, resource: str) -> int:
+        return self._capacity.get(node, {}).get(resource, 0)
+
+    def free_ids(self, node: str, resource: str) -> list[int]:
+        """Free IDs below capacity, lowest first."""
+        held = self._held.get(node, {}).get(resource, {})
+        return [i for i in range(self.capacity(node, resource)) if i not in held]
+
+    def free(self, node: str, resource: str) -> int:
+        """How many IDs below capacity no group holds."""
+        cap = self.capacity(node, resource)
+        held = self._held.get(node, {}).get(resource, {})
+        return cap - sum(1 for i in held if i < cap)
+
+    def holder(self, node: str, resource: str, device: int) -> str | None:
+        return self._held.get(node, {}).get(resource, {}).get(device)
+
+    def claims_of(self, group: str) -> Claim | None:
+        return self._claims.get(group)
+
+    def claims_on(self, node: str) -> dict[str, Devices]:
+        """The node's claim record: ``{group: {resource: [ids]}}`` (input to encode_claims)."""
+        return {g: c.as_dict() for g, c in sorted(self._claims.items()) if c.node == node}
+
+    def groups(self) -> list[str]:
+        return sorted(self._claims)
+
+    def nodes(self) -> list[str]:
+        """Nodes with a capacity or a holding."""
+        return sorted(set(self._capacity) | {c.node for c in self._claims.values()})
+
+    def stranded(self, node: str | None = None) -> list[Holding]:
+        """Held devices at or beyond their node's current capacity (node shrank or vanished)."""
+        out: list[Holding] = []
+        for n, per_res in sorted(self._held.items()):
+            if node is not None and n != node:
+                continue
+            for res, ids in sorted(per_res.items()):
+                cap = self.capacity(n, res)
+                out.extend(Holding(n, res, i, g) for i, g in sorted(ids.items()) if i >= cap)
+        return out
+
+    # --- capacity ----------------------------------------------------------------------
+
+    def set_capacity(self, node: str, resource: str, total: int) -> list[Holding]:
+        """Set a node's device count; returns holdings now beyond it (they are kept)."""
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise ValueError(f"capacity must be a non-negative integer, got {total!r}")
+        per_node = self._capacity.setdefault(node, {})
+        if total:
+            per_node[resource] = total
+        else:
+            per_node.pop(resource, None)
+        if not per_node:
+            del self._capacity[node]
+        held = self._held.get(node, {}).get(resource, {})
+        return [Holding(node, resource, i, g) for i, g in sorted(held.items()) if i >= total]
+
+    def set_node_capacity(self, node: str, capacities: Mapping[str, int]) -> list[Holding]:
+        """Replace all of a node's capacities (resources not listed become 0)."""
+        for res, total in capacities.items():
+            if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+                raise ValueError(f"capacity of {res} must be a non-negative integer")
+        resources = set(self._capacity.get(node, {})) | set(capacities)
+        resources |= set(self._held.get(node, {}))
+        out: list[Holding] = []
+        for res in sorted(resources):
+            out.extend(self.set_capacity(node, res, capacities.get(res, 0)))
+        return out
+
+    def remove_node(self, node: str) -> list[Holding]:
+        """The node is gone: capacity 0 everywhere; returns the holdings left stranded."""
+        return self.set_node_capacity(node, {})
+
+    # --- changes -----------------------------------------------------------------------
+
+    def allocate(self, group: str, node: str, request: Mapping[str, int]) -> Devices:
+        """Give ``group`` the lowest free IDs on ``node``: all resources or none.
+
+        Idempotent: a group that already holds exactly this request on this node gets its
+        devices back. Raises InsufficientDevices (nothing changed) when any resource is
+        short, AllocationError when the group holds a different claim.
+        """
+        if not request:
+            raise AllocationError("empty request: a group requests at least one resource")
+        for res, count in request.items():
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise AllocationError(f"request for {res} must be a positive integer")
+        existing = self._claims.get(group)
+        if existing is not None:
+            if existing.node == node and existing.counts() == dict(request):
+                return existing.as_dict()
+            raise AllocationError(
+                f"group {group} already holds {_describe(existing.as_dict())} "
+                f"on node {existing.node}; release it first"
+            )
+        picked: dict[str, tuple[int, ...]] = {}
+        for res in sorted(request):
+            free = self.free_ids(node, res)
+            need = request[res]
+            if len(free) < need:
+                raise InsufficientDevices(node, res, len(free), need)
+            picked[res] = tuple(free[:need])
+        self._record(group, node, picked)
+        return {res: list(ids) for res, ids in picked.items()}
+
+    def add_claim(
+        self, group: str, node: str, devices: Mapping[str, Iterable[int] | str]
+    ) -> list[Conflict]:
+        """Record specific devices for ``group`` (from a claim record or a group status).
+
+        All or nothing: on any overlap nothing is recorded and the conflicts are returned.
+        Capacity is not checked (nodes may not be known yet); see ``stranded``.
+        Recording the group's identical existing claim again is a no-op.
+        """
+        normalized = _normalize(devices)
+        existing = self._claims.get(group)
+        if existing is not None:
+            if existing.node == node and dict(existing.devices) == normalized:
+                return []
+            return [Conflict(group, node, None, None, group)]
+        conflicts = [
+            Conflict(group, node, res, i, holder)
+            for res, ids in sorted(normalized.items())
+            for i in ids
+            if (holder := self.holder(node, res, i)) is not None
+        ]
+        if not conflicts:
+            self._record(group, node, normalized)
+        return conflicts
+
+    def release(self, group: str) -> Claim | None:
+        """Free everything ``group`` holds; returns what it held (None if nothing)."""
+        claim = self._claims.pop(group, None)
+        if claim is None:
+            return None
+        per_node = self._held[claim.node]
+        for res, ids in claim.devices.items():
+            held = per_node[res]
+            for i in ids:
+                del held[i]
+            if not held:
+                del per_node[res]
+        if not per_node:
+            del self._held[claim.node]
+        return claim
+
+    def rebuild(
+        self, claims: Iterable[tuple[str, str, Mapping[str, Iterable[int] | str]]]
+    ) -> list[Conflict]:
+        """Forget all holdings and record ``(group, node, devices)`` claims in order.
+
+        Capacities are kept. Earlier claims win: pass the fenced node records before
+        group statuses. A claim overlapping an earlier one is rejected whole and returned,
+        for the caller to resolve (e.g. by the pods' injected env), never merged.
+        """
+        self._held.clear()
+        self._claims.clear()
+        conflicts: list[Conflict] = []
+        for group, node, devices in claims:
+            conflicts.extend(self.add_claim(group, node, devices))
+        return conflicts
+
+    def _record(self, group: str, node: str, devices: Mapping[str, tuple[int, ...]]) -> None:
+        per_node = self._held.setdefault(node, {})
+        for res, ids in devices.items():
+            held = per_node.setdefault(res, {})
+            for i in ids:
+                assert i not in held, "invariant: a device is held by at most one group"
+                held[i] = group
+        self._claims[group] = Claim(node, MappingProxyType(dict(sorted(devices.items()))))
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the holder index and the claims disagree (for tests)."""
+        seen: dict[tuple[str, str, int], str] = {}
+        for group, claim in self._claims.items():
+            for res, ids in claim.devices.items():
+                assert list(ids) == sorted(set(ids)), f"{group}: unsorted/duplicate IDs"
+                for i in ids:
+                    key = (claim.node, res, i)
+                    assert key not in seen, f"{key} held by {seen.get(key)} and {group}"
+                    seen[key] = group
+        indexed = {
+            (n, r, i): g
+            for n, per_res in self._held.items()
+            for r, ids in per_res.items()
+            for i, g in ids.items()
+        }
+        assert indexed == seen, "holder index out of sync with claims"
+        assert all(self._held.values()) and all(
+            ids for per_res in self._held.values() for ids in per_res.values()
+        ), "empty index entries left behind"
+
+
+def _describe(devices: Mapping[str, Iterable[int]]) -> str:
+    return ", ".join(f"{res} {format_ids(ids)}" for res, ids in sorted(devices.items()))
+
+
+# --- the per-node claim record codec ----------------------------------------------------
+
+
+def encode_claims(claims: Mapping[str, Mapping[str, Iterable[int] | str]]) -> str:
+    """``{group: {resource: [ids]}} -> '{"g":{"nvidia.com/gpu":"0,1"}}'`` (compact, sorted).
+
+    Deterministic output, so an unchanged record is byte-identical and needs no write.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for group, devices in claims.items():
+        if not isinstance(group, str) or not group:
+            raise ValueError(f"bad group name {group!r} in claims")
+        normalized = _normalize(devices)
+        for res in normalized:
+            if not is_resource_name(res):
+                raise ValueError(f"claim of group {group!r} has bad resource name {res!r}")
+        out[group] = {res: format_ids(ids) for res, ids in normalized.items()}
+    return json.dumps(out, separators=(",", ":"), sort_keys=True)
+
+
+def decode_claims(text: str) -> dict[str, Devices]:
+    """Parse a node's claim record. Empty text is no claims; malformed raises ValueError.
+
+    The error names what is wrong, because a human may have to repair the annotation.
+    """
+    if text is None or not text.strip():
+        return {}
+    try:
+        raw: Any = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"claim record is not JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("claim record must be a JSON object of group -> {resource: ids}")
+    out: dict[str, Devices] = {}
+    for group, devices in raw.items():
+        if not group:
+            raise ValueError("claim record has an empty group name")
+        if not isinstance(devices, dict) or not devices:
+            raise ValueError(f"claim of group {group!r} must be a non-empty object")
+        parsed: Devices = {}
+        for res, ids in devices.items():
+            if not is_resource_name(res):
+                raise ValueError(f"claim of group {group!r} has bad resource name {res!r}")
+            if not isinstance(ids, str):
+                raise ValueError(f"claim of group {group!r} on {res}: IDs must be a string")
+            try:
+                parsed[res] = parse_ids(ids)
+            except ValueError as err:
+                raise ValueError(f"claim of group {group!r} on {res}: {err}") from None
+            if not parsed[res]:
+                raise ValueError(f"claim of group {group!r} on {res} lists no device IDs")
+        out[group] = parsed
+    return out

@@ -1,0 +1,355 @@
+"""Device tracker: allocation, release, capacity changes, rebuild, and the claim codec."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from controllers.tracker import (
+    AllocationError,
+    Claim,
+    Conflict,
+    DeviceTracker,
+    Holding,
+    InsufficientDevices,
+    decode_claims,
+    encode_claims,
+    format_ids,
+    parse_ids,
+)
+
+GPU = "nvidia.com/gpu"
+NPU = "huawei.com/Ascend910"
+
+
+def tracker(**caps: dict[str, int]) -> DeviceTracker:
+    t = DeviceTracker()
+    for node, per_res in caps.items():
+        t.set_node_capacity(node, per_res)
+    return t
+
+
+def test_allocate_takes_lowest_free_ids_and_is_deterministic() -> None:
+    t = tracker(n1={GPU: 4})
+    assert t.allocate("a", "n1", {GPU: 2}) == {GPU: [0, 1]}
+    assert t.allocate("b", "n1", {GPU: 1}) == {GPU: [2]}
+    t.release("a")
+    assert t.allocate("c", "n1", {GPU: 1}) == {GPU: [0]}
+    assert t.free("n1", GPU) == 2
+    assert t.free_ids("n1", GPU) == [1, 3]
+    assert t.holder("n1", GPU, 2) == "b" and t.holder("n1", GPU, 1) is None
+    t.check_invariants()
+
+
+def test_allocate_is_all_or_nothing_across_resources() -> None:
+    t = tracker(n1={GPU: 2, NPU: 1})
+    with pytest.raises(InsufficientDevices) as err:
+        t.allocate("a", "n1", {GPU: 1, NPU: 2})
+    assert str(err.value) == f"node n1 has 1 free {NPU} (need 2)"
+    assert (err.value.free, err.value.need) == (1, 2)
+    assert t.free("n1", GPU) == 2 and t.claims_of("a") is None
+    assert t.allocate("a", "n1", {GPU: 1, NPU: 1}) == {NPU: [0], GPU: [0]}
+    t.check_invariants()
+
+
+def test_allocate_is_idempotent_for_the_same_request_only() -> None:
+    t = tracker(n1={GPU: 4}, n2={GPU: 4})
+    first = t.allocate("a", "n1", {GPU: 2})
+    assert t.allocate("a", "n1", {GPU: 2}) == first
+    with pytest.raises(AllocationError, match=r"already holds nvidia\.com/gpu 0,1 on node n1"):
+        t.allocate("a", "n2", {GPU: 2})
+    with pytest.raises(AllocationError):
+        t.allocate("a", "n1", {GPU: 3})
+    assert t.free("n1", GPU) == 2 and t.free("n2", GPU) == 4
+
+
+@pytest.mark.parametrize("request_", [{}, {GPU: 0}, {GPU: -1}, {GPU: True}])
+def test_allocate_rejects_bad_requests(request_: dict) -> None:
+    with pytest.raises(AllocationError):
+        tracker(n1={GPU: 4}).allocate("a", "n1", request_)
+
+
+def test_unknown_node_or_resource_has_nothing_free() -> None:
+    t = DeviceTracker()
+    assert t.free("nope", GPU) == 0 and t.capacity("nope", GPU) == 0
+    with pytest.raises(InsufficientDevices, match="has 0 free"):
+        t.allocate("a", "nope", {GPU: 1})
+
+
+def test_release_returns_the_claim_and_is_idempotent() -> None:
+    t = tracker(n1={GPU: 2})
+    t.allocate("a", "n1", {GPU: 2})
+    claim = t.release("a")
+    assert claim == Claim("n1", {GPU: (0, 1)})
+    assert t.release("a") is None
+    assert t.free("n1", GPU) == 2 and t.groups() == []
+    t.check_invariants()
+
+
+def test_shrinking_capacity_keeps_holdings_and_reports_them() -> None:
+    t = tracker(n1={GPU: 4})
+    t.allocate("a", "n1", {GPU: 2})
+    t.allocate("b", "n1", {GPU: 2})
+    stranded = t.set_capacity("n1", GPU, 3)
+    assert stranded == [Holding("n1", GPU, 3, "b")]
+    assert str(stranded[0]) == "nvidia.com/gpu 3 on node n1 held by group b"
+    assert t.holder("n1", GPU, 3) == "b"  # not lost
+    assert t.free("n1", GPU) == 0
+    assert t.stranded() == stranded
+    t.set_capacity("n1", GPU, 4)
+    assert t.stranded() == [] and t.free("n1", GPU) == 0
+
+
+def test_removing_a_node_strands_its_holdings() -> None:
+    t = tracker(n1={GPU: 2, NPU: 2}, n2={GPU: 1})
+    t.allocate("a", "n1", {GPU: 1, NPU: 1})
+    assert t.remove_node("n1") == [Holding("n1", NPU, 0, "a"), Holding("n1", GPU, 0, "a")]
+    assert t.nodes() == ["n1", "n2"]  # n1 still listed: it has holdings
+    t.release("a")
+    assert t.nodes() == ["n2"]
+
+
+def test_set_node_capacity_zeroes_unlisted_resources() -> None:
+    t = tracker(n1={GPU: 2, NPU: 2})
+    t.set_node_capacity("n1", {GPU: 3})
+    assert t.capacity("n1", GPU) == 3 and t.capacity("n1", NPU) == 0
+    with pytest.raises(ValueError):
+        t.set_node_capacity("n1", {GPU: -1})
+    with pytest.raises(ValueError):
+        t.set_capacity("n1", GPU, True)  # type: ignore[arg-type]
+
+
+def test_add_claim_records_exact_devices_or_reports_conflicts() -> None:
+    t = tracker(n1={GPU: 4})
+    assert t.add_claim("a", "n1", {GPU: [1, 3]}) == []
+    assert t.free_ids("n1", GPU) == [0, 2]
+    assert t.add_claim("a", "n1", {GPU: "1,3"}) == []  # same claim again: no-op
+    conflicts = t.add_claim("b", "n1", {GPU: [0, 3]})
+    assert conflicts == [Conflict("b", "n1", GPU, 3, "a")]
+    assert str(conflicts[0]) == (
+        "group b claims nvidia.com/gpu 3 on node n1, already held by group a"
+    )
+    assert t.holder("n1", GPU, 0) is None  # all or nothing
+    other_node = t.add_claim("a", "n2", {GPU: [0]})
+    assert other_node == [Conflict("a", "n2", None, None, "a")]
+    assert "already holds other devices" in str(other_node[0])
+    with pytest.raises(ValueError):
+        t.add_claim("c", "n1", {})
+    with pytest.raises(ValueError):
+        t.add_claim("c", "n1", {GPU: []})
+    with pytest.raises(ValueError):
+        t.add_claim("c", "n1", {GPU: [2, 2]})
+    t.check_invariants()
+
+
+def test_rebuild_reports_conflicts_and_earlier_claims_win() -> None:
+    t = tracker(n1={GPU: 4})
+    t.allocate("old", "n1", {GPU: 4})
+    conflicts = t.rebuild(
+        [
+            ("a", "n1", {GPU: [0, 1]}),
+            ("b", "n1", {GPU: [1, 2]}),  # overlaps a on 1: rejected whole
+            ("c", "n1", {GPU: "3"}),
+            ("a", "n2", {GPU: [0]}),  # a again, elsewhere: rejected
+            ("a", "n1", {GPU: [0, 1]}),  # a again, same: fine
+        ]
+    )
+    assert conflicts == [Conflict("b", "n1", GPU, 1, "a"), Conflict("a", "n2", None, None, "a")]
+    assert t.groups() == ["a", "c"]
+    assert t.claims_of("old") is None
+    assert t.capacity("n1", GPU) == 4  # capacities survive a rebuild
+    assert t.free_ids("n1", GPU) == [2]
+    assert t.claims_on("n1") == {"a": {GPU: [0, 1]}, "c": {GPU: [3]}}
+    t.check_invariants()
+
+
+def test_rebuild_accepts_claims_beyond_known_capacity() -> None:
+    t = DeviceTracker()
+    assert t.rebuild([("a", "n1", {GPU: [5]})]) == []
+    assert t.stranded() == [Holding("n1", GPU, 5, "a")]
+    t.set_capacity("n1", GPU, 8)
+    assert t.stranded() == [] and t.free("n1", GPU) == 7
+
+
+# --- codec ------------------------------------------------------------------------------
+
+
+def test_encode_claims_is_compact_sorted_json() -> None:
+    text = encode_claims({"b": {GPU: [1, 0]}, "a": {NPU: "2", GPU: [3]}})
+    assert text == (
+        '{"a":{"huawei.com/Ascend910":"2","nvidia.com/gpu":"3"},"b":{"nvidia.com/gpu":"0,1"}}'
+    )
+    assert decode_claims(text) == {"a": {NPU: [2], GPU: [3]}, "b": {GPU: [0, 1]}}
+    assert encode_claims({}) == "{}" and decode_claims("") == {} and decode_claims("{}") == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("{", "not JSON"),
+        ("[]", "JSON object"),
+        ('{"a": []}', "non-empty object"),
+        ('{"a": {}}', "non-empty object"),
+        ('{"": {"a.io/b": "0"}}', "empty group name"),
+        ('{"a": {"gpu": "0"}}', "bad resource name"),
+        ('{"a": {"a.io/b": 0}}', "must be a string"),
+        ('{"a": {"a.io/b": "x"}}', "not an integer"),
+        ('{"a": {"a.io/b": "1,1"}}', "listed twice"),
+        ('{"a": {"a.io/b": ""}}', "no device IDs"),
+    ],
+)
+def test_decode_claims_rejects_malformed_records(text: str, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        decode_claims(text)
+
+
+def test_encode_claims_refuses_what_decode_would_reject() -> None:
+    for bad in ({"": {GPU: [0]}}, {"a": {}}, {"a": {"gpu": [0]}}, {"a": {GPU: [0, 0]}}):
+        with pytest.raises(ValueError):
+            encode_claims(bad)
+
+
+group_names = st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,10}[a-z0-9])?", fullmatch=True)
+resource_names = st.sampled_from([GPU, NPU, "amd.com/gpu", "example.com/x_y"])
+id_lists = st.lists(st.integers(0, 10_000), min_size=1, max_size=8, unique=True).map(sorted)
+claim_maps = st.dictionaries(
+    group_names, st.dictionaries(resource_names, id_lists, min_size=1, max_size=3), max_size=6
+)
+
+
+@given(claim_maps)
+def test_claims_codec_round_trips(claims: dict[str, dict[str, list[int]]]) -> None:
+    text = encode_claims(claims)
+    assert decode_claims(text) == claims
+    assert encode_claims(decode_claims(text)) == text
+    assert json.loads(text) == {
+        g: {r: format_ids(i) for r, i in d.items()} for g, d in claims.items()
+    }
+
+
+@given(st.lists(st.integers(0, 10_000), unique=True))
+def test_ids_round_trip(ids: list[int]) -> None:
+    assert parse_ids(format_ids(ids)) == sorted(ids)
+
+
+# --- properties over random operation sequences -----------------------------------------
+
+NODES = ["n1", "n2", "n3"]
+RESOURCES = [GPU, NPU]
+GROUPS = [f"g{i}" for i in range(8)]
+
+
+class TrackerMachine(RuleBasedStateMachine):
+    """Random allocate/release/capacity/rebuild sequences against a simple model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = DeviceTracker()
+        self.caps: dict[tuple[str, str], int] = {}
+
+    @rule(node=st.sampled_from(NODES), res=st.sampled_from(RESOURCES), total=st.integers(0, 6))
+    def set_capacity(self, node: str, res: str, total: int) -> None:
+        held_before = self._held()
+        stranded = self.t.set_capacity(node, res, total)
+        self.caps[(node, res)] = total
+        assert self._held() == held_before  # shrinking never loses holdings
+        assert {(h.device, h.group) for h in stranded} == {
+            (i, g) for (n, r, i), g in held_before.items() if (n, r) == (node, res) and i >= total
+        }
+
+    @rule(
+        group=st.sampled_from(GROUPS),
+        node=st.sampled_from(NODES),
+        request=st.dictionaries(st.sampled_from(RESOURCES), st.integers(1, 3), min_size=1),
+    )
+    def allocate(self, group: str, node: str, request: dict[str, int]) -> None:
+        before = self._held()
+        expected = {res: self.t.free_ids(node, res)[: request[res]] for res in request}
+        existing = self.t.claims_of(group)
+        try:
+            got = self.t.allocate(group, node, request)
+        except InsufficientDevices as err:
+            assert existing is None
+            assert len(self.t.free_ids(node, err.resource)) < request[err.resource]
+            assert self._held() == before
+            return
+        except AllocationError:
+            assert existing is not None
+            assert self._held() == before
+            return
+        if existing is None:
+            assert got == expected  # lowest free IDs first
+            for res, ids in got.items():
+                assert all(before.get((node, res, i)) is None for i in ids)
+                assert all(i < self.caps.get((node, res), 0) for i in ids)
+        else:
+            assert got == existing.as_dict() and self._held() == before
+
+    @rule(group=st.sampled_from(GROUPS))
+    def release(self, group: str) -> None:
+        had = self.t.claims_of(group)
+        assert self.t.release(group) == had
+        assert self.t.claims_of(group) is None
+        assert group not in set(self._held().values())
+
+    @precondition(lambda self: bool(self.t.groups()))
+    @rule(data=st.data())
+    def rebuild_with_noise(self, data: st.DataObject) -> None:
+        claims = [(g, c.node, c.as_dict()) for g in self.t.groups() if (c := self.t.claims_of(g))]
+        claims = data.draw(st.permutations(claims))
+        extra_group = data.draw(st.sampled_from(GROUPS))
+        extra = (
+            extra_group,
+            data.draw(st.sampled_from(NODES)),
+            data.draw(st.dictionaries(st.sampled_from(RESOURCES), id_lists, min_size=1)),
+        )
+        position = data.draw(st.integers(0, len(claims)))
+        claims.insert(position, extra)
+        before = self._held()
+        conflicts = self.t.rebuild(claims)
+        after = self._held()
+        # Every accepted claim is recorded exactly; every rejected one is reported.
+        rejected = {c.group for c in conflicts}
+        for group, node, devices in claims:
+            recorded = self.t.claims_of(group)
+            if (
+                recorded is not None
+                and recorded.node == node
+                and recorded.as_dict() == {r: sorted(i) for r, i in devices.items()}
+            ):
+                continue
+            assert group in rejected
+        # Without the extra claim the state would be identical: existing claims survive
+        # unless the extra one came first and took their devices (then they are reported).
+        for key, group in before.items():
+            assert after.get(key) == group or group in rejected
+
+    @invariant()
+    def consistent(self) -> None:
+        self.t.check_invariants()
+        held = self._held()
+        for node in NODES:
+            for res in RESOURCES:
+                cap = self.caps.get((node, res), 0)
+                in_range = sum(1 for (n, r, i) in held if (n, r) == (node, res) and i < cap)
+                assert self.t.free(node, res) == cap - in_range
+                assert len(self.t.free_ids(node, res)) == cap - in_range
+
+    def _held(self) -> dict[tuple[str, str, int], str]:
+        out = {}
+        for g in self.t.groups():
+            claim = self.t.claims_of(g)
+            assert claim is not None
+            for res, ids in claim.devices.items():
+                for i in ids:
+                    assert (claim.node, res, i) not in out, "ID held by two groups"
+                    out[(claim.node, res, i)] = g
+        return out
+
+
+TestTrackerMachine = TrackerMachine.TestCase
+TestTrackerMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
