@@ -1,0 +1,275 @@
+"""Does a pod fit a node? The checks a standalone scheduler owes before binding.
+
+A pod of a bound group has exactly one possible node, so the pod scheduler does not
+search; but binding straight to that node would bypass everything kube-scheduler checks.
+This module is those checks, pure, mirroring kube-scheduler's plugins: NodeUnschedulable,
+TaintToleration, NodeAffinity (+ nodeSelector), NodeResourcesFit, NodePorts. Messages use
+kube-scheduler's wording so users recognise them, plus the numbers that explain them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
+from typing import Any
+
+from controllers.quantity import format_units, parse_quantity, to_units
+
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+_FILTERING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_INT = re.compile(r"[+-]?[0-9]+")
+_WILDCARD_IPS = frozenset({"", "0.0.0.0"})
+
+Obj = Mapping[str, Any]
+
+
+# --- tolerations ------------------------------------------------------------------------
+
+
+def tolerates(toleration: Obj, taint: Obj) -> bool:
+    """``Toleration.ToleratesTaint``: empty effect matches all effects, empty key (with
+    Exists) all keys; operator "" means Equal."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    if key and key != taint.get("key"):
+        return False
+    op = toleration.get("operator") or "Equal"
+    if op == "Exists":
+        return True
+    if op == "Equal":
+        return (toleration.get("value") or "") == (taint.get("value") or "")
+    return False
+
+
+def _tolerated(tolerations: Iterable[Obj], taint: Obj) -> bool:
+    return any(tolerates(t, taint) for t in tolerations)
+
+
+# --- node affinity ----------------------------------------------------------------------
+
+
+def _match_expression(expr: Obj, labels: Mapping[str, str]) -> bool:
+    key = expr.get("key", "")
+    op = expr.get("operator")
+    values = expr.get("values") or []
+    present = key in labels
+    if op == "In":
+        return present and labels[key] in values
+    if op == "NotIn":
+        return not present or labels[key] not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt"):
+        if not present or len(values) != 1:
+            return False
+        have, want = labels[key], values[0]
+        if not _INT.fullmatch(have) or not _INT.fullmatch(str(want)):
+            return False
+        return int(have) > int(want) if op == "Gt" else int(have) < int(want)
+    return False  # unknown operator: never matches (API validation rejects it anyway)
+
+
+def _match_field(expr: Obj, node_name: str) -> bool:
+    if expr.get("key") != "metadata.name":
+        return False
+    return _match_expression({**expr, "key": "metadata.name"}, {"metadata.name": node_name})
+
+
+def _match_term(term: Obj, labels: Mapping[str, str], node_name: str) -> bool:
+    exprs = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not exprs and not fields:
+        return False  # an empty term matches no objects
+    return all(_match_expression(e, labels) for e in exprs) and all(
+        _match_field(f, node_name) for f in fields
+    )
+
+
+def matches_required_affinity(pod: Obj, node: Obj) -> bool:
+    """``requiredDuringSchedulingIgnoredDuringExecution``: terms are ORed, expressions ANDed."""
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return True
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    name = meta.get("name") or ""
+    terms = required.get("nodeSelectorTerms") or []
+    return any(_match_term(t, labels, name) for t in terms)
+
+
+# --- resources --------------------------------------------------------------------------
+
+
+def _container_requests(container: Obj) -> dict[str, Fraction]:
+    """Requests, with limits standing in for missing requests (the API server's default)."""
+    res = container.get("resources") or {}
+    merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+    return {name: parse_quantity(q) for name, q in merged.items()}
+
+
+def _add(into: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
+    for name, q in more.items():
+        into[name] = into.get(name, Fraction(0)) + q
+
+
+def _max(into: dict[str, Fraction], other: Mapping[str, Fraction]) -> None:
+    for name, q in other.items():
+        if q > into.get(name, Fraction(0)):
+            into[name] = q
+
+
+def pod_requests(pod: Obj) -> dict[str, int]:
+    """A pod's effective requests in scheduler units (milli-CPU; bytes; counts).
+
+    As kube-scheduler computes it: the sum over containers, raised to the largest init
+    container's need, where restartable (sidecar, ``restartPolicy: Always``) init
+    containers keep running — they add to the sum and to every later init container's
+    need; pod-level ``spec.resources`` overrides per resource; then ``spec.overhead``.
+    """
+    spec = pod.get("spec") or {}
+    total: dict[str, Fraction] = {}
+    for c in spec.get("containers") or ():
+        _add(total, _container_requests(c))
+    sidecars: dict[str, Fraction] = {}
+    init_need: dict[str, Fraction] = {}
+    for c in spec.get("initContainers") or ():
+        reqs = _container_requests(c)
+        if c.get("restartPolicy") == "Always":
+            _add(total, reqs)
+            _add(sidecars, reqs)
+            need = dict(sidecars)
+        else:
+            need = dict(reqs)
+            _add(need, sidecars)
+        _max(init_need, need)
+    _max(total, init_need)
+    pod_level = spec.get("resources") or {}
+    if pod_level:
+        override = {**(pod_level.get("limits") or {}), **(pod_level.get("requests") or {})}
+        for name, q in override.items():
+            total[name] = parse_quantity(q)
+    _add(total, {n: parse_quantity(q) for n, q in (spec.get("overhead") or {}).items()})
+    return {name: to_units(q, name) for name, q in total.items()}
+
+
+# --- host ports -------------------------------------------------------------------------
+
+
+def host_ports(pod: Obj) -> list[tuple[str, str, int]]:
+    """``(protocol, hostIP, hostPort)`` the pod claims on its node.
+
+    Containers and restartable init containers (they run alongside); one-shot init
+    containers have finished before the others start.
+    """
+    spec = pod.get("spec") or {}
+    containers = list(spec.get("containers") or ())
+    containers += [
+        c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"
+    ]
+    out: list[tuple[str, str, int]] = []
+    for c in containers:
+        for p in c.get("ports") or ():
+            port = int(p.get("hostPort") or 0)
+            if port > 0:
+                out.append((p.get("protocol") or "TCP", p.get("hostIP") or "0.0.0.0", port))
+    return out
+
+
+def _ports_conflict(a: tuple[str, str, int], b: tuple[str, str, int]) -> bool:
+    if a[0] != b[0] or a[2] != b[2]:
+        return False
+    return a[1] in _WILDCARD_IPS or b[1] in _WILDCARD_IPS or a[1] == b[1]
+
+
+# --- the fit check ----------------------------------------------------------------------
+
+
+def _same_pod(a: Obj, b: Obj) -> bool:
+    ma, mb = a.get("metadata") or {}, b.get("metadata") or {}
+    if ma.get("uid") and mb.get("uid"):
+        return bool(ma["uid"] == mb["uid"])
+    return (ma.get("namespace"), ma.get("name")) == (mb.get("namespace"), mb.get("name"))
+
+
+def _is_active(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") not in _TERMINAL_PHASES
+
+
+def pod_fits_node(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[str] | None:
+    """None if ``pod`` can run on ``node`` next to ``pods_on_node``; else every reason.
+
+    ``pods_on_node`` may include terminal pods (ignored) and the pod itself (ignored).
+    """
+    spec = pod.get("spec") or {}
+    node_spec = node.get("spec") or {}
+    tolerations = spec.get("tolerations") or []
+    reasons: list[str] = []
+
+    if node_spec.get("unschedulable") and not _tolerated(
+        tolerations, {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}
+    ):
+        reasons.append("node(s) were unschedulable")
+
+    for taint in node_spec.get("taints") or ():
+        if taint.get("effect") in _FILTERING_EFFECTS and not _tolerated(tolerations, taint):
+            reasons.append(
+                f"node(s) had untolerated taint {{{taint.get('key', '')}: "
+                f"{taint.get('value', '')}}}"
+            )
+            break
+
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    selector = spec.get("nodeSelector") or {}
+    missing = sorted(f"{k}={v}" for k, v in selector.items() if labels.get(k) != v)
+    if missing:
+        reasons.append(
+            f"node(s) didn't match Pod's node affinity/selector (nodeSelector {', '.join(missing)})"
+        )
+    elif not matches_required_affinity(pod, node):
+        reasons.append("node(s) didn't match Pod's node affinity/selector (required node affinity)")
+
+    others = [p for p in pods_on_node if _is_active(p) and not _same_pod(p, pod)]
+    reasons.extend(_resource_reasons(pod, node, others))
+
+    wanted = host_ports(pod)
+    if wanted:
+        used = [hp for p in others for hp in host_ports(p)]
+        busy = sorted({w for w in wanted if any(_ports_conflict(w, u) for u in used)})
+        if busy:
+            listed = ", ".join(f"{port}/{proto}" for proto, _ip, port in busy)
+            reasons.append(f"node(s) didn't have free ports for the requested pod ports ({listed})")
+
+    return reasons or None
+
+
+def _resource_reasons(pod: Obj, node: Obj, others: list[Obj]) -> list[str]:
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    reasons: list[str] = []
+    max_pods = to_units(parse_quantity(allocatable.get("pods", 0)), "pods")
+    if len(others) + 1 > max_pods:
+        reasons.append(f"Too many pods (node allows {max_pods}, {len(others)} already running)")
+    wanted = pod_requests(pod)
+    if not any(wanted.values()):
+        return reasons
+    used: dict[str, int] = {}
+    for p in others:
+        for name, units in pod_requests(p).items():
+            used[name] = used.get(name, 0) + units
+    for name in sorted(wanted):
+        want = wanted[name]
+        if want <= 0:
+            continue
+        have = to_units(parse_quantity(allocatable.get(name, 0)), name) - used.get(name, 0)
+        if want > have:
+            reasons.append(
+                f"Insufficient {name} (requested {format_units(want, name)}, "
+                f"free {format_units(max(have, 0), name)})"
+            )
+    return reasons

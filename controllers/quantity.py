@@ -1,0 +1,76 @@
+"""Exact Kubernetes resource quantities (``100m``, ``1Gi``, ``1e3``, ``1.5``, ``2k``).
+
+Parsed to ``fractions.Fraction`` so nothing is lost to floats: the scheduler's fit checks
+must agree with kube-scheduler to the milli-CPU and the byte.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from typing import Final
+
+_BINARY: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL: Final = {
+    "n": -9,
+    "u": -6,
+    "m": -3,
+    "": 0,
+    "k": 3,
+    "M": 6,
+    "G": 9,
+    "T": 12,
+    "P": 15,
+    "E": 18,
+}
+_QUANTITY = re.compile(
+    r"(?P<sign>[+-]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:(?P<exp>[eE][+-]?[0-9]+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?"
+)
+
+
+def parse_quantity(text: str | int | float) -> Fraction:
+    """The exact value of a quantity string; ints pass through. Raises ValueError."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a quantity: {text!r}")
+    if isinstance(text, int):
+        return Fraction(text)
+    if isinstance(text, float):  # JSON numbers in hand-written objects
+        return Fraction(str(text))
+    if not isinstance(text, str):
+        raise ValueError(f"not a quantity: {text!r}")
+    m = _QUANTITY.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"not a quantity: {text!r}")
+    value = Fraction(m["num"])
+    if m["exp"]:
+        exp = int(m["exp"][1:])
+        if abs(exp) > 64:  # bounded so a hostile string cannot make a giant integer
+            raise ValueError(f"quantity exponent out of range: {text!r}")
+        value *= Fraction(10) ** exp
+    elif m["suffix"] in _BINARY:
+        value *= 1024 ** _BINARY[m["suffix"]]
+    else:
+        value *= Fraction(10) ** _DECIMAL[m["suffix"] or ""]
+    return -value if m["sign"] == "-" else value
+
+
+def to_units(value: Fraction, resource: str) -> int:
+    """The integer kube-scheduler compares: milli-units for cpu, whole units otherwise.
+
+    Rounded up, as ``Quantity.MilliValue()``/``Value()`` do.
+    """
+    return math.ceil(value * 1000) if resource == "cpu" else math.ceil(value)
+
+
+def format_units(units: int, resource: str) -> str:
+    """Readable form of ``to_units`` output: ``500m``/``2`` for cpu, ``512Mi`` for bytes."""
+    if resource == "cpu":
+        return str(units // 1000) if units % 1000 == 0 else f"{units}m"
+    is_bytes = resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-")
+    if is_bytes and units:
+        for suffix, power in sorted(_BINARY.items(), key=lambda kv: -kv[1]):
+            if units % 1024**power == 0:
+                return f"{units // 1024**power}{suffix}"
+    return str(units)

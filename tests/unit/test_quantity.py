@@ -1,0 +1,77 @@
+"""Exact Kubernetes quantities, as the fit checks need them."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controllers.quantity import format_units, parse_quantity, to_units
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("100m", Fraction(1, 10)),
+        ("1Gi", 1024**3),
+        ("512Mi", 512 * 1024**2),
+        ("1e3", 1000),
+        ("1E3", 1000),
+        ("1.5", Fraction(3, 2)),
+        ("2k", 2000),
+        ("1E", 10**18),
+        ("1Ki", 1024),
+        ("0.5Gi", 512 * 1024**2),
+        (".5", Fraction(1, 2)),
+        ("5.", 5),
+        ("-1", -1),
+        ("+2", 2),
+        ("250u", Fraction(1, 4000)),
+        ("3n", Fraction(3, 10**9)),
+        ("1.25e-2", Fraction(1, 80)),
+        ("0", 0),
+        (7, 7),
+        (0.25, Fraction(1, 4)),
+    ],
+)
+def test_parse_quantity_is_exact(text: str, value: Fraction) -> None:
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("bad", ["", "m", "1.2.3", "1 Gi", "1gi", "1K", "e3", "1e", "1e999", True])
+def test_parse_quantity_rejects_malformed(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_quantity(bad)  # type: ignore[arg-type]
+
+
+def test_to_units_rounds_up_like_kubernetes() -> None:
+    assert to_units(parse_quantity("0.0001"), "cpu") == 1  # MilliValue() rounds up
+    assert to_units(parse_quantity("1.5"), "cpu") == 1500
+    assert to_units(parse_quantity("0.5"), "memory") == 1
+    assert to_units(parse_quantity("1Gi"), "memory") == 1024**3
+
+
+@pytest.mark.parametrize(
+    ("units", "resource", "text"),
+    [
+        (500, "cpu", "500m"),
+        (2000, "cpu", "2"),
+        (0, "cpu", "0"),
+        (512 * 1024**2, "memory", "512Mi"),
+        (1536 * 1024**2, "memory", "1536Mi"),
+        (1024**3, "ephemeral-storage", "1Gi"),
+        (1000, "memory", "1000"),
+        (0, "memory", "0"),
+        (110, "pods", "110"),
+        (2 * 1024**2, "hugepages-2Mi", "2Mi"),
+    ],
+)
+def test_format_units(units: int, resource: str, text: str) -> None:
+    assert format_units(units, resource) == text
+
+
+@given(st.integers(0, 10**15), st.sampled_from(["cpu", "memory", "pods"]))
+def test_formatted_units_parse_back(units: int, resource: str) -> None:
+    assert to_units(parse_quantity(format_units(units, resource)), resource) == units
