@@ -1,0 +1,270 @@
+"""Pod mutation for SharedDeviceGroup members: the pure decision, no I/O.
+
+Given the pod being created and its group, either a JSON patch (RFC 6902) that points
+every container at the group's devices and at our scheduler, or a denial whose message
+tells the user what to change. The admission handler does the lookups and wraps this.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.conditions import find_condition
+from api.constants import (
+    CONDITION_SCHEDULED,
+    DEFAULT_ENV_TABLE,
+    DEFAULT_SCHEDULER_NAME,
+    DEVICE_ENV_FLAG,
+    GROUP_ANNOTATION,
+    PHASE_BOUND,
+    SCHEDULER_NAME,
+)
+from api.envvars import env_var_for
+from api.validation import is_dns_subdomain
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """Allow, with these JSON patch operations (possibly none)."""
+
+    operations: list[dict[str, Any]] = field(default_factory=list)
+    allowed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """Deny the pod; ``message`` is shown to the user by kubectl."""
+
+    message: str
+    allowed: bool = False
+
+
+def escape_pointer(token: str | int) -> str:
+    """One JSON pointer reference token (RFC 6901): ``~`` -> ``~0``, ``/`` -> ``~1``."""
+    return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def pointer(*tokens: str | int) -> str:
+    return "".join("/" + escape_pointer(t) for t in tokens)
+
+
+def group_annotation(pod: Obj) -> str | None:
+    """The group a pod names, or None when it names none (annotation absent)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(GROUP_ANNOTATION)
+    return None if value is None else str(value)
+
+
+def check_annotation(pod: Obj) -> Denial | None:
+    """Deny a malformed group annotation, or our scheduler without a group."""
+    name = group_annotation(pod)
+    scheduler = (pod.get("spec") or {}).get("schedulerName")
+    if name is None:
+        if scheduler == SCHEDULER_NAME:
+            return Denial(
+                f"pod uses schedulerName {SCHEDULER_NAME} but has no {GROUP_ANNOTATION} "
+                f"annotation; add {GROUP_ANNOTATION}: <SharedDeviceGroup name>, or use "
+                "another scheduler"
+            )
+        return None
+    if not name.strip():
+        return Denial(
+            f"annotation {GROUP_ANNOTATION} is empty; set it to the name of a "
+            "SharedDeviceGroup (kubectl get sdg lists them)"
+        )
+    if not is_dns_subdomain(name):
+        return Denial(
+            f"annotation {GROUP_ANNOTATION}={name!r} is not a valid SharedDeviceGroup name "
+            "(lowercase letters, digits, '-' and '.', at most 253 characters)"
+        )
+    return None
+
+
+def _containers(pod: Obj) -> list[tuple[str, int, Obj]]:
+    spec = pod.get("spec") or {}
+    return [
+        (kind, i, c)
+        for kind in ("initContainers", "containers")
+        for i, c in enumerate(spec.get(kind) or ())
+    ]
+
+
+def _requested_devices(pod: Obj, resources: Mapping[str, Any]) -> Denial | None:
+    for kind, _i, c in _containers(pod):
+        res = c.get("resources") or {}
+        for section in ("limits", "requests"):
+            for name in sorted(res.get(section) or {}):
+                if name in resources:
+                    what = "init container" if kind == "initContainers" else "container"
+                    return Denial(
+                        f"{what} {c.get('name', '')!r} requests {name} in resources.{section}; "
+                        f"the device plugin would hand it other devices than the group's. "
+                        f"Remove the {name} limit and request: the group's devices are "
+                        "injected through the environment"
+                    )
+    pod_level = (pod.get("spec") or {}).get("resources") or {}
+    for section in ("limits", "requests"):
+        for name in sorted(pod_level.get(section) or {}):
+            if name in resources:
+                return Denial(
+                    f"pod requests {name} in spec.resources.{section}; the device plugin "
+                    f"would hand it other devices than the group's. Remove the {name} "
+                    "limit and request: the group's devices are injected through the "
+                    "environment"
+                )
+    return None
+
+
+def _group_env(group: Obj, env_table: Mapping[str, str]) -> dict[str, str] | Denial:
+    """env var -> value for the group's resources, or a denial."""
+    name = (group.get("metadata") or {}).get("name", "")
+    resources = sorted((group.get("spec") or {}).get("resources") or {})
+    selected = (group.get("status") or {}).get("selectedDevices") or {}
+    env: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for res in resources:
+        var = env_var_for(res, env_table)
+        if var is None:
+            return Denial(
+                f"SharedDeviceGroup {name!r} holds {res}, which has no environment variable "
+                f"configured; start the manager with {DEVICE_ENV_FLAG} {res}=<ENV_VAR> "
+                "(e.g. the variable your container runtime reads for visible devices)"
+            )
+        if var in owner:
+            return Denial(
+                f"SharedDeviceGroup {name!r} holds {owner[var]} and {res}, which both map to "
+                f"{var}; one variable cannot list both, so use one resource per group or "
+                f"configure distinct variables with {DEVICE_ENV_FLAG}"
+            )
+        ids = selected.get(res)
+        if not ids:
+            return Denial(
+                f"SharedDeviceGroup {name!r} is Bound but has no devices recorded for {res}; "
+                "this is a controller inconsistency, check the manager's logs"
+            )
+        owner[var] = res
+        env[var] = str(ids)
+    return env
+
+
+def _env_ops(kind: str, index: int, container: Obj, env: Mapping[str, str]) -> list[dict]:
+    base = ("spec", kind, index, "env")
+    existing = container.get("env")
+    if not existing:
+        value = [{"name": k, "value": v} for k, v in env.items()]
+        op = "replace" if existing is not None else "add"
+        return [{"op": op, "path": pointer(*base), "value": value}]
+    ops: list[dict[str, Any]] = []
+    for var, value in env.items():
+        entry = {"name": var, "value": value}
+        positions = [i for i, e in enumerate(existing) if e.get("name") == var]
+        if not positions:
+            ops.append({"op": "add", "path": pointer(*base, "-"), "value": entry})
+        for i in positions:  # every duplicate: the kubelet lets the last one win
+            if existing[i] != entry:
+                ops.append({"op": "replace", "path": pointer(*base, i), "value": entry})
+    return ops
+
+
+def build_injection(
+    pod: Obj,
+    group: Obj | None,
+    env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
+) -> Patch | Denial:
+    """Decide a pod CREATE: the patch to apply, or why it is denied.
+
+    ``group`` is the SharedDeviceGroup the annotation names (None when it does not exist).
+    A pod without the annotation and not naming our scheduler gets an empty Patch.
+    """
+    denial = check_annotation(pod)
+    if denial is not None:
+        return denial
+    name = group_annotation(pod)
+    if name is None:
+        return Patch()
+    if group is None:
+        return Denial(
+            f"SharedDeviceGroup {name!r} not found; create it first "
+            f"(kubectl get sdg lists the groups) or fix annotation {GROUP_ANNOTATION}"
+        )
+    meta = group.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return Denial(f"SharedDeviceGroup {name!r} is being deleted; new pods cannot join it")
+    status = group.get("status") or {}
+    if status.get("phase") != PHASE_BOUND or not status.get("nodeName"):
+        cond = find_condition(status.get("conditions"), CONDITION_SCHEDULED)
+        why = ((cond or {}).get("message") or "it has not been scheduled yet").rstrip()
+        why = why if why.endswith(".") else why + "."
+        return Denial(
+            f"SharedDeviceGroup {name!r} is Pending: {why} "
+            "Pods can join once it is Bound; fix the cause (kubectl describe sdg "
+            f"{name}) or use another group."
+        )
+    resources = (group.get("spec") or {}).get("resources") or {}
+    denial = _requested_devices(pod, resources)
+    if denial is not None:
+        return denial
+    scheduler = (pod.get("spec") or {}).get("schedulerName")
+    if scheduler not in (None, "", DEFAULT_SCHEDULER_NAME, SCHEDULER_NAME):
+        return Denial(
+            f"pod uses schedulerName {scheduler}, but pods of SharedDeviceGroup {name!r} "
+            f"must use {SCHEDULER_NAME} (or leave it unset) to run on the group's node"
+        )
+    env = _group_env(group, env_table)
+    if isinstance(env, Denial):
+        return env
+    ops: list[dict[str, Any]] = []
+    for kind, i, c in _containers(pod):
+        ops.extend(_env_ops(kind, i, c, env))
+    if scheduler != SCHEDULER_NAME:
+        op = "add" if scheduler is None else "replace"
+        ops.append({"op": op, "path": "/spec/schedulerName", "value": SCHEDULER_NAME})
+    return Patch(ops)
+
+
+def _unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def apply_operations(doc: Obj, operations: list[dict[str, Any]]) -> dict[str, Any]:
+    """Apply this module's ``add``/``replace`` operations to a deep copy of ``doc``.
+
+    For mutators that prefer to return the edited object (and for tests): the result is
+    exactly what the API server makes of the patch.
+    """
+    out: dict[str, Any] = json.loads(json.dumps(doc))
+    for op in operations:
+        if op["op"] not in ("add", "replace"):
+            raise ValueError(f"unsupported operation {op['op']!r}")
+        *parents, last = [_unescape(t) for t in op["path"].split("/")[1:]]
+        target: Any = out
+        for token in parents:
+            target = target[int(token)] if isinstance(target, list) else target[token]
+        value = json.loads(json.dumps(op["value"]))
+        if isinstance(target, list):
+            if last == "-":
+                target.append(value)
+            elif op["op"] == "add":
+                target.insert(int(last), value)
+            else:
+                target[int(last)] = value
+        else:
+            if op["op"] == "replace" and last not in target:
+                raise ValueError(f"replace of missing member {op['path']}")
+            target[last] = value
+    return out
+
+
+def inject_into(
+    pod: Obj, group: Obj | None, env_table: Mapping[str, str] = DEFAULT_ENV_TABLE
+) -> dict[str, Any] | Denial:
+    """``build_injection`` as an edited copy of the pod instead of a patch."""
+    result = build_injection(pod, group, env_table)
+    if isinstance(result, Denial):
+        return result
+    return apply_operations(pod, result.operations)
