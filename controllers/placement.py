@@ -128,7 +128,7 @@ def filter_node(
     name = node_name(node)
     capacity = node_device_capacity(node)
     short: list[str] = []
-    for res, need in sorted(spec["resources"].items()):
+    for res, need in sorted((spec.get("resources") or {}).items()):
         if capacity.get(res, 0) <= 0:
             short.append(f"have no {res}")
             continue

@@ -76,9 +76,9 @@ def _match_expression(expr: Obj, labels: Mapping[str, str]) -> bool:
 
 
 def _match_field(expr: Obj, node_name: str) -> bool:
-    if expr.get("key") != "metadata.name":
+    if expr.get("key") != "metadata.name":  # the only field selector nodes support
         return False
-    return _match_expression({**expr, "key": "metadata.name"}, {"metadata.name": node_name})
+    return _match_expression(expr, {"metadata.name": node_name})
 
 
 def _match_term(term: Obj, labels: Mapping[str, str], node_name: str) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from controllers.placement import (
     PlacementDecision,
@@ -239,3 +241,34 @@ def test_invalid_specs_raise() -> None:
         place({"resources": {}}, [node("a")], DeviceTracker())
     with pytest.raises(ValueError):
         place({"resources": {GPU: 1}, "schedulingStrategy": "random"}, [], DeviceTracker())
+
+
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.integers(0, 6), st.integers(0, 6)), min_size=0, max_size=8
+    ),
+    st.integers(1, 4),
+    st.sampled_from(["binpack", "spread"]),
+)
+def test_choice_is_feasible_and_best_scored(
+    shapes: list[tuple[bool, int, int]], need: int, strategy: str
+) -> None:
+    nodes = [
+        node(f"n{i}", shared=shared, allocatable={GPU: str(cap)})
+        for i, (shared, cap, _held) in enumerate(shapes)
+    ]
+    t = tracker_for(nodes)
+    for i, (_shared, cap, held) in enumerate(shapes):
+        if min(held, cap) > 0:
+            t.allocate(f"g{i}", f"n{i}", {GPU: min(held, cap)})
+    d = place({"resources": {GPU: need}, "schedulingStrategy": strategy}, nodes, t)
+    assert set(d.reasons) | set(d.scores) == {n["metadata"]["name"] for n in nodes}
+    assert not set(d.reasons) & set(d.scores)
+    for name in d.scores:
+        assert t.free(name, GPU) >= need
+    if d.node is None:
+        assert not d.scores and d.message().startswith(f"0/{len(nodes)} nodes are available")
+    else:
+        best = max(d.scores.values())
+        assert d.scores[d.node] == best
+        assert d.node == min(n for n, s in d.scores.items() if s == best)
