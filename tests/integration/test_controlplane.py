@@ -1,0 +1,202 @@
+"""The local control plane is a real Kubernetes API server: version, validation, watch, RBAC."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from sdgruntime.envtest import ControlPlane, ensure_binaries
+from sdgruntime.envtest.controlplane import pid_alive
+
+pytestmark = pytest.mark.integration
+
+WIDGET_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "widgets.envtest.example.com"},
+    "spec": {
+        "group": "envtest.example.com",
+        "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["size"],
+                                "properties": {"size": {"type": "integer", "minimum": 1}},
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def _client_for(kubeconfig: Path) -> httpx.Client:
+    cfg = yaml.safe_load(kubeconfig.read_text())
+    import base64
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp())
+    user = cfg["users"][0]["user"]
+    (tmp / "c.crt").write_bytes(base64.b64decode(user["client-certificate-data"]))
+    (tmp / "c.key").write_bytes(base64.b64decode(user["client-key-data"]))
+    (tmp / "ca.crt").write_bytes(
+        base64.b64decode(cfg["clusters"][0]["cluster"]["certificate-authority-data"])
+    )
+    ctx = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
+    ctx.load_cert_chain(str(tmp / "c.crt"), str(tmp / "c.key"))
+    return httpx.Client(base_url=cfg["clusters"][0]["cluster"]["server"], verify=ctx)
+
+
+def test_version_and_readyz(control_plane: ControlPlane) -> None:
+    version = control_plane.http.get("/version").json()
+    source = Path(__file__).resolve().parents[2] / "hack" / "controlplane" / "go.mod"
+    required = next(
+        line.split()[1]
+        for line in source.read_text().splitlines()
+        if line.strip().startswith("k8s.io/kubernetes ")
+    )
+    assert version["gitVersion"] == required
+    assert version["major"] == "1"
+    r = control_plane.http.get("/readyz")
+    assert r.status_code == 200 and r.text == "ok"
+
+
+def test_admin_kubeconfig_is_system_masters(kubeconfig: str) -> None:
+    with _client_for(Path(kubeconfig)) as http:
+        review = http.post(
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        ).json()
+    assert "system:masters" in review["status"]["userInfo"]["groups"]
+
+
+def test_crd_schema_validation_is_the_servers(control_plane: ControlPlane, namespace: str) -> None:
+    control_plane.install_crds([_write_tmp_crd(control_plane)])
+    http = control_plane.http
+    base = f"/apis/envtest.example.com/v1/namespaces/{namespace}/widgets"
+    bad = {
+        "apiVersion": "envtest.example.com/v1",
+        "kind": "Widget",
+        "metadata": {"name": "bad"},
+        "spec": {"size": 0},
+    }
+    r = http.post(base, json=bad)
+    assert r.status_code == 422
+    assert (
+        "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1"
+        in (r.json()["message"])
+    )
+    good = {**bad, "metadata": {"name": "good"}, "spec": {"size": 3}}
+    assert http.post(base, json=good).status_code == 201
+    assert http.get(f"{base}/good").json()["spec"] == {"size": 3}
+
+
+def _write_tmp_crd(cp: ControlPlane) -> Path:
+    path = cp.work_dir / "widget-crd.yaml"
+    path.write_text(yaml.safe_dump(WIDGET_CRD))
+    return path
+
+
+def test_watch_sees_real_writes(control_plane: ControlPlane, namespace: str) -> None:
+    http = control_plane.http
+    base = f"/api/v1/namespaces/{namespace}/configmaps"
+    rv = http.get(base).json()["metadata"]["resourceVersion"]
+    seen: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        params = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "20"}
+        with http.stream("GET", base, params=params, timeout=30) as r:
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                ev = json.loads(line)
+                seen.append((ev["type"], ev["object"]["metadata"]["name"]))
+                if ev["type"] == "DELETED":
+                    done.set()
+                    return
+
+    t = threading.Thread(target=watch)
+    t.start()
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "w"}, "data": {"a": "1"}}
+    assert http.post(base, json=cm).status_code == 201
+    assert (
+        http.patch(
+            f"{base}/w",
+            json={"data": {"a": "2"}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        ).status_code
+        == 200
+    )
+    assert http.delete(f"{base}/w").status_code == 200
+    assert done.wait(25)
+    t.join()
+    assert seen == [("ADDED", "w"), ("MODIFIED", "w"), ("DELETED", "w")]
+
+
+def test_rbac_forbids_a_user_without_rights(control_plane: ControlPlane, namespace: str) -> None:
+    with _client_for(control_plane.user_kubeconfig("nobody")) as http:
+        r = http.get(f"/api/v1/namespaces/{namespace}/pods")
+    assert r.status_code == 403
+    assert 'User "nobody" cannot list resource "pods"' in r.json()["message"]
+
+
+def test_stop_leaves_no_process_and_restart_reuses_build() -> None:
+    binaries = ensure_binaries()
+    mtimes = {p.name: p.stat().st_mtime for p in binaries.iterdir() if not p.name.startswith(".")}
+    cp = ControlPlane()
+    cp.start()
+    pids = cp.pids
+    assert set(pids) == {"etcd", "kube-apiserver"}
+    assert all(pid_alive(p) for p in pids.values())
+    cp.stop()
+    deadline = time.monotonic() + 5
+    while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in pids.values())
+    assert ensure_binaries() == binaries
+    after = {p.name: p.stat().st_mtime for p in binaries.iterdir() if not p.name.startswith(".")}
+    assert after == mtimes
+
+
+def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "kubeconfig"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sdgruntime.envtest", "--kubeconfig-out", str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("control plane ready: kube-apiserver v1.")
+        assert str(out) in line
+        with _client_for(out) as http:
+            assert http.get("/readyz").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "control plane stopped" in rest
