@@ -1,0 +1,44 @@
+# Shared Device Group — developer entry points. Everything installs into ./.venv.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+IMG    ?= ghcr.io/deviceshare/sdg-manager:dev
+
+.PHONY: install controlplane test unit lint fmt demo envtest docker-build clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+install: $(BIN)/python  ## Install the project with its test extra into .venv
+	$(BIN)/pip install --quiet -e '.[test,otlp]'
+
+controlplane: install  ## Build kube-apiserver, kube-scheduler and etcd once per machine (cached)
+	$(BIN)/python -m sdgruntime.envtest.build
+
+test: controlplane  ## Lint, then run every test (unit + integration against the real local API server)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+unit: install  ## Fast unit tests only (no control plane)
+	$(BIN)/pytest -q tests/unit
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+fmt:
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+envtest: controlplane  ## Run a bare local control plane until Ctrl-C
+	$(BIN)/python -m sdgruntime.envtest --crds config/crd --kubeconfig-out .tmp/kubeconfig
+
+demo: controlplane  ## The whole system on the local control plane
+	$(BIN)/python hack/demo.py
+
+docker-build:
+	docker build -t $(IMG) .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .tmp
