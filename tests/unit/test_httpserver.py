@@ -1,0 +1,383 @@
+"""The HTTP/1.1 server (real sockets on 127.0.0.1) and the probe/metrics servers on it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+import pytest
+
+from sdgruntime.httpserver import HTTPServer, Request, Response, Router
+from sdgruntime.probes import MetricsServer, ProbeServer, metrics_handler, parse_addr
+
+pytestmark = pytest.mark.anyio
+
+
+class Serving:
+    """A running server: its port and an httpx client for it."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=10)
+
+    async def connect(self) -> anyio.abc.SocketStream:
+        return await anyio.connect_tcp("127.0.0.1", self.port)
+
+
+@asynccontextmanager
+async def running(server: Any) -> AsyncIterator[Serving]:
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(server.serve)
+        yield Serving(port)
+        tg.cancel_scope.cancel()
+
+
+class RawResponse:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+
+class RawReader:
+    """Reads HTTP responses off a raw socket, for what httpx will not send."""
+
+    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def _fill(self) -> bool:
+        try:
+            with anyio.fail_after(10):
+                self.buffer += await self.stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            return False
+        return True
+
+    async def response(self, *, head: bool = False) -> RawResponse:
+        while b"\r\n\r\n" not in self.buffer:
+            assert await self._fill(), f"connection closed; got {self.buffer!r}"
+        raw_head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        status_line, *lines = raw_head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = 0 if head else int(headers.get("content-length", "0"))
+        while len(self.buffer) < length:
+            assert await self._fill(), "connection closed inside a body"
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return RawResponse(int(status_line.split()[1]), headers, body)
+
+    async def closed(self) -> bool:
+        """Whether the server closes the connection (without sending anything more)."""
+        more = await self._fill()
+        return not more and not self.buffer
+
+
+async def echo(request: Request) -> Response:
+    return Response.json(
+        {
+            "method": request.method,
+            "path": request.path,
+            "query": request.query,
+            "headers": request.headers,
+            "body": request.body.decode(),
+            "client": list(request.client) if request.client else None,
+        }
+    )
+
+
+async def boom(request: Request) -> Response:
+    raise RuntimeError("handler bug")
+
+
+async def slow(request: Request) -> Response:
+    await anyio.sleep_forever()
+    raise AssertionError
+
+
+def make_server(**kwargs: Any) -> HTTPServer:
+    return HTTPServer("127.0.0.1", 0, {"/echo": echo, "/boom": boom, "/slow": slow}, **kwargs)
+
+
+async def test_request_fields_reach_the_handler() -> None:
+    async with running(make_server()) as srv, srv.client() as client:
+        r = await client.post(
+            "/echo?a=1&a=2&flag",
+            content=b"payload",
+            headers=[("X-Multi", "one"), ("X-Multi", "two")],
+        )
+        assert r.status_code == 200
+        got = r.json()
+        assert got["method"] == "POST"
+        assert got["path"] == "/echo"
+        assert got["query"] == {"a": ["1", "2"], "flag": [""]}
+        assert got["headers"]["x-multi"] == "one, two"
+        assert got["body"] == "payload"
+        assert got["client"][0] == "127.0.0.1"
+        # percent-encoded paths are decoded before routing
+        assert (await client.get("/%65cho")).json()["path"] == "/echo"
+
+
+async def test_port_zero_binds_an_ephemeral_port_and_reports_it() -> None:
+    server = make_server()
+    with pytest.raises(RuntimeError):
+        _ = server.port
+    assert not server.listening
+    async with running(server) as srv:
+        assert srv.port == server.port != 0
+        assert server.listening
+    assert not server.listening
+
+
+async def test_unknown_path_and_failing_handler_get_errors_and_the_server_goes_on() -> None:
+    async with running(make_server()) as srv, srv.client() as client:
+        assert (await client.get("/nope")).status_code == 404
+        r = await client.get("/boom")
+        assert r.status_code == 500
+        assert "handler bug" not in r.text  # internals stay in the log
+        assert (await client.get("/echo")).status_code == 200
+
+
+async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
+    async with running(make_server()) as srv, srv.client() as client:
+        ports = {tuple((await client.get("/echo")).json()["client"]) for _ in range(3)}
+        assert len(ports) == 1
+
+
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    async with running(make_server()) as srv:
+        stream = await srv.connect()
+        async with stream:
+            await stream.send(
+                b"GET /echo?n=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"GET /echo?n=2 HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"GET /echo?n=3 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            reader = RawReader(stream)
+            seen = []
+            for _ in range(3):
+                resp = await reader.response()
+                assert resp.status == 200
+                seen.append(resp.body)
+            for n, body in enumerate(seen, 1):
+                assert f'"n":["{n}"]'.encode() in body
+            assert await reader.closed()
+
+
+async def test_body_over_the_limit_gets_413_whether_declared_or_chunked() -> None:
+    async with running(make_server(max_body_bytes=1000)) as srv, srv.client() as client:
+        r = await client.post("/echo", content=b"x" * 1001)
+        assert r.status_code == 413
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(20):
+                yield b"y" * 100
+
+        r = await client.post("/echo", content=chunks())
+        assert r.status_code == 413
+        assert (await client.post("/echo", content=b"x" * 1000)).json()["body"] == "x" * 1000
+
+
+async def test_a_large_rejected_upload_still_reads_the_413_not_a_reset() -> None:
+    # The server answers before the body is sent; it must not reset the connection under
+    # a client that is still writing megabytes.
+    async with running(make_server(max_body_bytes=1024)) as srv, srv.client() as client:
+        r = await client.post("/echo", content=b"z" * (8 * 1024 * 1024))
+        assert r.status_code == 413
+        assert "exceeds the limit" in r.text
+
+
+async def test_malformed_request_gets_400_and_the_server_goes_on() -> None:
+    async with running(make_server()) as srv:
+        for garbage in (b"NOT HTTP AT ALL\r\n\r\n", b"GET /echo HTTP/1.1\r\nbad header\r\n\r\n"):
+            stream = await srv.connect()
+            async with stream:
+                await stream.send(garbage)
+                reader = RawReader(stream)
+                resp = await reader.response()
+                assert resp.status == 400
+                assert resp.headers["connection"] == "close"
+                assert await reader.closed()
+        async with srv.client() as client:
+            assert (await client.get("/echo")).status_code == 200
+
+
+async def test_oversized_headers_get_431() -> None:
+    async with running(make_server(max_header_bytes=4096)) as srv:
+        stream = await srv.connect()
+        async with stream:
+            await stream.send(
+                b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192 + b"\r\n\r\n"
+            )
+            assert (await RawReader(stream).response()).status == 431
+
+
+async def test_request_not_finished_in_time_gets_408_and_is_closed() -> None:
+    async with running(make_server(request_timeout=0.2)) as srv:
+        stream = await srv.connect()
+        async with stream:
+            await stream.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+            reader = RawReader(stream)
+            assert (await reader.response()).status == 408
+            assert await reader.closed()
+
+
+async def test_silent_and_idle_connections_are_closed_without_an_answer() -> None:
+    async with running(make_server(request_timeout=0.2, idle_timeout=0.2)) as srv:
+        silent = await srv.connect()
+        async with silent:
+            assert await RawReader(silent).closed()
+        idle = await srv.connect()
+        async with idle:
+            await idle.send(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            reader = RawReader(idle)
+            assert (await reader.response()).status == 200
+            assert await reader.closed()
+
+
+async def test_handler_over_its_deadline_gets_503() -> None:
+    async with running(make_server(handler_timeout=0.1)) as srv, srv.client() as client:
+        assert (await client.get("/slow")).status_code == 503
+        assert (await client.get("/echo")).status_code == 200
+
+
+async def test_head_answers_headers_without_a_body() -> None:
+    async with running(make_server()) as srv:
+        stream = await srv.connect()
+        async with stream:
+            await stream.send(
+                b"HEAD /echo HTTP/1.1\r\nHost: x\r\n\r\nGET /echo HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            reader = RawReader(stream)
+            head = await reader.response(head=True)
+            assert head.status == 200 and int(head.headers["content-length"]) > 0
+            get = await reader.response()  # the next response starts right after the head
+            assert get.status == 200 and get.body.startswith(b'{"method":"GET"')
+
+
+async def test_expect_100_continue_is_honoured() -> None:
+    async with running(make_server()) as srv:
+        stream = await srv.connect()
+        async with stream:
+            await stream.send(
+                b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                b"Expect: 100-continue\r\n\r\n"
+            )
+            reader = RawReader(stream)
+            assert (await reader.response(head=True)).status == 100
+            await stream.send(b"hello")
+            resp = await reader.response()
+            assert resp.status == 200 and b'"body":"hello"' in resp.body
+
+
+async def test_router_accepts_routes_added_while_serving() -> None:
+    router = Router({"/echo": echo})
+    with pytest.raises(ValueError):
+        router.add("/echo", echo)
+    with pytest.raises(ValueError):
+        router.add("no-slash", echo)
+    async with running(HTTPServer("127.0.0.1", 0, router)) as srv, srv.client() as client:
+        assert (await client.get("/late")).status_code == 404
+        router.add("/late", echo)
+        assert (await client.get("/late")).status_code == 200
+
+
+async def test_cancelling_serve_closes_the_listener_and_open_connections() -> None:
+    server = make_server()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(server.serve)
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+            await stream.send(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            reader = RawReader(stream)
+            assert (await reader.response()).status == 200  # kept alive
+            tg.cancel_scope.cancel()
+    assert await reader.closed()
+    await stream.aclose()
+    with pytest.raises(OSError):
+        await anyio.connect_tcp("127.0.0.1", port)
+
+
+# --- probes and metrics -------------------------------------------------------------
+
+
+def test_parse_addr() -> None:
+    assert parse_addr(":8080") == (None, 8080)
+    assert parse_addr("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert parse_addr("[::1]:8443") == ("::1", 8443)
+    with pytest.raises(ValueError):
+        parse_addr("8080")
+
+
+async def test_readyz_names_the_failing_check_then_passes() -> None:
+    state = {"ready": False}
+
+    def cache_synced() -> bool:
+        return state["ready"]
+
+    async def webhook() -> bool:
+        return True
+
+    probes = ProbeServer("127.0.0.1:0", readyz_checks={"cache": cache_synced, "webhook": webhook})
+    async with running(probes) as srv, srv.client() as client:
+        r = await client.get("/readyz")
+        assert r.status_code == 500
+        assert "[-]cache failed" in r.text
+        assert "[+]webhook ok" in r.text
+        assert r.text.rstrip().endswith("readyz check failed")
+        assert (await client.get("/readyz/cache")).status_code == 500
+        assert (await client.get("/readyz/webhook")).status_code == 200
+        assert (await client.get("/readyz", params={"exclude": "cache"})).status_code == 200
+
+        state["ready"] = True
+        r = await client.get("/readyz")
+        assert (r.status_code, r.text) == (200, "ok")
+        r = await client.get("/readyz?verbose")
+        assert r.status_code == 200 and "[+]cache ok" in r.text
+        assert (await client.get("/healthz")).text == "ok"  # no liveness checks: alive
+        assert (await client.post("/readyz")).status_code == 405
+
+
+async def test_healthz_check_that_raises_or_hangs_fails() -> None:
+    def broken() -> bool:
+        raise RuntimeError("wedged")
+
+    async def hangs() -> bool:
+        await anyio.sleep_forever()
+        return True
+
+    probes = ProbeServer("127.0.0.1:0", healthz_checks={"loop": broken}, check_timeout=0.1)
+    probes.add_healthz_check("hangs", hangs)
+    probes.add_readyz_check("none-means-ok", lambda: None)
+    with pytest.raises(ValueError):
+        probes.add_healthz_check("loop", broken)
+    async with running(probes) as srv, srv.client() as client:
+        r = await client.get("/healthz")
+        assert r.status_code == 500
+        assert "[-]loop failed" in r.text and "[-]hangs failed" in r.text
+        assert "wedged" not in r.text  # reasons are logged, not served
+        assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_metrics_server_serves_the_registry() -> None:
+    async with running(MetricsServer("127.0.0.1:0")) as srv, srv.client() as client:
+        r = await client.get("/metrics")
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/plain")
+        assert "# TYPE controller_runtime_reconcile_total counter" in r.text
+        assert (await client.get("/healthz")).status_code == 404
+
+
+async def test_metrics_and_probes_can_share_one_port() -> None:
+    probes = ProbeServer("127.0.0.1:0")
+    probes.router.add("/metrics", metrics_handler())
+    async with running(probes) as srv, srv.client() as client:
+        assert (await client.get("/healthz")).text == "ok"
+        assert "workqueue_depth" in (await client.get("/metrics")).text
