@@ -1,0 +1,148 @@
+"""Serving certificates that follow their files, for TLS servers that must not restart.
+
+A mounted Secret is updated by the kubelet through an atomic symlink swap
+(``..data -> ..2024_...``): the paths stay the same and modification times are not a
+reliable signal, so ``CertWatcher`` compares the files' *content* (a SHA-256 of both)
+at most every ``min_interval`` seconds, lazily, when a new connection asks for the
+context. No background task is needed and an idle server does no file I/O.
+
+A new pair that does not load (half-written files, a key that does not match the
+certificate, garbage) is logged once per distinct content and the previous context
+stays in use; the files are examined again on the next check, so the pair is picked up
+as soon as it is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from cryptography import x509
+
+log = logging.getLogger(__name__)
+
+
+def server_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
+    """A server context for HTTP/1.1 over TLS >= 1.2 with the given pair.
+
+    ALPN offers only ``http/1.1``: Go clients (the API server) would otherwise try h2,
+    which our server does not speak.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    context.load_cert_chain(str(cert_file), str(key_file))
+    return context
+
+
+class CertWatcher:
+    """Provides the current ``ssl.SSLContext`` for ``cert_file``/``key_file``.
+
+    Call it (``watcher()``) to get the context, re-reading the files if ``min_interval``
+    has passed since the last look. The first load happens in the constructor unless
+    ``load=False``; ``current()`` raises until a pair has loaded.
+    """
+
+    def __init__(
+        self,
+        cert_file: str | Path,
+        key_file: str | Path,
+        *,
+        min_interval: float = 2.0,
+        load: bool = True,
+        context_factory: Callable[[Path, Path], ssl.SSLContext] = server_context,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cert_file = Path(cert_file)
+        self.key_file = Path(key_file)
+        self.min_interval = min_interval
+        self._factory = context_factory
+        self._clock = clock
+        self._context: ssl.SSLContext | None = None
+        self._loaded_digest: bytes | None = None
+        self._failed_digest: bytes | None = None
+        self._checked_at: float | None = None
+        self.not_after: float | None = None  # POSIX time the current certificate expires
+        if load:
+            self.refresh()
+            if self._context is None:
+                raise RuntimeError(
+                    f"cannot load serving certificate {self.cert_file} / {self.key_file}"
+                )
+
+    def __call__(self) -> ssl.SSLContext:
+        now = self._clock()
+        if self._checked_at is None or now - self._checked_at >= self.min_interval:
+            self.refresh()
+        return self.current()
+
+    def current(self) -> ssl.SSLContext:
+        """The context in use, without looking at the files."""
+        if self._context is None:
+            raise RuntimeError(f"no serving certificate loaded from {self.cert_file}")
+        return self._context
+
+    @property
+    def loaded(self) -> bool:
+        return self._context is not None
+
+    def refresh(self) -> bool:
+        """Re-reads the files now; returns whether a new pair was loaded."""
+        self._checked_at = self._clock()
+        try:
+            digest = self._digest()
+        except OSError as exc:
+            if self._failed_digest != b"unreadable":
+                self._failed_digest = b"unreadable"
+                log.error("cannot read serving certificate files: %s", exc)
+            return False
+        if digest == self._loaded_digest:
+            return False
+        try:
+            context = self._factory(self.cert_file, self.key_file)
+            # The files may have changed between reading and loading: only trust a load
+            # whose content is the content we hashed, or the next check would miss it.
+            if self._digest() != digest:
+                return False
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            if self._failed_digest != digest:
+                self._failed_digest = digest
+                log.error(
+                    "cannot load serving certificate %s / %s (%s); keeping the %s",
+                    self.cert_file,
+                    self.key_file,
+                    exc,
+                    "previous one" if self._context is not None else "server without one",
+                )
+            return False
+        self._context = context
+        self._loaded_digest = digest
+        self._failed_digest = None
+        self.not_after = self._expiry()
+        log.info(
+            "loaded serving certificate %s (expires %s)",
+            self.cert_file,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.not_after))
+            if self.not_after is not None
+            else "unknown",
+        )
+        return True
+
+    def _digest(self) -> bytes:
+        sha = hashlib.sha256()
+        for path in (self.cert_file, self.key_file):
+            data = path.read_bytes()
+            sha.update(len(data).to_bytes(8, "big"))
+            sha.update(data)
+        return sha.digest()
+
+    def _expiry(self) -> float | None:
+        try:
+            cert = x509.load_pem_x509_certificate(self.cert_file.read_bytes())
+        except (OSError, ValueError):
+            return None
+        return cert.not_valid_after_utc.timestamp()

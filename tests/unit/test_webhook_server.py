@@ -1,0 +1,579 @@
+"""The admission webhook server over real TLS on 127.0.0.1, the JSON-patch diff, the
+certificate watcher and the webhook metrics."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import json
+import os
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from anyio.streams.tls import TLSAttribute
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sdgruntime import metrics
+from sdgruntime.probes import MetricsServer
+from sdgruntime.webhook import (
+    AdmissionRequest,
+    AdmissionResponse,
+    CertWatcher,
+    Denied,
+    WebhookServer,
+    allowed,
+    denied,
+    patch_ops,
+    patched,
+)
+from sdgruntime.webhook.jsonpatch import diff, escape, json_equal
+
+# --- certificates -------------------------------------------------------------------
+
+
+class CA:
+    """A throwaway certificate authority that issues serving certificates for 127.0.0.1."""
+
+    def __init__(self, name: str) -> None:
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        now = dt.datetime.now(dt.UTC)
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+        self.pem = self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue(self, ip: str = "127.0.0.1") -> tuple[bytes, bytes]:
+        """A serving (cert PEM, key PEM) pair for ``ip``."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "webhook")]))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(hours=1))
+            .add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]),
+                critical=False,
+            )
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(self.key, hashes.SHA256())
+        )
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cadata=self.pem.decode())
+        context.set_alpn_protocols(["h2", "http/1.1"])  # as Go clients offer
+        return context
+
+
+class SecretVolume:
+    """A directory laid out as the kubelet mounts a Secret: files are symlinks through
+    ``..data``, and an update swaps ``..data`` atomically (same paths, new content)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.generation = 0
+
+    def write(self, files: dict[str, bytes]) -> None:
+        self.generation += 1
+        version = self.root / f"..v{self.generation}"
+        version.mkdir()
+        for name, data in files.items():
+            (version / name).write_bytes(data)
+        tmp = self.root / "..data_tmp"
+        tmp.symlink_to(version.name)
+        os.replace(tmp, self.root / "..data")
+        for name in files:
+            link = self.root / name
+            if not link.is_symlink():
+                link.symlink_to(f"..data/{name}")
+
+
+@pytest.fixture
+def ca() -> CA:
+    return CA("test-ca-1")
+
+
+@pytest.fixture
+def cert_dir(tmp_path: Path, ca: CA) -> SecretVolume:
+    volume = SecretVolume(tmp_path)
+    crt, key = ca.issue()
+    volume.write({"tls.crt": crt, "tls.key": key})
+    return volume
+
+
+# --- a server under test ------------------------------------------------------------
+
+
+def pod(**labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns", "labels": dict(labels)},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+
+
+def review(obj: Any = None, *, uid: str = "uid-1", operation: str = "CREATE") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "p",
+            "namespace": "ns",
+            "operation": operation,
+            "userInfo": {"username": "alice"},
+            "object": pod() if obj is None else obj,
+            "oldObject": None,
+            "dryRun": False,
+        },
+    }
+
+
+class InjectEnv:
+    """A Mutator: adds an env var to every container and a label with a ``/`` and ``~``."""
+
+    async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
+        obj = request.copy_object()
+        obj["metadata"]["labels"]["example.com/dev~ice"] = "gpu"
+        for container in obj["spec"]["containers"]:
+            container.setdefault("env", []).append({"name": "VISIBLE_DEVICES", "value": "0,1"})
+        return patched(request.object, obj, warnings=["injected devices"])
+
+
+class NoDelete:
+    """A Validator: denies deletion, allows the rest."""
+
+    async def validate(self, request: AdmissionRequest) -> AdmissionResponse:
+        if request.operation == "DELETE":
+            return denied("group has active pods: ns/a, ns/b", reason="Forbidden")
+        return allowed(warnings=["looks fine"])
+
+
+class PatchingValidator:
+    async def validate(self, request: AdmissionRequest) -> AdmissionResponse:
+        return patch_ops([{"op": "add", "path": "/metadata/x", "value": 1}])
+
+
+async def raises(request: AdmissionRequest) -> AdmissionResponse:
+    raise KeyError("spec")
+
+
+async def denies_deep_inside(request: AdmissionRequest) -> AdmissionResponse:
+    raise Denied("group g does not exist", code=404, reason="NotFound")
+
+
+async def hangs(request: AdmissionRequest) -> AdmissionResponse:
+    await anyio.sleep_forever()
+    raise AssertionError
+
+
+class Serving:
+    def __init__(self, server: WebhookServer, ca: CA) -> None:
+        self.server = server
+        self.url = f"https://127.0.0.1:{server.port}"
+        self.ca = ca
+
+    def client(self, ca: CA | None = None) -> httpx.AsyncClient:
+        """A new client (new connections) trusting ``ca``."""
+        return httpx.AsyncClient(
+            base_url=self.url, verify=(ca or self.ca).client_context(), timeout=10
+        )
+
+    async def post(self, path: str, body: Any, **kwargs: Any) -> httpx.Response:
+        async with self.client() as client:
+            return await client.post(path, json=body, **kwargs)
+
+
+@asynccontextmanager
+async def running(server: WebhookServer, ca: CA) -> AsyncIterator[Serving]:
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        yield Serving(server, ca)
+        tg.cancel_scope.cancel()
+
+
+def make_server(volume: SecretVolume, **kwargs: Any) -> WebhookServer:
+    server = WebhookServer("127.0.0.1", 0, cert_dir=volume.root, cert_check_interval=0, **kwargs)
+    server.register("/mutate", InjectEnv())
+    server.register("/validate", NoDelete())
+    server.register("/patching-validator", PatchingValidator())
+    server.register("/raises", raises)
+    server.register("/denies", denies_deep_inside)
+    server.register("/hangs", hangs, timeout=0.2)
+    return server
+
+
+def decode_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
+    assert response["patchType"] == "JSONPatch"
+    return json.loads(base64.b64decode(response["patch"]))
+
+
+# --- an independent RFC 6902 applier (the oracle for the diff) -------------------------
+
+
+def _unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def apply_patch(ops: list[dict[str, Any]], doc: Any) -> Any:
+    doc = json.loads(json.dumps(doc))
+    for op in ops:
+        path = op["path"]
+        if path == "":
+            assert op["op"] in ("replace", "add")
+            doc = op["value"]
+            continue
+        *parents, last = [_unescape(t) for t in path.split("/")[1:]]
+        target = doc
+        for token in parents:
+            target = target[int(token)] if isinstance(target, list) else target[token]
+        if isinstance(target, list):
+            index = len(target) if last == "-" else int(last)
+            if op["op"] == "add":
+                assert 0 <= index <= len(target)
+                target.insert(index, op["value"])
+            elif op["op"] == "remove":
+                del target[index]
+            elif op["op"] == "replace":
+                target[index] = op["value"]
+            else:
+                raise AssertionError(op)
+        else:
+            if op["op"] == "add":
+                target[last] = op["value"]
+            elif op["op"] == "remove":
+                del target[last]
+            elif op["op"] == "replace":
+                assert last in target
+                target[last] = op["value"]
+            else:
+                raise AssertionError(op)
+    return doc
+
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5)
+)
+_keys = st.text(alphabet="ab~/0", max_size=3)
+json_values = st.recursive(
+    _scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(json_values, json_values)
+def test_applying_the_diff_yields_the_target(a: Any, b: Any) -> None:
+    ops = diff(a, b)
+    assert json_equal(apply_patch(ops, a), b)
+    # the patch is plain JSON and does not alias the target
+    assert json.loads(json.dumps(ops)) == ops
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_no_change_no_patch(a: Any) -> None:
+    assert diff(a, json.loads(json.dumps(a))) == []
+
+
+def test_diff_is_small_and_exact_where_it_matters() -> None:
+    assert escape("a/b~c") == "a~1b~0c"
+    assert diff({"a": 1}, {"a": True}) == [{"op": "replace", "path": "/a", "value": True}]
+    assert diff({"a": 1}, {"a": 1.0}) == [{"op": "replace", "path": "/a", "value": 1.0}]
+    # appending to a list is one add, not a rewrite of the list
+    assert diff({"l": [1, 2]}, {"l": [1, 2, 3]}) == [{"op": "add", "path": "/l/2", "value": 3}]
+    # inserting at the front replaces the list rather than shifting every element
+    assert diff({"l": [1, 2]}, {"l": [0, 1, 2]}) == [
+        {"op": "replace", "path": "/l", "value": [0, 1, 2]}
+    ]
+    with pytest.raises(ValueError, match="copy_object"):
+        obj = pod()
+        patched(obj, obj)
+
+
+# --- the server ------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_mutation_is_returned_as_a_base64_json_patch(cert_dir: SecretVolume, ca: CA) -> None:
+    original = pod(app="x")
+    async with running(make_server(cert_dir), ca) as srv:
+        r = await srv.post("/mutate", review(original, uid="abc"))
+    assert r.status_code == 200
+    body = r.json()
+    assert (body["apiVersion"], body["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
+    response = body["response"]
+    assert response["uid"] == "abc"
+    assert response["allowed"] is True
+    assert response["warnings"] == ["injected devices"]
+    ops = decode_patch(response)
+    assert {"op": "add", "path": "/metadata/labels/example.com~1dev~0ice", "value": "gpu"} in ops
+    mutated = apply_patch(ops, original)
+    assert mutated["metadata"]["labels"] == {"app": "x", "example.com/dev~ice": "gpu"}
+    assert mutated["spec"]["containers"][0]["env"] == [{"name": "VISIBLE_DEVICES", "value": "0,1"}]
+
+
+@pytest.mark.anyio
+async def test_validator_allows_and_denies_with_message(cert_dir: SecretVolume, ca: CA) -> None:
+    async with running(make_server(cert_dir), ca) as srv:
+        ok = (await srv.post("/validate", review(operation="CREATE"))).json()["response"]
+        no = (await srv.post("/validate", review(operation="DELETE"))).json()["response"]
+        deep = (await srv.post("/denies", review())).json()["response"]
+    assert ok["allowed"] is True and ok["warnings"] == ["looks fine"]
+    assert "patch" not in ok
+    assert no["allowed"] is False
+    assert no["status"] == {
+        "code": 403,
+        "message": "group has active pods: ns/a, ns/b",
+        "reason": "Forbidden",
+    }
+    assert deep["allowed"] is False
+    assert deep["status"] == {
+        "code": 404,
+        "message": "group g does not exist",
+        "reason": "NotFound",
+    }
+
+
+@pytest.mark.anyio
+async def test_failing_handlers_deny_with_500_and_timeouts_say_so(
+    cert_dir: SecretVolume, ca: CA
+) -> None:
+    async with running(make_server(cert_dir), ca) as srv:
+        crash = (await srv.post("/raises", review())).json()["response"]
+        bad_validator = (await srv.post("/patching-validator", review())).json()["response"]
+        slow = (await srv.post("/hangs", review())).json()["response"]
+        # the API server's announced deadline (?timeout=) shortens ours (10 s by default)
+        srv.server.register("/hangs-long", hangs)
+        announced = (await srv.post("/hangs-long?timeout=300ms", review())).json()["response"]
+        assert (await srv.post("/mutate", review())).json()["response"]["allowed"] is True
+    assert crash["allowed"] is False
+    assert crash["status"]["code"] == 500
+    assert crash["status"]["message"].startswith("internal error: KeyError")
+    assert bad_validator["allowed"] is False and bad_validator["status"]["code"] == 500
+    assert "may not return a patch" in bad_validator["status"]["message"]
+    for timed_out in (slow, announced):
+        assert timed_out["allowed"] is False
+        assert timed_out["status"]["code"] == 504
+        assert "timed out" in timed_out["status"]["message"]
+
+
+@pytest.mark.anyio
+async def test_requests_that_are_not_reviews_get_clean_http_errors(
+    cert_dir: SecretVolume, ca: CA
+) -> None:
+    server = make_server(cert_dir, max_body_bytes=64 * 1024)
+    wrong_kind = review() | {"kind": "Pod"}
+    old_version = review() | {"apiVersion": "admission.k8s.io/v1beta1"}
+    no_uid = review()
+    del no_uid["request"]["uid"]
+    no_request = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
+    async with running(server, ca) as srv, srv.client() as client:
+        for body in (wrong_kind, old_version, no_uid, no_request, [1, 2], "text"):
+            r = await client.post("/validate", json=body)
+            assert r.status_code == 400, body
+            assert r.json()["kind"] == "Status" and r.json()["code"] == 400
+        as_json = {"content-type": "application/json"}
+        for raw in (b"{not json", b"", b"\xff\xfe"):
+            r = await client.post("/validate", content=raw, headers=as_json)
+            assert r.status_code == 400, raw
+        as_text = {"content-type": "text/plain"}
+        assert (await client.post("/validate", content=b"{}", headers=as_text)).status_code == 415
+        r = await client.get("/validate")
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        huge = review(pod(big="x" * 100_000))
+        assert (await client.post("/validate", json=huge)).status_code == 413
+        assert (await client.post("/nowhere", json=review())).status_code == 404
+        # and it still serves real reviews, on the same client
+        r = await client.post("/validate", json=review())
+        assert r.status_code == 200 and r.json()["response"]["allowed"] is True
+
+
+@pytest.mark.anyio
+async def test_only_http11_is_negotiated(cert_dir: SecretVolume, ca: CA) -> None:
+    async with running(make_server(cert_dir), ca) as srv:
+        stream = await anyio.connect_tcp(
+            "127.0.0.1",
+            srv.server.port,
+            ssl_context=ca.client_context(),
+            tls_standard_compatible=False,  # HTTP needs no close_notify
+        )
+        async with stream:
+            assert stream.extra(TLSAttribute.alpn_protocol) == "http/1.1"
+
+
+@pytest.mark.anyio
+async def test_a_rotated_certificate_is_used_for_new_connections(
+    cert_dir: SecretVolume, ca: CA
+) -> None:
+    ca2 = CA("test-ca-2")
+    async with running(make_server(cert_dir), ca) as srv:
+        async with srv.client(ca) as old_client:
+            assert (await old_client.post("/validate", json=review())).status_code == 200
+
+            crt, key = ca2.issue()
+            cert_dir.write({"tls.crt": crt, "tls.key": key})
+
+            # the kept-alive connection goes on with the certificate it negotiated
+            assert (await old_client.post("/validate", json=review())).status_code == 200
+        async with srv.client(ca2) as new_client:
+            assert (await new_client.post("/validate", json=review())).status_code == 200
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            async with srv.client(ca) as stale_client:
+                await stale_client.post("/validate", json=review())
+
+        # a broken pair (key of another certificate) is refused; the last good one stays
+        crt3, _ = CA("test-ca-3").issue()
+        cert_dir.write({"tls.crt": crt3, "tls.key": key})
+        async with srv.client(ca2) as client:
+            assert (await client.post("/validate", json=review())).status_code == 200
+
+
+def test_cert_watcher_reloads_on_content_change_only(cert_dir: SecretVolume, ca: CA) -> None:
+    watcher = CertWatcher(cert_dir.root / "tls.crt", cert_dir.root / "tls.key", min_interval=0)
+    first = watcher()
+    assert watcher() is first  # same content: the same context, nothing re-loaded
+    crt, key = CA("other").issue()
+
+    (cert_dir.root / "..data" / "tls.crt").write_bytes(crt)  # half an update...
+    assert watcher() is first  # ...does not load (key does not match) and keeps the old one
+    (cert_dir.root / "..data" / "tls.key").write_bytes(key)
+    second = watcher()
+    assert second is not first
+    assert watcher.not_after is not None
+
+    lazy = CertWatcher(cert_dir.root / "tls.crt", cert_dir.root / "tls.key", min_interval=3600)
+    context = lazy()
+    cert_dir.write(dict(zip(("tls.crt", "tls.key"), ca.issue(), strict=True)))
+    assert lazy() is context  # not looked at again before min_interval
+    assert lazy.refresh() and lazy() is not context
+
+    with pytest.raises(RuntimeError):
+        CertWatcher(cert_dir.root / "missing.crt", cert_dir.root / "tls.key")
+
+
+@pytest.mark.anyio
+async def test_serve_fails_fast_without_a_certificate(tmp_path: Path) -> None:
+    server = WebhookServer("127.0.0.1", 0, cert_dir=tmp_path)
+    assert not server.ready()
+    with pytest.raises(RuntimeError, match="serving certificate"):
+        await server.serve()
+
+
+@pytest.mark.anyio
+async def test_ready_and_metrics_report_the_webhooks(cert_dir: SecretVolume, ca: CA) -> None:
+    def sample(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    server = make_server(cert_dir)
+    assert not server.ready()
+    ok_before = sample("controller_runtime_webhook_requests_total", webhook="/mutate", code="200")
+    bad_before = sample("controller_runtime_webhook_requests_total", webhook="/mutate", code="405")
+    seen_before = sample("controller_runtime_webhook_latency_seconds_count", webhook="/mutate")
+    async with running(server, ca) as srv, running_metrics() as metrics_url:
+        assert server.ready()
+        await srv.post("/mutate", review())
+        await srv.post("/mutate", review())
+        async with srv.client() as client:
+            await client.get("/mutate")
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(metrics_url)).text
+    assert not server.ready()
+    assert sample("controller_runtime_webhook_requests_total", webhook="/mutate", code="200") == (
+        ok_before + 2
+    )
+    assert sample("controller_runtime_webhook_requests_total", webhook="/mutate", code="405") == (
+        bad_before + 1
+    )
+    assert sample("controller_runtime_webhook_latency_seconds_count", webhook="/mutate") == (
+        seen_before + 3
+    )
+    assert sample("controller_runtime_webhook_requests_in_flight", webhook="/mutate") == 0
+    exposed = [line for line in text.splitlines() if 'webhook="/mutate"' in line]
+    for name in (
+        "controller_runtime_webhook_requests_total{",
+        "controller_runtime_webhook_latency_seconds_bucket{",
+        "controller_runtime_webhook_requests_in_flight{",
+    ):
+        assert any(line.startswith(name) for line in exposed), name
+
+
+@asynccontextmanager
+async def running_metrics() -> AsyncIterator[str]:
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(MetricsServer("127.0.0.1:0").serve)
+        yield f"http://127.0.0.1:{port}/metrics"
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("10s", 10.0),
+        ("1m30s", 90.0),
+        ("250ms", 0.25),
+        ("1.5s", 1.5),
+        ("", None),
+        ("10", None),
+        ("s", None),
+        ("0s", None),
+    ],
+)
+def test_api_server_timeout_parameter_is_read_as_a_go_duration(
+    text: str, seconds: float | None
+) -> None:
+    from sdgruntime.webhook.server import _go_duration
+
+    assert _go_duration(text) == seconds
