@@ -1,0 +1,405 @@
+"""The group scheduler: binds each Pending SharedDeviceGroup to one node and device IDs.
+
+Decision flow for one group (one span per decision):
+Filter + Score (pure, ``controllers.placement``) -> claim the IDs in the node's fenced
+record (``controllers.claims``) -> write the group's status. A claim that lands but whose
+status write loses to another manager is released again; a claim found in the records for
+a still-Pending group is adopted (it is the first half of an interrupted bind).
+
+Deletion: the finalizer holds the group while any active pod references it; only then
+are its devices released from the record and the finalizer removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from opentelemetry import trace
+
+from api.conditions import find_condition, set_condition
+from api.constants import (
+    CONDITION_NODE_HEALTHY,
+    CONDITION_READY,
+    CONDITION_SCHEDULED,
+    DEFAULT_ENV_TABLE,
+    FINALIZER,
+    PHASE_BOUND,
+    PHASE_PENDING,
+    REASON_BOUND,
+    REASON_DEVICES_MISSING,
+    REASON_NODE_NOT_FOUND,
+    REASON_NODE_NOT_READY,
+    REASON_NODE_READY,
+    REASON_NOT_BOUND,
+    REASON_NOT_READY,
+    REASON_READY,
+    REASON_UNSCHEDULABLE,
+    SDG_KIND,
+)
+from api.v1alpha1 import format_ids, parse_ids
+from controllers import metrics as sdg_metrics
+from controllers.claims import ClaimBook
+from controllers.placement import _is_ready, node_device_capacity, place
+from controllers.pods import POD_GROUP_INDEX, is_active, pod_key
+from controllers.tracker import Devices
+from sdgruntime import errors
+from sdgruntime.cache import Cache
+from sdgruntime.client import Client
+from sdgruntime.controller import Request, Result
+from sdgruntime.events import EventRecorder
+from sdgruntime.kinds import NODES, PODS
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("deviceshare.io/group-scheduler")
+
+REASON_CLAIM_CONFLICT = "ClaimConflict"
+
+
+def _status_devices(group: Mapping[str, Any]) -> Devices:
+    raw = (group.get("status") or {}).get("selectedDevices") or {}
+    return {res: parse_ids(ids) for res, ids in raw.items()}
+
+
+class GroupScheduler:
+    """Reconciler for SharedDeviceGroups: placement, fenced claims, finalizer, health."""
+
+    def __init__(
+        self,
+        client: Client,
+        cache: Cache,
+        claims: ClaimBook,
+        recorder: EventRecorder,
+        env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
+    ) -> None:
+        self.env_table = env_table
+        self.client = client
+        self.cache = cache
+        self.claims = claims
+        self.recorder = recorder
+        self._recovered = False
+        self._recover_lock = anyio.Lock()
+
+    async def reconcile(self, request: Request) -> Result | None:
+        await self._recover_once()
+        try:
+            group = self.cache.get(SDG_KIND, request.name)
+        except errors.NotFound:
+            await self._release_orphan(request.name)
+            return None
+        meta = group["metadata"]
+        if meta.get("deletionTimestamp"):
+            return await self._finalize(group)
+        if FINALIZER not in (meta.get("finalizers") or []):
+            group = await self._add_finalizer(group)
+        status = group.get("status") or {}
+        if status.get("phase") == PHASE_BOUND and status.get("nodeName"):
+            return await self._check_bound(group)
+        return await self._schedule(group)
+
+    # --- scheduling ------------------------------------------------------------------
+    async def _schedule(self, group: dict[str, Any]) -> Result | None:
+        name = group["metadata"]["name"]
+        spec = group.get("spec") or {}
+        started = time.perf_counter()
+        with tracer.start_as_current_span("schedule group") as span:
+            span.set_attribute("sdg.group", name)
+            existing = self.claims.claim_of(name)
+            if existing is not None:
+                node, devices = existing
+                span.set_attribute("sdg.result", "adopted")
+                span.set_attribute("sdg.node", node)
+                return await self._bind_status(group, node, devices, started)
+            nodes = self.cache.list(NODES, copy=False)
+            decision = place(spec, nodes, self.claims.tracker)
+            span.set_attribute("sdg.candidates", decision.candidates)
+            for node_name, why in sorted(decision.reasons.items())[:50]:
+                span.set_attribute(f"sdg.filter.{node_name}", "; ".join(why))
+            for node_name, score in sorted(decision.scores.items())[:50]:
+                span.set_attribute(f"sdg.score.{node_name}", score)
+            if decision.node is None:
+                message = decision.message()
+                span.set_attribute("sdg.result", "unschedulable")
+                sdg_metrics.SCHEDULING_ATTEMPTS.labels("group", "unschedulable").inc()
+                sdg_metrics.DECISION_LATENCY.labels("group").observe(time.perf_counter() - started)
+                await self._set_pending(group, message)
+                return None
+            devices = self.claims.tracker.allocate(name, decision.node, spec["resources"])
+            span.set_attribute("sdg.node", decision.node)
+            span.set_attribute(
+                "sdg.devices", ";".join(f"{r}={format_ids(i)}" for r, i in devices.items())
+            )
+            try:
+                await self.claims.write(decision.node, name, devices)
+            except errors.Conflict:
+                # The fresh record replaced our tentative allocation in the tracker.
+                self.claims.tracker.release(name)
+                self.claims.refresh_tracker(decision.node)
+                span.set_attribute("sdg.result", "conflict")
+                sdg_metrics.SCHEDULING_ATTEMPTS.labels("group", "conflict").inc()
+                return Result(requeue=True)
+            except BaseException:
+                self.claims.tracker.release(name)
+                self.claims.refresh_tracker(decision.node)
+                raise
+            span.set_attribute("sdg.result", "bound")
+            return await self._bind_status(group, decision.node, devices, started)
+
+    async def _bind_status(
+        self, group: dict[str, Any], node: str, devices: Devices, started: float
+    ) -> Result | None:
+        name = group["metadata"]["name"]
+        status = dict(group.get("status") or {})
+        gen = group["metadata"].get("generation")
+        text = ", ".join(f"{r} {format_ids(i)}" for r, i in sorted(devices.items()))
+        status.update(
+            phase=PHASE_BOUND,
+            nodeName=node,
+            selectedDevices={r: format_ids(i) for r, i in sorted(devices.items())},
+            observedGeneration=gen,
+        )
+        conds = set_condition(
+            status.get("conditions"),
+            CONDITION_SCHEDULED,
+            "True",
+            REASON_BOUND,
+            f"bound to node {node} with {text}",
+            observed_generation=gen,
+        )
+        node_obj = self._node(node)
+        healthy, reason, message = _node_health(node_obj, node, devices)
+        conds = set_condition(
+            conds,
+            CONDITION_NODE_HEALTHY,
+            "True" if healthy else "False",
+            reason,
+            message,
+            observed_generation=gen,
+        )
+        conds = _ready(conds, healthy, gen)
+        status["conditions"] = conds
+        try:
+            await self.client.update_status(SDG_KIND, {**group, "status": status})
+        except errors.Conflict:
+            return await self._after_status_conflict(name, node, devices)
+        except errors.NotFound:
+            await self._release_orphan(name)
+            return None
+        sdg_metrics.SCHEDULING_ATTEMPTS.labels("group", "bound").inc()
+        sdg_metrics.DECISION_LATENCY.labels("group").observe(time.perf_counter() - started)
+        await self.recorder.event(group, "Normal", "Scheduled", f"Bound to node {node}: {text}")
+        return None
+
+    async def _after_status_conflict(self, name: str, node: str, devices: Devices) -> Result:
+        """Someone else changed the group while we bound it: if it is now bound elsewhere,
+        our claim is surplus and is given back; otherwise try again from a fresh read."""
+        try:
+            fresh = await self.client.get(SDG_KIND, name)
+        except errors.NotFound:
+            await self._release_orphan(name)
+            return Result()
+        st = fresh.get("status") or {}
+        if st.get("phase") == PHASE_BOUND and (
+            st.get("nodeName") != node or _status_devices(fresh) != devices
+        ):
+            await self.claims.write(node, name, None)
+        return Result(requeue=True)
+
+    async def _set_pending(self, group: dict[str, Any], message: str) -> None:
+        status = dict(group.get("status") or {})
+        gen = group["metadata"].get("generation")
+        old = find_condition(status.get("conditions"), CONDITION_SCHEDULED)
+        conds = set_condition(
+            status.get("conditions"),
+            CONDITION_SCHEDULED,
+            "False",
+            REASON_UNSCHEDULABLE,
+            message,
+            observed_generation=gen,
+        )
+        conds = set_condition(
+            conds,
+            CONDITION_NODE_HEALTHY,
+            "Unknown",
+            REASON_NOT_BOUND,
+            "the group is not bound to a node",
+            observed_generation=gen,
+        )
+        conds = _ready(conds, False, gen)
+        new = {**status, "phase": PHASE_PENDING, "conditions": conds, "observedGeneration": gen}
+        if new == status:
+            return
+        await self.client.update_status(SDG_KIND, {**group, "status": new})
+        if old is None or old.get("message") != message:
+            await self.recorder.event(group, "Warning", "FailedScheduling", message)
+
+    # --- bound groups ----------------------------------------------------------------
+    async def _check_bound(self, group: dict[str, Any]) -> Result | None:
+        """A bound group never moves; keep its record and its NodeHealthy condition true."""
+        name = group["metadata"]["name"]
+        status = group["status"]
+        node = status["nodeName"]
+        devices = _status_devices(group)
+        where = self.claims.claim_of(name)
+        if where is None or where != (node, devices):
+            problem = await self._restore_record(name, node, devices, where)
+            if problem:
+                await self._set_conditions(
+                    group, (CONDITION_READY, "False", REASON_CLAIM_CONFLICT, problem)
+                )
+                await self.recorder.event(group, "Warning", REASON_CLAIM_CONFLICT, problem)
+                return None
+        healthy, reason, message = _node_health(self._node(node), node, devices)
+        gen = group["metadata"].get("generation")
+        conds = set_condition(
+            status.get("conditions"),
+            CONDITION_NODE_HEALTHY,
+            "True" if healthy else "False",
+            reason,
+            message,
+            observed_generation=gen,
+        )
+        conds = _ready(conds, healthy, gen)
+        if conds != status.get("conditions") or status.get("observedGeneration") != gen:
+            new = {**status, "conditions": conds, "observedGeneration": gen}
+            try:
+                await self.client.update_status(SDG_KIND, {**group, "status": new})
+            except errors.Conflict:
+                return Result(requeue=True)
+            if not healthy:
+                await self.recorder.event(group, "Warning", reason, message)
+        return None
+
+    async def _restore_record(
+        self, name: str, node: str, devices: Devices, where: tuple[str, Devices] | None
+    ) -> str | None:
+        """Make the records agree with a bound group's status; returns a problem, if any."""
+        if where is not None:
+            other_node, _ = where
+            await self.claims.write(other_node, name, None)
+        holders = {
+            self.claims.tracker.holder(node, res, i) for res, ids in devices.items() for i in ids
+        } - {None, name}
+        if holders:
+            return (
+                f"status says node {node} devices {devices}, but the claim record gives "
+                f"them to {sorted(h for h in holders if h)}; delete and recreate this group"
+            )
+        await self.claims.write(node, name, devices)
+        return None
+
+    async def _set_conditions(
+        self, group: dict[str, Any], *conds_in: tuple[str, str, str, str]
+    ) -> None:
+        status = dict(group.get("status") or {})
+        gen = group["metadata"].get("generation")
+        conds = status.get("conditions")
+        for type_, st, reason, message in conds_in:
+            conds = set_condition(conds, type_, st, reason, message, observed_generation=gen)  # type: ignore[arg-type]
+        if conds != status.get("conditions"):
+            status["conditions"] = conds
+            await self.client.update_status(SDG_KIND, {**group, "status": status})
+
+    # --- finalizer and release -------------------------------------------------------
+    async def _add_finalizer(self, group: dict[str, Any]) -> dict[str, Any]:
+        meta = group["metadata"]
+        finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        return await self.client.patch(SDG_KIND, meta["name"], patch)
+
+    async def _finalize(self, group: dict[str, Any]) -> Result | None:
+        meta = group["metadata"]
+        name = meta["name"]
+        if FINALIZER not in (meta.get("finalizers") or []):
+            return None
+        users = [
+            pod_key(p)
+            for p in self.cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False)
+            if is_active(p)
+        ]
+        if users:
+            # Pod events re-trigger this group; nothing to do until they are gone.
+            return None
+        for node in self.claims.nodes_claiming(name):
+            await self.claims.write(node, name, None)
+        finalizers = [f for f in meta["finalizers"] if f != FINALIZER]
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        try:
+            await self.client.patch(SDG_KIND, name, patch)
+        except errors.NotFound:
+            return None
+        return None
+
+    async def _release_orphan(self, name: str) -> None:
+        """Claims of a group that no longer exists (its finalizer was removed by hand)."""
+        for node in self.claims.nodes_claiming(name):
+            await self.claims.write(node, name, None)
+
+    # --- recovery --------------------------------------------------------------------
+    async def _recover_once(self) -> None:
+        if self._recovered:
+            return
+        async with self._recover_lock:
+            if not self._recovered:
+                await self.recover()
+                self._recovered = True
+
+    async def recover(self) -> None:
+        """Before the first placement: make the records, group statuses and pods agree.
+
+        Caches are synced (controllers start after sync), so the records are mirrored.
+        A bound group missing from the records is restored from its status; a group that
+        lost its status but whose pods are bound and carry injected device env is restored
+        from those pods (the spec's "recover by inspecting running pods"); conflicts are
+        reported as conditions, never resolved by a second allocation.
+        """
+        from controllers.recovery import recover
+
+        await recover(self)
+
+    def _node(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.cache.get(NODES, name)
+        except errors.NotFound:
+            return None
+
+
+def _node_health(
+    node: Mapping[str, Any] | None, name: str, devices: Devices
+) -> tuple[bool, str, str]:
+    if node is None:
+        return False, REASON_NODE_NOT_FOUND, f"node {name} no longer exists"
+    if not _is_ready(node):
+        return False, REASON_NODE_NOT_READY, f"node {name} is not Ready"
+    capacity = node_device_capacity(node)
+    short = [
+        f"{res} {max(ids)}"
+        for res, ids in sorted(devices.items())
+        if ids and max(ids) >= capacity.get(res, 0)
+    ]
+    if short:
+        return (
+            False,
+            REASON_DEVICES_MISSING,
+            f"node {name} no longer offers the selected devices ({', '.join(short)}); "
+            "the group does not move: delete and recreate it to place it elsewhere",
+        )
+    return True, REASON_NODE_READY, f"node {name} is Ready and offers the selected devices"
+
+
+def _ready(conds: list[dict[str, Any]], healthy: bool, gen: int | None) -> list[dict[str, Any]]:
+    scheduled = find_condition(conds, CONDITION_SCHEDULED)
+    ok = healthy and scheduled is not None and scheduled.get("status") == "True"
+    return set_condition(
+        conds,
+        CONDITION_READY,
+        "True" if ok else "False",
+        REASON_READY if ok else REASON_NOT_READY,
+        "the group is bound and its node offers its devices"
+        if ok
+        else "the group is not bound to a healthy node",
+        observed_generation=gen,
+    )

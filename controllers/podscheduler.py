@@ -1,0 +1,196 @@
+"""The pod scheduler: binds pods of a Bound group to the group's node.
+
+There is no search: a group's pods go where the group is. What a standalone scheduler
+still owes is the node's own checks (cordon, taints, nodeSelector/affinity, CPU/memory/
+pods, host ports), done in memory against the pod cache plus the pods this process has
+bound but the cache has not shown yet ("assumed", as kube-scheduler does). The check and
+the assumption happen under a per-node lock; the Binding POST happens outside it, so binds
+to one node pipeline with bounded concurrency (the controller's worker count).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from opentelemetry import trace
+
+from api.conditions import find_condition, rfc3339
+from api.constants import PHASE_BOUND, SCHEDULER_NAME, SDG_KIND
+from controllers import metrics as sdg_metrics
+from controllers.podfit import pod_fits_node
+from controllers.pods import POD_NODE_INDEX, pod_group
+from sdgruntime import errors
+from sdgruntime.cache import Cache
+from sdgruntime.client import Client
+from sdgruntime.controller import Request, Result
+from sdgruntime.events import EventRecorder
+from sdgruntime.kinds import NODES, PODS
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("deviceshare.io/pod-scheduler")
+
+#: An assumed pod is dropped after this long even if the cache never showed it bound.
+ASSUME_TTL = 30.0
+
+
+def wants_scheduling(pod: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> bool:
+    """Ours to bind: our schedulerName, no node yet, not terminating, not gated, not done."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    return (
+        spec.get("schedulerName") == scheduler_name
+        and not spec.get("nodeName")
+        and not meta.get("deletionTimestamp")
+        and not spec.get("schedulingGates")
+        and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    )
+
+
+class PodScheduler:
+    """Reconciler for pods that name our scheduler."""
+
+    def __init__(
+        self,
+        client: Client,
+        cache: Cache,
+        recorder: EventRecorder,
+        scheduler_name: str = SCHEDULER_NAME,
+    ) -> None:
+        self.client = client
+        self.cache = cache
+        self.recorder = recorder
+        self.scheduler_name = scheduler_name
+        self._locks: defaultdict[str, anyio.Lock] = defaultdict(anyio.Lock)
+        # pod key -> (node, pod, when assumed)
+        self._assumed: dict[str, tuple[str, dict[str, Any], float]] = {}
+
+    async def reconcile(self, request: Request) -> Result | None:
+        try:
+            pod = self.cache.get(PODS, request.name, request.namespace)
+        except errors.NotFound:
+            self._assumed.pop(f"{request.namespace}/{request.name}", None)
+            return None
+        if not wants_scheduling(pod, self.scheduler_name):
+            return None
+        started = time.perf_counter()
+        with tracer.start_as_current_span("schedule pod") as span:
+            key = f"{request.namespace}/{request.name}"
+            span.set_attribute("sdg.pod", key)
+            group_name = pod_group(pod)
+            span.set_attribute("sdg.group", group_name or "")
+            problem, node = self._group_node(group_name)
+            if node is None:
+                return await self._unschedulable(pod, problem, span, started)
+            span.set_attribute("sdg.candidates", 1)
+            async with self._locks[node["metadata"]["name"]]:
+                reasons = pod_fits_node(pod, node, self._pods_on(node["metadata"]["name"]))
+                if reasons:
+                    node_name = node["metadata"]["name"]
+                    span.set_attribute(f"sdg.filter.{node_name}", "; ".join(reasons))
+                    msg = f"0/1 nodes are available: group node {node_name}: " + "; ".join(reasons)
+                    return await self._unschedulable(pod, msg, span, started)
+                node_name = node["metadata"]["name"]
+                self._assumed[key] = (node_name, pod, time.monotonic())
+            span.set_attribute("sdg.node", node_name)
+            bind_started = time.perf_counter()
+            try:
+                await self.client.bind(
+                    request.namespace or "",
+                    request.name,
+                    node_name,
+                    pod_uid=pod["metadata"].get("uid"),
+                )
+            except errors.Conflict:
+                # Already bound (by us earlier, or by someone else): nothing to do.
+                span.set_attribute("sdg.result", "already-bound")
+                return None
+            except BaseException:
+                self._assumed.pop(key, None)
+                raise
+            finally:
+                sdg_metrics.BIND_LATENCY.observe(time.perf_counter() - bind_started)
+            span.set_attribute("sdg.result", "bound")
+            sdg_metrics.SCHEDULING_ATTEMPTS.labels("pod", "bound").inc()
+            sdg_metrics.DECISION_LATENCY.labels("pod").observe(time.perf_counter() - started)
+            await self.recorder.event(
+                pod, "Normal", "Scheduled", f"Successfully assigned {key} to {node_name}"
+            )
+        return None
+
+    def _group_node(self, group_name: str | None) -> tuple[str, dict[str, Any] | None]:
+        if not group_name:
+            return (
+                f"pod names schedulerName {self.scheduler_name} but has no "
+                "deviceshare.io/group annotation; add it or use another scheduler",
+                None,
+            )
+        try:
+            group = self.cache.get(SDG_KIND, group_name)
+        except errors.NotFound:
+            return f"SharedDeviceGroup {group_name!r} not found", None
+        status = group.get("status") or {}
+        if status.get("phase") != PHASE_BOUND or not status.get("nodeName"):
+            cond = find_condition(status.get("conditions"), "Scheduled") or {}
+            why = cond.get("message") or "not scheduled yet"
+            return f"SharedDeviceGroup {group_name!r} is Pending: {why}", None
+        try:
+            return "", self.cache.get(NODES, status["nodeName"])
+        except errors.NotFound:
+            return (
+                f"node {status['nodeName']} of SharedDeviceGroup {group_name!r} no longer "
+                "exists; the group does not move: delete and recreate it",
+                None,
+            )
+
+    def _pods_on(self, node: str) -> list[dict[str, Any]]:
+        pods = self.cache.list(PODS, index=POD_NODE_INDEX, value=node, copy=False)
+        seen = {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods}
+        now = time.monotonic()
+        for key, (where, pod, when) in list(self._assumed.items()):
+            if key in seen or now - when > ASSUME_TTL:
+                del self._assumed[key]  # the cache shows it (or it is long stale)
+            elif where == node:
+                pods.append(pod)
+        return pods
+
+    async def _unschedulable(
+        self, pod: dict[str, Any], message: str, span: trace.Span, started: float
+    ) -> Result:
+        span.set_attribute("sdg.result", "unschedulable")
+        span.set_attribute("sdg.reason", message)
+        sdg_metrics.SCHEDULING_ATTEMPTS.labels("pod", "unschedulable").inc()
+        sdg_metrics.DECISION_LATENCY.labels("pod").observe(time.perf_counter() - started)
+        meta = pod["metadata"]
+        current = find_condition((pod.get("status") or {}).get("conditions"), "PodScheduled")
+        if not current or current.get("status") != "False" or current.get("message") != message:
+            patch = {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": message,
+                            "lastTransitionTime": rfc3339(),
+                        }
+                    ]
+                }
+            }
+            try:
+                await self.client.patch(
+                    PODS,
+                    meta["name"],
+                    patch,
+                    meta["namespace"],
+                    patch_type="strategic",
+                    subresource="status",
+                )
+            except errors.NotFound:
+                return Result()
+            await self.recorder.event(pod, "Warning", "FailedScheduling", message)
+        # Rate-limited retry: the node may free up; node/group/pod events also re-trigger.
+        return Result(requeue=True)
