@@ -40,18 +40,18 @@ from api.constants import (
     REASON_UNSCHEDULABLE,
     SDG_KIND,
 )
+from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.v1alpha1 import format_ids, parse_ids
 from controllers import metrics as sdg_metrics
 from controllers.claims import ClaimBook
 from controllers.placement import _is_ready, node_device_capacity, place
-from controllers.pods import POD_GROUP_INDEX, is_active, pod_key
 from controllers.tracker import Devices
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
-from sdgruntime.controller import Request, Result
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import NODES, PODS
+from sdgruntime.reconcile import Request, Result
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("deviceshare.io/group-scheduler")

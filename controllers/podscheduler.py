@@ -21,15 +21,15 @@ from opentelemetry import trace
 
 from api.conditions import find_condition, rfc3339
 from api.constants import PHASE_BOUND, SCHEDULER_NAME, SDG_KIND
+from api.pods import POD_NODE_INDEX, pod_group
 from controllers import metrics as sdg_metrics
 from controllers.podfit import pod_fits_node
-from controllers.pods import POD_NODE_INDEX, pod_group
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
-from sdgruntime.controller import Request, Result
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import NODES, PODS
+from sdgruntime.reconcile import Request, Result
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("deviceshare.io/pod-scheduler")

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from api.constants import CONDITION_READY, PHASE_BOUND, SDG_KIND
 from api.envvars import env_var_for
+from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.v1alpha1 import parse_ids
-from controllers.pods import POD_GROUP_INDEX, is_active, pod_key
 from controllers.tracker import Devices
 from sdgruntime.kinds import PODS
 

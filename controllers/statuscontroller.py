@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 
 from api.constants import SDG_KIND
-from controllers.pods import POD_GROUP_INDEX, is_active, pod_key
+from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
-from sdgruntime.controller import Request, Result
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import PODS
+from sdgruntime.reconcile import Request, Result
 
 log = logging.getLogger(__name__)
 

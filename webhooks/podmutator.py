@@ -1,0 +1,87 @@
+"""Mutating webhook for pods of a SharedDeviceGroup: inject the group's device env.
+
+It only reads: the group from the shared cache (a live GET when the cache has not seen
+it yet), waiting briefly for a group that was just created and is still being bound.
+The decision itself is pure (``webhooks.injection``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+
+from api.constants import CONDITION_SCHEDULED, DEFAULT_ENV_TABLE, PHASE_BOUND, SDG_KIND
+from sdgruntime import errors
+from sdgruntime.cache import Cache
+from sdgruntime.client import Client
+from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed, denied, patch_ops
+from webhooks.injection import Denial, build_injection, check_annotation, group_annotation
+
+log = logging.getLogger(__name__)
+
+#: How long a pod CREATE waits for a group that has not been scheduled yet.
+BINDING_WAIT = 2.0
+_POLL = 0.05
+
+
+def _still_binding(group: Mapping[str, Any]) -> bool:
+    """Neither Bound nor judged unschedulable yet: the scheduler has not decided."""
+    status = group.get("status") or {}
+    if status.get("phase") == PHASE_BOUND:
+        return False
+    return not any(c.get("type") == CONDITION_SCHEDULED for c in status.get("conditions") or ())
+
+
+class PodMutator:
+    """``/mutate-v1-pod``: devices env into every container, our schedulerName."""
+
+    def __init__(
+        self,
+        cache: Cache,
+        client: Client,
+        env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
+        binding_wait: float = BINDING_WAIT,
+    ) -> None:
+        self.cache = cache
+        self.client = client
+        self.env_table = env_table
+        self.binding_wait = binding_wait
+
+    async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
+        pod = request.object or {}
+        if request.operation != "CREATE" or request.kind.get("kind") != "Pod":
+            return allowed()
+        bad = check_annotation(pod)
+        if bad is not None:
+            return denied(bad.message)
+        name = group_annotation(pod)
+        group = await self._group(name) if name else None
+        result = build_injection(pod, group, self.env_table)
+        if isinstance(result, Denial):
+            return denied(result.message)
+        return patch_ops(result.operations)
+
+    async def _group(self, name: str) -> dict[str, Any] | None:
+        group = await self._lookup(name)
+        deadline = time.monotonic() + self.binding_wait
+        while group is not None and _still_binding(group) and time.monotonic() < deadline:
+            await anyio.sleep(_POLL)
+            try:
+                group = self.cache.get(SDG_KIND, name)
+            except errors.NotFound:
+                continue  # seen live, not cached yet: keep what the live read said
+        return group
+
+    async def _lookup(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.cache.get(SDG_KIND, name)
+        except errors.NotFound:
+            pass
+        try:
+            return await self.client.get(SDG_KIND, name)
+        except errors.NotFound:
+            return None
