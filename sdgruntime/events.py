@@ -1,0 +1,195 @@
+"""Event recorder: core/v1 Events about objects, with client-go's repeat aggregation.
+
+A reconciler that reports the same thing on every pass would otherwise write one Event per
+pass; as in client-go, an identical event (same object, type, reason, message) seen again
+within ``window`` seconds bumps ``count`` and ``lastTimestamp`` of the Event already written.
+Recording is best effort: failures are logged, never raised into the reconciler.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from sdgruntime import errors
+from sdgruntime.kinds import EVENTS
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from sdgruntime.client import Client
+
+__all__ = ["EventRecorder", "EventType"]
+
+log = logging.getLogger(__name__)
+
+EventType = Literal["Normal", "Warning"]
+
+_MAX_MESSAGE = 1024  # the API's limit for events.k8s.io notes; keeps etcd objects small
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(slots=True)
+class _Seen:
+    """The Event written for one aggregation key."""
+
+    name: str
+    namespace: str
+    count: int
+    last_seen: float  # monotonic
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+
+class EventRecorder:
+    """Writes Events for one component (``source.component``/``reportingComponent``)."""
+
+    def __init__(
+        self,
+        client: Client,
+        component: str,
+        *,
+        host: str = "",
+        window: float = 600.0,
+        max_keys: int = 4096,
+    ) -> None:
+        self.client = client
+        self.component = component
+        self.host = host
+        self.window = window
+        self.max_keys = max_keys
+        self._seen: OrderedDict[tuple[str, ...], _Seen] = OrderedDict()
+
+    async def event(
+        self,
+        obj: Mapping[str, Any],
+        type_: EventType,
+        reason: str,
+        message: str,
+        *,
+        action: str | None = None,
+    ) -> None:
+        """Record an event about ``obj`` (a decoded object with apiVersion/kind/metadata)."""
+        try:
+            await self._record(obj, type_, reason, message, action)
+        except Exception as exc:
+            meta = obj.get("metadata") or {}
+            log.warning(
+                "could not record event %s/%s on %s %s/%s: %s",
+                type_,
+                reason,
+                obj.get("kind", "?"),
+                meta.get("namespace", ""),
+                meta.get("name", "?"),
+                exc,
+            )
+
+    async def _record(
+        self,
+        obj: Mapping[str, Any],
+        type_: str,
+        reason: str,
+        message: str,
+        action: str | None,
+    ) -> None:
+        if type_ not in ("Normal", "Warning"):
+            raise ValueError(f"event type must be Normal or Warning, not {type_!r}")
+        meta = obj.get("metadata") or {}
+        involved = {
+            k: v
+            for k, v in (
+                ("apiVersion", obj.get("apiVersion")),
+                ("kind", obj.get("kind")),
+                ("name", meta.get("name")),
+                ("namespace", meta.get("namespace")),
+                ("uid", meta.get("uid")),
+                ("resourceVersion", meta.get("resourceVersion")),
+            )
+            if v
+        }
+        message = message[:_MAX_MESSAGE]
+        identity = involved.get("uid") or "/".join(
+            (involved.get("kind", ""), involved.get("namespace", ""), involved.get("name", ""))
+        )
+        key = (identity, type_, reason, message, action or "")
+        now = time.monotonic()
+
+        seen = self._seen.get(key)
+        if seen is not None and now - seen.last_seen < self.window:
+            self._seen.move_to_end(key)
+            seen.last_seen = now
+            async with seen.lock:
+                if seen.name:  # else the create we waited for failed
+                    seen.count += 1
+                    try:
+                        await self.client.patch(
+                            EVENTS,
+                            seen.name,
+                            {"count": seen.count, "lastTimestamp": _now()},
+                            seen.namespace,
+                        )
+                        return
+                    except errors.NotFound:
+                        pass  # expired (event TTL) or deleted: write a fresh one
+                seen.count = 1
+                await self._create(seen, involved, type_, reason, message, action)
+                self._seen.setdefault(key, seen)
+            return
+
+        # New key (or its window passed). Register and lock it before the first await, so a
+        # concurrent identical event waits for this create and then patches it.
+        seen = _Seen(name="", namespace="", count=1, last_seen=now)
+        seen.lock.acquire_nowait()
+        self._seen[key] = seen
+        self._seen.move_to_end(key)
+        while len(self._seen) > self.max_keys:
+            self._seen.popitem(last=False)
+        try:
+            await self._create(seen, involved, type_, reason, message, action)
+        except BaseException:
+            if self._seen.get(key) is seen:
+                del self._seen[key]
+            raise
+        finally:
+            seen.lock.release()
+
+    async def _create(
+        self,
+        seen: _Seen,
+        involved: dict[str, Any],
+        type_: str,
+        reason: str,
+        message: str,
+        action: str | None,
+    ) -> None:
+        # cluster-scoped objects get their Events in "default", as client-go does
+        namespace = involved.get("namespace") or "default"
+        name = f"{involved.get('name', 'unknown')}.{time.time_ns():x}"
+        ts = _now()
+        event: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": involved,
+            "type": type_,
+            "reason": reason,
+            "message": message,
+            "source": {"component": self.component, **({"host": self.host} if self.host else {})},
+            "firstTimestamp": ts,
+            "lastTimestamp": ts,
+            "count": seen.count,
+            "reportingComponent": self.component,
+            "reportingInstance": self.host or self.component,
+        }
+        if action:
+            event["action"] = action
+        await self.client.create(EVENTS, event, namespace)
+        seen.name, seen.namespace = name, namespace
