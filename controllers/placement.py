@@ -94,12 +94,15 @@ def _device_count(qty: Any) -> int:
     return int(value) if value.denominator == 1 and value > 0 else 0
 
 
-def _is_ready(node: Mapping[str, Any]) -> bool:
+def is_node_ready(node: Mapping[str, Any]) -> bool:
     """False only when a Ready condition exists and is not True (no conditions: trust taints)."""
     for cond in (node.get("status") or {}).get("conditions") or ():
         if cond.get("type") == "Ready":
             return cond.get("status") == "True"
     return True
+
+
+_is_ready = is_node_ready  # kept for callers that imported the old private name
 
 
 def filter_node(
@@ -120,7 +123,7 @@ def filter_node(
         return ("didn't match the group's nodeSelector",)
     if (node.get("spec") or {}).get("unschedulable"):
         return ("unschedulable (cordoned)",)
-    if not _is_ready(node):
+    if not is_node_ready(node):
         return ("not Ready",)
     for taint in (node.get("spec") or {}).get("taints") or ():
         if taint.get("effect") in _FILTERING_EFFECTS:
