@@ -54,7 +54,7 @@ from sdgruntime.kinds import NODES, PODS
 from sdgruntime.reconcile import Request, Result
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("deviceshare.io/group-scheduler")
+TRACER_NAME = "deviceshare.io/group-scheduler"
 
 REASON_CLAIM_CONFLICT = "ClaimConflict"
 
@@ -74,7 +74,9 @@ class GroupScheduler:
         claims: ClaimBook,
         recorder: EventRecorder,
         env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
+        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
         self.env_table = env_table
         self.client = client
         self.cache = cache
@@ -105,7 +107,7 @@ class GroupScheduler:
         name = group["metadata"]["name"]
         spec = group.get("spec") or {}
         started = time.perf_counter()
-        with tracer.start_as_current_span("schedule group") as span:
+        with self.tracer.start_as_current_span("schedule group") as span:
             span.set_attribute("sdg.group", name)
             existing = self.claims.claim_of(name)
             if existing is not None:

@@ -32,7 +32,7 @@ from sdgruntime.kinds import NODES, PODS
 from sdgruntime.reconcile import Request, Result
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("deviceshare.io/pod-scheduler")
+TRACER_NAME = "deviceshare.io/pod-scheduler"
 
 #: An assumed pod is dropped after this long even if the cache never showed it bound.
 ASSUME_TTL = 30.0
@@ -59,7 +59,9 @@ class PodScheduler:
         cache: Cache,
         recorder: EventRecorder,
         scheduler_name: str = SCHEDULER_NAME,
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
+        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
         self.client = client
         self.cache = cache
         self.recorder = recorder
@@ -77,7 +79,7 @@ class PodScheduler:
         if not wants_scheduling(pod, self.scheduler_name):
             return None
         started = time.perf_counter()
-        with tracer.start_as_current_span("schedule pod") as span:
+        with self.tracer.start_as_current_span("schedule pod") as span:
             key = f"{request.namespace}/{request.name}"
             span.set_attribute("sdg.pod", key)
             group_name = pod_group(pod)

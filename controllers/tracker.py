@@ -131,6 +131,10 @@ class DeviceTracker:
     def capacity(self, node: str, resource: str) -> int:
         return self._capacity.get(node, {}).get(resource, 0)
 
+    def capacities(self, node: str) -> dict[str, int]:
+        """Every device resource ``node`` offers, with its count."""
+        return dict(self._capacity.get(node, {}))
+
     def free_ids(self, node: str, resource: str) -> list[int]:
         """Free IDs below capacity, lowest first."""
         held = self._held.get(node, {}).get(resource, {})

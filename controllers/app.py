@@ -1,0 +1,260 @@
+"""Wires SDG onto one sdgruntime Manager: the only module that knows both the
+controllers and the webhooks.
+
+Controllers (leader only): ``group-scheduler`` (placement, fenced claims, finalizer,
+recovery), ``group-status`` (allocatedPods), ``pod-scheduler`` (bindings).
+Webhooks (every replica): pod mutation and group validation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from opentelemetry import trace
+
+from api.constants import PHASE_BOUND, SDG_KIND
+from api.pods import POD_GROUP_INDEX, POD_NODE_INDEX, index_by_group, index_by_node, pod_group
+from controllers import metrics as sdg_metrics
+from controllers.claims import RECORD_LABEL, RECORD_LABEL_VALUE, ClaimBook
+from controllers.groupscheduler import GroupScheduler
+from controllers.placement import node_device_capacity
+from controllers.podscheduler import PodScheduler, wants_scheduling
+from controllers.settings import Settings
+from controllers.statuscontroller import StatusController
+from sdgruntime import errors
+from sdgruntime.cache import KindOptions
+from sdgruntime.client import Client
+from sdgruntime.handler import EnqueueRequestsFromMapFunc
+from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
+from sdgruntime.manager import Manager, ManagerOptions
+from sdgruntime.predicate import Funcs
+from sdgruntime.reconcile import Request
+from sdgruntime.webhook import WebhookServer
+from webhooks.groupvalidator import GroupValidator
+from webhooks.podmutator import PodMutator
+
+POD_WEBHOOK_PATH = "/mutate-v1-pod"
+GROUP_WEBHOOK_PATH = "/validate-deviceshare-io-v1alpha1-shareddevicegroup"
+
+Obj = dict[str, Any]
+
+
+def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
+    ns = settings.namespace
+    values: dict[str, Any] = {
+        "kubeconfig": settings.kubeconfig,
+        "metrics_bind_address": settings.metrics_bind_address,
+        "health_probe_bind_address": settings.health_probe_bind_address,
+        "webhook_host": settings.webhook_host,
+        "webhook_port": settings.webhook_port,
+        "webhook_cert_dir": settings.webhook_cert_dir,
+        "leader_election": settings.leader_elect,
+        "leader_election_id": settings.leader_election_id,
+        "leader_election_namespace": settings.leader_election_namespace or ns,
+        "leader_election_release_on_cancel": True,
+        # The claim records are the only ConfigMaps we read: only those are cached.
+        "cache_by_kind": {
+            CONFIGMAPS: KindOptions(namespace=ns, label_selector={RECORD_LABEL: RECORD_LABEL_VALUE})
+        },
+    }
+    values.update(overrides)
+    return ManagerOptions(**values)
+
+
+class SDG:
+    """The assembled system; ``manager.run()`` (or ``run_until_cancelled``) runs it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        client: Client | None = None,
+        webhook_server: WebhookServer | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        **option_overrides: Any,
+    ) -> None:
+        self.settings = settings
+        self.env_table = settings.env_table()
+        self.manager = mgr = Manager(
+            client,
+            options=manager_options(settings, **option_overrides),
+            webhook_server=webhook_server,
+            tracer_provider=tracer_provider,
+        )
+        cache = mgr.cache
+        cache.add_index(PODS, POD_GROUP_INDEX, index_by_group)
+        cache.add_index(PODS, POD_NODE_INDEX, index_by_node)
+        self.claims = ClaimBook(mgr.client, settings.namespace)
+        self._feed_claims()
+        self._feed_capacity()
+        cache.informer(SDG_KIND).add_handler(
+            on_add=lambda _o: self._count_phases(),
+            on_update=lambda _o, _n: self._count_phases(),
+            on_delete=lambda _o: self._count_phases(),
+        )
+
+        recorder = mgr.event_recorder("deviceshare-scheduler")
+        self.group_scheduler = GroupScheduler(
+            mgr.client,
+            cache,
+            self.claims,
+            recorder,
+            env_table=self.env_table,
+            tracer_provider=tracer_provider,
+        )
+        (
+            mgr.controller("group-scheduler")
+            .for_(SDG_KIND)
+            .watches(NODES, EnqueueRequestsFromMapFunc(self._groups_for_node))
+            .watches(CONFIGMAPS, EnqueueRequestsFromMapFunc(self._groups_for_record))
+            .watches(PODS, EnqueueRequestsFromMapFunc(self._deleting_group_of_pod))
+            .with_options(max_concurrent_reconciles=settings.group_workers)
+            .complete(self.group_scheduler)
+        )
+        self.status_controller = StatusController(
+            mgr.client, cache, mgr.event_recorder("deviceshare-controller")
+        )
+        (
+            mgr.controller("group-status")
+            .for_(SDG_KIND)
+            .watches(PODS, EnqueueRequestsFromMapFunc(self._group_of_pod))
+            .with_options(max_concurrent_reconciles=2)
+            .complete(self.status_controller)
+        )
+        self.pod_scheduler = PodScheduler(
+            mgr.client,
+            cache,
+            recorder,
+            scheduler_name=settings.scheduler_name,
+            tracer_provider=tracer_provider,
+        )
+        ours = Funcs(
+            create=self._ours,
+            update=lambda _old, new: self._ours(new),
+            delete=lambda _obj: False,
+        )
+        (
+            mgr.controller("pod-scheduler")
+            .for_(PODS, predicates=[ours])
+            .watches(SDG_KIND, EnqueueRequestsFromMapFunc(self._pending_pods_of_group))
+            .watches(NODES, EnqueueRequestsFromMapFunc(self._pending_pods_on_node))
+            .watches(PODS, EnqueueRequestsFromMapFunc(self._pending_pods_after_pod_left))
+            .with_options(max_concurrent_reconciles=settings.pod_workers)
+            .complete(self.pod_scheduler)
+        )
+
+        server = mgr.webhook_server
+        server.register(POD_WEBHOOK_PATH, PodMutator(cache, mgr.client, self.env_table))
+        server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))
+        mgr.add_readyz_check("webhook", server.ready)
+
+    # --- informer feeds (cheap, synchronous) -----------------------------------------
+    def _feed_claims(self) -> None:
+        def changed(node: str | None) -> None:
+            if node:
+                self._count_devices(node)
+
+        self.manager.cache.informer(CONFIGMAPS).add_handler(
+            on_add=lambda cm: changed(self.claims.observe(cm)),
+            on_update=lambda _old, cm: changed(self.claims.observe(cm)),
+            on_delete=lambda cm: changed(self.claims.forget(cm)),
+        )
+
+    def _feed_capacity(self) -> None:
+        tracker = self.claims.tracker
+
+        def upsert(node: Obj) -> None:
+            tracker.set_node_capacity(node["metadata"]["name"], node_device_capacity(node))
+            self._count_devices(node["metadata"]["name"])
+
+        def delete(node: Obj) -> None:
+            tracker.remove_node(node["metadata"]["name"])
+            self._count_devices(node["metadata"]["name"])
+
+        self.manager.cache.informer(NODES).add_handler(
+            on_add=upsert, on_update=lambda _o, n: upsert(n), on_delete=delete
+        )
+
+    def _count_devices(self, node: str) -> None:
+        tracker = self.claims.tracker
+        for res, total in tracker.capacities(node).items():
+            free = tracker.free(node, res)
+            sdg_metrics.DEVICES_FREE.labels(node, res).set(free)
+            sdg_metrics.DEVICES_ALLOCATED.labels(node, res).set(total - free)
+
+    def _count_phases(self) -> None:
+        counts = {"Pending": 0, "Bound": 0}
+        try:
+            groups = self.manager.cache.list(SDG_KIND, copy=False)
+        except errors.NotFound:
+            return
+        for g in groups:
+            phase = (g.get("status") or {}).get("phase") or "Pending"
+            counts[phase] = counts.get(phase, 0) + 1
+        for phase, n in counts.items():
+            sdg_metrics.GROUPS_BY_PHASE.labels(phase).set(n)
+
+    # --- event mapping ---------------------------------------------------------------
+    def _groups(self) -> list[Obj]:
+        return self.manager.cache.list(SDG_KIND, copy=False)
+
+    def _pending_groups(self) -> Iterable[Request]:
+        for g in self._groups():
+            if (g.get("status") or {}).get("phase") != PHASE_BOUND:
+                yield Request(g["metadata"]["name"])
+
+    def _groups_for_node(self, node: Obj) -> Iterable[Request]:
+        """A node changed: Pending groups may fit now; bound groups re-check health."""
+        name = node["metadata"]["name"]
+        yield from self._pending_groups()
+        for g in self._groups():
+            if (g.get("status") or {}).get("nodeName") == name:
+                yield Request(g["metadata"]["name"])
+
+    def _groups_for_record(self, cm: Obj) -> Iterable[Request]:
+        """A claim record changed: devices may be free now, or a claim awaits adoption."""
+        yield from self._pending_groups()
+
+    def _deleting_group_of_pod(self, pod: Obj) -> Iterable[Request]:
+        group = pod_group(pod)
+        if not group:
+            return
+        try:
+            g = self.manager.cache.get(SDG_KIND, group, copy=False)
+        except errors.NotFound:
+            return
+        if g["metadata"].get("deletionTimestamp"):
+            yield Request(group)
+
+    @staticmethod
+    def _group_of_pod(pod: Obj) -> Iterable[Request]:
+        group = pod_group(pod)
+        return [Request(group)] if group else []
+
+    def _ours(self, pod: Obj) -> bool:
+        return wants_scheduling(pod, self.settings.scheduler_name)
+
+    def _pending_pods_of_group(self, group: Obj) -> Iterable[Request]:
+        name = group["metadata"]["name"]
+        for pod in self.manager.cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False):
+            if self._ours(pod):
+                yield Request(pod["metadata"]["name"], pod["metadata"]["namespace"])
+
+    def _pending_pods_on_node(self, node: Obj) -> Iterable[Request]:
+        name = node["metadata"]["name"]
+        for g in self._groups():
+            if (g.get("status") or {}).get("nodeName") == name:
+                yield from self._pending_pods_of_group(g)
+
+    def _pending_pods_after_pod_left(self, pod: Obj) -> Iterable[Request]:
+        """A pod on a node ended or went away: its CPU/memory/ports are free again."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if not node or not (
+            pod["metadata"].get("deletionTimestamp") or phase in ("Succeeded", "Failed")
+        ):
+            return
+        for g in self._groups():
+            if (g.get("status") or {}).get("nodeName") == node:
+                yield from self._pending_pods_of_group(g)

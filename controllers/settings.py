@@ -1,0 +1,118 @@
+"""Manager settings: command-line flags, each with an ``SDG_*`` environment equivalent.
+
+Flags win over the environment, which wins over defaults. Validation (pydantic) turns a
+bad value into one clear startup error instead of a failure deep inside a controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from api.constants import DEFAULT_ENV_TABLE, SCHEDULER_NAME
+from api.envvars import parse_env_table
+
+ENV_PREFIX = "SDG_"
+
+
+class Settings(BaseModel):
+    kubeconfig: str | None = None
+    metrics_bind_address: str = ":8080"
+    health_probe_bind_address: str = ":8081"
+    webhook_host: str = "0.0.0.0"
+    webhook_port: int = Field(9443, ge=0, le=65535)
+    webhook_cert_dir: str = "/tmp/k8s-webhook-server/serving-certs"
+    leader_elect: bool = False
+    leader_election_namespace: str | None = None
+    leader_election_id: str = "deviceshare-manager"
+    scheduler_name: str = SCHEDULER_NAME
+    claims_namespace: str | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "text"
+    device_env: list[str] = Field(default_factory=list)
+    device_env_file: str | None = None
+    group_workers: int = Field(1, ge=1, le=64)
+    pod_workers: int = Field(8, ge=1, le=256)
+
+    @field_validator("device_env")
+    @classmethod
+    def _check_env(cls, value: list[str]) -> list[str]:
+        parse_env_table(value)
+        return value
+
+    @property
+    def namespace(self) -> str:
+        """The manager's own namespace: claims and the lease live there."""
+        return (
+            self.claims_namespace
+            or self.leader_election_namespace
+            or os.environ.get("POD_NAMESPACE")
+            or "deviceshare-system"
+        )
+
+    def env_table(self) -> dict[str, str]:
+        items = list(self.device_env)
+        if self.device_env_file:
+            for line in Path(self.device_env_file).read_text().splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line:
+                    items.append(line)
+        return parse_env_table(items, DEFAULT_ENV_TABLE)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Flags, then ``SDG_<NAME>`` env vars, then defaults; exits with a message when invalid."""
+    environ = dict(os.environ if environ is None else environ)
+    parser = argparse.ArgumentParser(
+        prog="sdg-manager",
+        description="Shared Device Group manager: group and pod schedulers, status "
+        "controller and admission webhooks in one process.",
+    )
+    for name, field in Settings.model_fields.items():
+        env = ENV_PREFIX + name.upper()
+        help_text = f"(env {env}; default {field.default if field.default is not None else '-'})"
+        if field.annotation is bool or name == "leader_elect":
+            parser.add_argument(
+                _flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
+        elif name == "device_env":
+            parser.add_argument(
+                _flag(name),
+                action="append",
+                default=None,
+                metavar="RESOURCE_GLOB=ENV_VAR",
+                help="extra device env var mapping, repeatable " + help_text,
+            )
+        else:
+            parser.add_argument(_flag(name), default=None, help=help_text)
+    args = vars(parser.parse_args(argv))
+    values: dict[str, object] = {}
+    for name in Settings.model_fields:
+        if args.get(name) is not None:
+            values[name] = args[name]
+            continue
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is None:
+            continue
+        if name == "device_env":
+            values[name] = [v for v in raw.split(",") if v.strip()]
+        elif name == "leader_elect":
+            values[name] = raw.strip().lower() in ("1", "true", "yes", "on")
+        else:
+            values[name] = raw
+    if "kubeconfig" not in values and environ.get("KUBECONFIG"):
+        values["kubeconfig"] = environ["KUBECONFIG"]
+    try:
+        return Settings(**values)
+    except (ValidationError, ValueError) as err:
+        parser.error(str(err))
+        raise  # unreachable: parser.error exits

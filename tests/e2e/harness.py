@@ -1,0 +1,196 @@
+"""Runs SDG in-process against the real local API server, as a cluster would run it:
+under the ServiceAccount identity and RBAC of ``config/rbac``, with the API server calling
+our webhooks over TLS (``config/webhook`` rewritten to a loopback URL)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+from opentelemetry import trace
+
+from api.constants import SDG_KIND
+from controllers.app import SDG
+from controllers.settings import Settings
+from sdgruntime import errors
+from sdgruntime.client import Client
+from sdgruntime.envtest import ControlPlane
+from sdgruntime.envtest.controlplane import free_port, load_manifests
+from sdgruntime.envtest.fakes import Kubelet, create_node, make_node
+from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
+
+ROOT = Path(__file__).resolve().parents[2]
+MANAGER_NS = "deviceshare-system"
+SA_USER = f"system:serviceaccount:{MANAGER_NS}:deviceshare-manager"
+SA_GROUPS = ["system:serviceaccounts", f"system:serviceaccounts:{MANAGER_NS}", "system:authenticated"]
+GPU = "nvidia.com/gpu"
+SHARED = {"deviceshare.io/mode": "shared"}
+
+
+def install_rbac(cp: ControlPlane, drop_rule: Callable[[dict[str, Any]], bool] | None = None) -> None:
+    """Namespace + config/rbac; ``drop_rule`` removes matching ClusterRole rules (tests
+    that prove the role is exact)."""
+    cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MANAGER_NS}})
+    for obj in load_manifests([ROOT / "config" / "rbac"]):
+        if drop_rule and obj["kind"] in ("ClusterRole", "Role"):
+            obj = {**obj, "rules": [r for r in obj["rules"] if not drop_rule(r)]}
+            # apply replaces the rules list the field manager owns
+        cp.apply(obj)
+
+
+def manager_kubeconfig(cp: ControlPlane) -> str:
+    return str(cp.user_kubeconfig(SA_USER, SA_GROUPS))
+
+
+@contextlib.asynccontextmanager
+async def run_sdg(
+    cp: ControlPlane,
+    *,
+    webhooks: bool = True,
+    tracer_provider: trace.TracerProvider | None = None,
+    **settings: Any,
+) -> AsyncIterator[SDG]:
+    """A running SDG manager (leader election off unless asked); stopped on exit."""
+    port = free_port()
+    values: dict[str, Any] = {
+        "kubeconfig": manager_kubeconfig(cp),
+        "metrics_bind_address": "127.0.0.1:0",
+        "health_probe_bind_address": "127.0.0.1:0",
+        "webhook_host": "127.0.0.1",
+        "webhook_port": port,
+        "webhook_cert_dir": str(cp.webhook_cert_dir()),
+        "claims_namespace": MANAGER_NS,
+        **settings,
+    }
+    sdg = SDG(Settings(**values), tracer_provider=tracer_provider, graceful_shutdown_timeout=5)
+    async with anyio.create_task_group() as tg:
+        await tg.start(sdg.manager.run_until_cancelled)
+        if webhooks:
+            cp.install_webhooks([ROOT / "config" / "webhook"], port)
+        try:
+            yield sdg
+        finally:
+            tg.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def kubelet(client: Client) -> AsyncIterator[Kubelet]:
+    k = Kubelet(client)
+    async with anyio.create_task_group() as tg:
+        await tg.start(k.run)
+        try:
+            yield k
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def remove_webhooks(cp: ControlPlane) -> None:
+    for obj in load_manifests([ROOT / "config" / "webhook"]):
+        if obj["kind"].endswith("WebhookConfiguration"):
+            cp.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+
+
+async def reset_cluster(client: Client, cp: ControlPlane) -> None:
+    """Remove every group (finalizers first), node and claim record: tests share the
+    session's API server, and placement looks at every node."""
+    remove_webhooks(cp)
+    groups, _ = await client.list_all(SDG_KIND)
+    for g in groups:
+        name = g["metadata"]["name"]
+        with contextlib.suppress(errors.NotFound):
+            await client.patch(SDG_KIND, name, {"metadata": {"finalizers": None}})
+        with contextlib.suppress(errors.NotFound):
+            await client.delete(SDG_KIND, name)
+    pods, _ = await client.list_all(PODS)
+    for p in pods:
+        with contextlib.suppress(errors.NotFound):
+            await client.delete(
+                PODS, p["metadata"]["name"], p["metadata"]["namespace"], grace_period_seconds=0
+            )
+    nodes, _ = await client.list_all(NODES)
+    for n in nodes:
+        with contextlib.suppress(errors.NotFound):
+            await client.delete(NODES, n["metadata"]["name"])
+    with contextlib.suppress(errors.NotFound):
+        cms, _ = await client.list_all(CONFIGMAPS, MANAGER_NS)
+        for cm in cms:
+            if cm["metadata"]["name"].startswith("sdg-claims."):
+                with contextlib.suppress(errors.NotFound):
+                    await client.delete(CONFIGMAPS, cm["metadata"]["name"], MANAGER_NS)
+
+
+async def add_node(
+    client: Client,
+    name: str,
+    gpus: int = 0,
+    *,
+    labels: Mapping[str, str] | None = None,
+    shared: bool = True,
+    extra: Mapping[str, str | int] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    alloc: dict[str, str | int] = {**({GPU: gpus} if gpus else {}), **(extra or {})}
+    node_labels = {**(SHARED if shared else {}), **(labels or {})}
+    return await create_node(client, make_node(name, labels=node_labels, allocatable=alloc, **kwargs))
+
+
+def group(name: str, resources: Mapping[str, int] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": SDG_KIND.api_version,
+        "kind": SDG_KIND.kind,
+        "metadata": {"name": name},
+        "spec": {"resources": dict(resources or {GPU: 1}), **spec},
+    }
+
+
+def pod(name: str, group_name: str | None, *, containers: int = 1, **spec: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if group_name is not None:
+        meta["annotations"] = {"deviceshare.io/group": group_name}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "containers": [
+                {"name": f"c{i}", "image": "busybox", "command": ["sleep", "3600"]}
+                for i in range(containers)
+            ],
+            **spec,
+        },
+    }
+
+
+async def eventually(
+    fn: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``fn`` (sync or async) until it returns a truthy value; fail with ``what``."""
+    last: Any = None
+    with anyio.move_on_after(timeout):
+        while True:
+            try:
+                last = fn()
+                if hasattr(last, "__await__"):
+                    last = await last
+            except errors.NotFound:
+                last = None
+            if last:
+                return last
+            await anyio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or fn}: last={last!r}")
+
+
+async def wait_bound(client: Client, name: str, timeout: float = 20.0) -> dict[str, Any]:
+    async def bound() -> dict[str, Any] | None:
+        g = await client.get(SDG_KIND, name)
+        return g if (g.get("status") or {}).get("phase") == "Bound" else None
+
+    return await eventually(bound, timeout=timeout, what=f"group {name} Bound")
+
+
+def env_of(pod_obj: Mapping[str, Any], container: int = 0, kind: str = "containers") -> dict[str, str]:
+    c = pod_obj["spec"][kind][container]
+    return {e["name"]: e.get("value", "") for e in c.get("env") or []}
