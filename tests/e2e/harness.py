@@ -25,12 +25,18 @@ from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
 ROOT = Path(__file__).resolve().parents[2]
 MANAGER_NS = "deviceshare-system"
 SA_USER = f"system:serviceaccount:{MANAGER_NS}:deviceshare-manager"
-SA_GROUPS = ["system:serviceaccounts", f"system:serviceaccounts:{MANAGER_NS}", "system:authenticated"]
+SA_GROUPS = [
+    "system:serviceaccounts",
+    f"system:serviceaccounts:{MANAGER_NS}",
+    "system:authenticated",
+]
 GPU = "nvidia.com/gpu"
 SHARED = {"deviceshare.io/mode": "shared"}
 
 
-def install_rbac(cp: ControlPlane, drop_rule: Callable[[dict[str, Any]], bool] | None = None) -> None:
+def install_rbac(
+    cp: ControlPlane, drop_rule: Callable[[dict[str, Any]], bool] | None = None
+) -> None:
     """Namespace + config/rbac; ``drop_rule`` removes matching ClusterRole rules (tests
     that prove the role is exact)."""
     cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MANAGER_NS}})
@@ -134,7 +140,9 @@ async def add_node(
 ) -> dict[str, Any]:
     alloc: dict[str, str | int] = {**({GPU: gpus} if gpus else {}), **(extra or {})}
     node_labels = {**(SHARED if shared else {}), **(labels or {})}
-    return await create_node(client, make_node(name, labels=node_labels, allocatable=alloc, **kwargs))
+    return await create_node(
+        client, make_node(name, labels=node_labels, allocatable=alloc, **kwargs)
+    )
 
 
 def group(name: str, resources: Mapping[str, int] | None = None, **spec: Any) -> dict[str, Any]:
@@ -165,11 +173,11 @@ def pod(name: str, group_name: str | None, *, containers: int = 1, **spec: Any) 
 
 
 async def eventually(
-    fn: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05, what: str = ""
+    fn: Callable[[], Any], *, within: float = 20.0, interval: float = 0.05, what: str = ""
 ) -> Any:
     """Poll ``fn`` (sync or async) until it returns a truthy value; fail with ``what``."""
     last: Any = None
-    with anyio.move_on_after(timeout):
+    with anyio.move_on_after(within):
         while True:
             try:
                 last = fn()
@@ -180,17 +188,19 @@ async def eventually(
             if last:
                 return last
             await anyio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or fn}: last={last!r}")
+    raise AssertionError(f"timed out after {within}s waiting for {what or fn}: last={last!r}")
 
 
-async def wait_bound(client: Client, name: str, timeout: float = 20.0) -> dict[str, Any]:
+async def wait_bound(client: Client, name: str, within: float = 20.0) -> dict[str, Any]:
     async def bound() -> dict[str, Any] | None:
         g = await client.get(SDG_KIND, name)
         return g if (g.get("status") or {}).get("phase") == "Bound" else None
 
-    return await eventually(bound, timeout=timeout, what=f"group {name} Bound")
+    return await eventually(bound, within=within, what=f"group {name} Bound")
 
 
-def env_of(pod_obj: Mapping[str, Any], container: int = 0, kind: str = "containers") -> dict[str, str]:
+def env_of(
+    pod_obj: Mapping[str, Any], container: int = 0, kind: str = "containers"
+) -> dict[str, str]:
     c = pod_obj["spec"][kind][container]
     return {e["name"]: e.get("value", "") for e in c.get("env") or []}

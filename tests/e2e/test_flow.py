@@ -39,7 +39,9 @@ async def test_multi_gpu_group_pods_share_devices(
 
         async def both_running() -> list[dict]:
             pods = [await client.get(PODS, n, namespace) for n in ("workload-1", "workload-2")]
-            ok = all(p["spec"].get("nodeName") and p["status"].get("phase") == "Running" for p in pods)
+            ok = all(
+                p["spec"].get("nodeName") and p["status"].get("phase") == "Running" for p in pods
+            )
             return pods if ok else []
 
         pods = await eventually(both_running, what="pods bound and Running")
