@@ -86,6 +86,14 @@ class GroupScheduler:
         self._recover_lock = anyio.Lock()
 
     async def reconcile(self, request: Request) -> Result | None:
+        try:
+            return await self._reconcile(request)
+        except errors.Conflict:
+            # Someone wrote first (our own status controller, another manager): re-read
+            # and decide again, with backoff; a conflict is not a failure.
+            return Result(requeue=True)
+
+    async def _reconcile(self, request: Request) -> Result | None:
         await self._recover_once()
         try:
             group = self.cache.get(SDG_KIND, request.name)
