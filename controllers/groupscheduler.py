@@ -44,7 +44,7 @@ from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.v1alpha1 import format_ids, parse_ids
 from controllers import metrics as sdg_metrics
 from controllers.claims import ClaimBook
-from controllers.placement import _is_ready, node_device_capacity, place
+from controllers.placement import is_node_ready, node_device_capacity, place
 from controllers.tracker import Devices
 from sdgruntime import errors
 from sdgruntime.cache import Cache
@@ -382,7 +382,7 @@ def _node_health(
 ) -> tuple[bool, str, str]:
     if node is None:
         return False, REASON_NODE_NOT_FOUND, f"node {name} no longer exists"
-    if not _is_ready(node):
+    if not is_node_ready(node):
         return False, REASON_NODE_NOT_READY, f"node {name} is not Ready"
     capacity = node_device_capacity(node)
     short = [

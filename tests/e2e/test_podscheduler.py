@@ -1,0 +1,108 @@
+"""The pod scheduler owes a node's own checks: CPU/memory/pods, taints, ports, cordon."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.constants import SDG_KIND
+from sdgruntime.client import Client
+from sdgruntime.envtest import ControlPlane
+from sdgruntime.kinds import EVENTS, NODES, PODS
+from tests.e2e.harness import add_node, eventually, group, pod, run_sdg, wait_bound
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+
+def _requests(p: dict, cpu: str) -> dict:
+    p["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu, "memory": "64Mi"}}
+    return p
+
+
+async def _scheduled_condition(client: Client, name: str, ns: str) -> dict | None:
+    p = await client.get(PODS, name, ns)
+    for c in (p.get("status") or {}).get("conditions") or []:
+        if c["type"] == "PodScheduled" and c["status"] == "False":
+            return c
+    return None
+
+
+async def test_full_cpu_keeps_a_pod_pending_until_space_frees(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    await add_node(client, "n1", 1, extra={"cpu": "2"})
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("g", {"nvidia.com/gpu": 1}))
+        await wait_bound(client, "g")
+        await client.create(PODS, _requests(pod("big", "g"), "1500m"), namespace)
+        await eventually(lambda: _bound(client, "big", namespace), what="first pod bound")
+        await client.create(PODS, _requests(pod("second", "g"), "1"), namespace)
+        cond = await eventually(
+            lambda: _scheduled_condition(client, "second", namespace), what="PodScheduled=False"
+        )
+        assert cond["reason"] == "Unschedulable"
+        assert "Insufficient cpu" in cond["message"]
+        assert "n1" in cond["message"]
+
+        async def failed_event() -> list:
+            evs, _ = await client.list_all(EVENTS, namespace)
+            return [
+                e
+                for e in evs
+                if e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == "second"
+            ]
+
+        await eventually(failed_event, what="FailedScheduling event")
+        assert not (await client.get(PODS, "second", namespace))["spec"].get("nodeName")
+
+        await client.delete(PODS, "big", namespace, grace_period_seconds=0)
+        await eventually(lambda: _bound(client, "second", namespace), what="second bound")
+
+
+async def test_untolerated_taint_blocks_and_toleration_allows(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    await add_node(client, "tainted", 2)
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("g", {"nvidia.com/gpu": 1}))
+        await wait_bound(client, "g")
+        node = await client.get(NODES, "tainted")
+        node["spec"]["taints"] = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]
+        await client.update(NODES, node)
+        await client.create(PODS, pod("intolerant", "g"), namespace)
+        cond = await eventually(
+            lambda: _scheduled_condition(client, "intolerant", namespace),
+            what="PodScheduled=False",
+        )
+        assert "untolerated taint {dedicated: ml}" in cond["message"]
+        tolerant = pod("tolerant", "g")
+        tolerant["spec"]["tolerations"] = [
+            {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+        ]
+        await client.create(PODS, tolerant, namespace)
+        await eventually(lambda: _bound(client, "tolerant", namespace), what="tolerant bound")
+        assert not (await client.get(PODS, "intolerant", namespace))["spec"].get("nodeName")
+
+
+async def test_many_pods_of_one_group_bind_to_its_node(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    await add_node(client, "other", 8)
+    await add_node(client, "home", 2, extra={"pods": "110"})
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("team", {"nvidia.com/gpu": 2}))
+        g = await wait_bound(client, "team")
+        home = g["status"]["nodeName"]
+        for i in range(20):
+            await client.create(PODS, pod(f"w{i}", "team"), namespace)
+
+        async def all_bound() -> list:
+            pods, _ = await client.list_all(PODS, namespace)
+            nodes = [p["spec"].get("nodeName") for p in pods]
+            return nodes if len(nodes) == 20 and all(nodes) else []
+
+        nodes = await eventually(all_bound, what="20 pods bound")
+        assert set(nodes) == {home}
+
+
+async def _bound(client: Client, name: str, ns: str) -> bool:
+    return bool((await client.get(PODS, name, ns))["spec"].get("nodeName"))
