@@ -1,0 +1,375 @@
+"""The controller: watch events -> requests -> work queue -> N workers -> Reconciler.
+
+As controller-runtime's ``controller``. Each watch is a kind in the shared cache, an
+:class:`~sdgruntime.handler.EventHandler` that maps events to requests and predicates that
+filter events. Requests go into a client-go work queue, which guarantees a request is
+reconciled by at most one worker at a time and that events arriving meanwhile are
+collapsed into one more reconcile after it.
+
+Outcome of a reconcile (the queue is told, the metrics count it):
+
+=========================  ==========================================  ===============
+reconciler                 queue                                       ``result`` label
+=========================  ==========================================  ===============
+returns None / Result()    ``forget`` (reset backoff)                  success
+Result(requeue_after=s)    ``forget`` + ``add_after(s)``               requeue_after
+Result(requeue=True)       ``add_rate_limited`` (backoff)              requeue
+raises TerminalError       ``forget``; no retry; terminal counter      error
+raises any Exception       ``add_rate_limited``; logged                error
+=========================  ==========================================  ===============
+
+An exception never kills a worker. Handlers are registered when the controller starts
+(the informer replays the objects it already has as creates); workers start only once the
+cache has synced, so a reconciler never acts on a partial view.
+
+Stop is cancellation. A graceful stop stops handing out requests, lets in-flight
+reconciles finish for up to ``graceful_shutdown_timeout`` (they run in shielded scopes)
+and then cancels the stragglers. :meth:`Controller.abort` cancels them at once (lost
+leadership: another replica may already be reconciling).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from sdgruntime import errors, metrics, tracing
+from sdgruntime.handler import EnqueueRequestForObject, EventHandler
+from sdgruntime.kinds import Kind
+from sdgruntime.predicate import Predicate
+from sdgruntime.ratelimiter import RateLimiter
+from sdgruntime.reconcile import Reconciler, Request, Result, TerminalError
+from sdgruntime.workqueue import Clock, ShutDown, WorkQueue
+
+__all__ = ["CacheLike", "Controller", "InformerLike", "Watch"]
+
+log = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+
+UNFINISHED_WORK_INTERVAL = 0.5  # seconds between workqueue_unfinished_work refreshes
+_RESULTS = ("success", "error", "requeue", "requeue_after")
+
+
+class InformerLike(Protocol):
+    """What a controller needs of an informer (``sdgruntime.cache.Informer``)."""
+
+    def add_handler(
+        self,
+        on_add: Callable[[Any], None],
+        on_update: Callable[[Any, Any], None],
+        on_delete: Callable[[Any], None],
+    ) -> Any: ...
+
+    def remove_handler(self, handler: Any) -> None: ...
+
+    async def wait_for_sync(self, timeout: float) -> None: ...  # noqa: ASYNC109
+
+
+class CacheLike(Protocol):
+    """What a controller needs of the shared cache (``sdgruntime.cache.Cache``)."""
+
+    def informer(self, kind: Kind) -> InformerLike: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """One event source of a controller: a kind, its handler, and its predicates."""
+
+    kind: Kind
+    handler: EventHandler
+    predicates: tuple[Predicate, ...] = ()
+
+
+class Controller:
+    """Runs ``reconciler`` for the requests its watches produce (see the module doc).
+
+    ``name`` labels metrics, logs and spans; it must be unique in a process.
+    ``predicates`` apply to every watch, in addition to each watch's own.
+    ``need_leader_election=False`` lets a manager run it on every replica.
+    ``clock`` and ``rate_limiter`` go to the work queue (tests inject a FakeClock).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        reconciler: Reconciler,
+        cache: CacheLike,
+        *,
+        max_concurrent_reconciles: int = 1,
+        rate_limiter: RateLimiter[Request] | None = None,
+        predicates: Sequence[Predicate] = (),
+        need_leader_election: bool = True,
+        cache_sync_timeout: float = 120.0,
+        graceful_shutdown_timeout: float = 30.0,
+        tracer_provider: trace.TracerProvider | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if not name:
+            raise ValueError("a controller needs a name")
+        if max_concurrent_reconciles < 1:
+            raise ValueError("max_concurrent_reconciles must be >= 1")
+        if not callable(getattr(reconciler, "reconcile", None)):
+            raise TypeError(f"{reconciler!r} has no reconcile(request) method")
+        self.name = name
+        self.reconciler = reconciler
+        self.cache = cache
+        self.max_concurrent_reconciles = max_concurrent_reconciles
+        self.need_leader_election = need_leader_election
+        self.cache_sync_timeout = cache_sync_timeout
+        self.graceful_shutdown_timeout = graceful_shutdown_timeout
+        self.predicates = tuple(predicates)
+        self.tracer_provider = tracer_provider
+        self.queue: WorkQueue[Request] = WorkQueue(
+            name, controller=name, rate_limiter=rate_limiter, clock=clock
+        )
+        self._watches: list[Watch] = []
+        self._started = False
+        self._aborted = False
+        self._inflight: set[anyio.CancelScope] = set()
+        self._tracer: trace.Tracer | None = None
+        # Resolve the metric children once: reconcile is the hot path.
+        self._m_total = {r: metrics.RECONCILE_TOTAL.labels(name, r) for r in _RESULTS}
+        self._m_errors = metrics.RECONCILE_ERRORS.labels(name)
+        self._m_terminal = metrics.TERMINAL_RECONCILE_ERRORS.labels(name)
+        self._m_time = metrics.RECONCILE_TIME.labels(name)
+        self._m_active = metrics.ACTIVE_WORKERS.labels(name)
+        self._m_max = metrics.MAX_CONCURRENT_RECONCILES.labels(name)
+
+    def __repr__(self) -> str:
+        return f"Controller({self.name!r})"
+
+    # --- configuration ------------------------------------------------------------------
+
+    def watch(
+        self,
+        kind: Kind,
+        handler: EventHandler | None = None,
+        predicates: Iterable[Predicate] = (),
+    ) -> Controller:
+        """Reconcile what ``handler`` (default: the object itself) makes of ``kind``'s
+        events that pass ``predicates``. Only before the controller starts."""
+        if self._started:
+            raise RuntimeError(f"controller {self.name}: watch() after start")
+        self._watches.append(
+            Watch(kind, handler or EnqueueRequestForObject(), (*self.predicates, *predicates))
+        )
+        return self
+
+    @property
+    def watches(self) -> list[Watch]:
+        return list(self._watches)
+
+    @property
+    def kinds(self) -> list[Kind]:
+        """The kinds this controller reads events of (for the cache to set up early)."""
+        return list(dict.fromkeys(w.kind for w in self._watches))
+
+    # --- requests from elsewhere ----------------------------------------------------------
+
+    def enqueue(self, request: Request, after: float = 0.0) -> None:
+        """Queue ``request`` (e.g. from a timer or another controller); deduplicated."""
+        if after > 0:
+            self.queue.add_after(request, after)
+        else:
+            self.queue.add(request)
+
+    # --- event dispatch (sync, called by the informer) ------------------------------------
+
+    def _handlers(self, w: Watch) -> tuple[Callable[..., None], ...]:
+        queue, handler, preds, name = self.queue, w.handler, w.predicates, self.name
+
+        def on_add(obj: Obj) -> None:
+            try:
+                if all(p.create(obj) for p in preds):
+                    for request in handler.create(obj):
+                        queue.add(request)
+            except Exception:
+                log.exception("controller %s: create handler for %s failed", name, w.kind.name)
+
+        def on_update(old: Obj, new: Obj) -> None:
+            try:
+                if all(p.update(old, new) for p in preds):
+                    for request in handler.update(old, new):
+                        queue.add(request)
+            except Exception:
+                log.exception("controller %s: update handler for %s failed", name, w.kind.name)
+
+        def on_delete(obj: Obj) -> None:
+            try:
+                if all(p.delete(obj) for p in preds):
+                    for request in handler.delete(obj):
+                        queue.add(request)
+            except Exception:
+                log.exception("controller %s: delete handler for %s failed", name, w.kind.name)
+
+        return on_add, on_update, on_delete
+
+    # --- running --------------------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED):
+        """Register the watches, wait for the cache to sync, reconcile until cancelled.
+
+        ``task_status.started()`` fires once the workers run. Runs once per instance.
+        Raises the cache's ``CacheSyncError`` if a watched kind does not sync in time.
+        """
+        if self._started:
+            raise RuntimeError(f"controller {self.name} already started")
+        self._started = True
+        if not self._watches:
+            log.warning("controller %s has no watches: only enqueue() feeds it", self.name)
+        self._tracer = tracing.tracer_for(self.tracer_provider)
+        registered = []
+        try:
+            for w in self._watches:
+                informer = self.cache.informer(w.kind)
+                registered.append((informer, informer.add_handler(*self._handlers(w))))
+            for informer, _ in registered:
+                await informer.wait_for_sync(self.cache_sync_timeout)
+            self._m_max.set(self.max_concurrent_reconciles)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.queue.run)
+                tg.start_soon(self._report_unfinished_work)
+                for _ in range(self.max_concurrent_reconciles):
+                    tg.start_soon(self._worker)
+                log.info(
+                    "controller %s: started %d workers", self.name, self.max_concurrent_reconciles
+                )
+                task_status.started()
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self._drain()
+        finally:
+            for informer, registration in registered:
+                informer.remove_handler(registration)
+            self.queue.shutdown()
+            log.info("controller %s: stopped", self.name)
+
+    def abort(self) -> None:
+        """Stop at once: hand out nothing more and cancel in-flight reconciles (lost
+        leadership). Safe to call at any time, also before or after ``run``."""
+        self._aborted = True
+        self.queue.shutdown()
+        for scope in list(self._inflight):
+            scope.cancel()
+
+    async def _drain(self) -> None:
+        """Graceful stop: no new requests; in-flight reconciles get the timeout to finish."""
+        if self._inflight and not self._aborted:
+            log.info(
+                "controller %s: stopping, waiting for %d in-flight reconciles",
+                self.name,
+                len(self._inflight),
+            )
+            with anyio.move_on_after(self.graceful_shutdown_timeout):
+                await self.queue.shutdown_with_drain()
+        self.queue.shutdown()
+        if self._inflight:
+            log.warning(
+                "controller %s: cancelling %d reconciles that did not finish in time",
+                self.name,
+                len(self._inflight),
+            )
+            for scope in list(self._inflight):
+                scope.cancel()
+
+    async def _report_unfinished_work(self) -> None:
+        while True:
+            await anyio.sleep(UNFINISHED_WORK_INTERVAL)
+            self.queue.update_unfinished_work()
+
+    async def _worker(self) -> None:
+        while True:
+            try:
+                request = await self.queue.get()
+            except ShutDown:
+                return
+            # Shielded: a graceful stop lets the reconcile finish; abort/_drain cancel it.
+            with anyio.CancelScope(shield=True) as scope:
+                self._inflight.add(scope)
+                self._m_active.inc()
+                try:
+                    await self._process(request)
+                finally:
+                    self._m_active.dec()
+                    self._inflight.discard(scope)
+                    self.queue.done(request)
+            if scope.cancelled_caught:
+                log.info("controller %s: reconcile of %s cancelled", self.name, request)
+
+    async def _process(self, request: Request) -> None:
+        tracer = self._tracer
+        start = time.perf_counter()
+        if tracer is None:
+            await self._reconcile(request, None)
+        else:
+            with tracer.start_as_current_span(
+                f"reconcile {self.name}",
+                context=otel_context.Context(),  # each reconcile is its own trace
+                kind=SpanKind.INTERNAL,
+                attributes={
+                    "controller": self.name,
+                    "request.namespace": request.namespace or "",
+                    "request.name": request.name,
+                },
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                await self._reconcile(request, span)
+        self._m_time.observe(time.perf_counter() - start)
+
+    async def _reconcile(self, request: Request, span: trace.Span | None) -> None:
+        """One reconcile and its consequences for the queue, the metrics and the span."""
+        queue = self.queue
+        try:
+            result = await self.reconciler.reconcile(request)
+        except Exception as err:
+            terminal = isinstance(err, TerminalError)
+            if terminal:
+                self._m_terminal.inc()
+                queue.forget(request)  # nothing pending: don't keep its backoff around
+            else:
+                queue.add_rate_limited(request)
+            self._m_errors.inc()
+            self._m_total["error"].inc()
+            if span is not None:
+                span.set_attribute("result", "error")
+                span.record_exception(err)
+                span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"))
+            # API errors (conflicts, ...) are routine: no traceback. Anything else is a bug.
+            log.error(
+                "controller %s: reconcile of %s failed%s: %s: %s",
+                self.name,
+                request,
+                " (terminal, not retried)" if terminal else "",
+                type(err).__name__,
+                err,
+                exc_info=not isinstance(err, errors.ApiError | TerminalError),
+            )
+            return
+        if result is None:
+            result = Result()
+        if result.requeue_after:
+            queue.forget(request)
+            queue.add_after(request, result.requeue_after)
+            outcome = "requeue_after"
+        elif result.requeue:
+            queue.add_rate_limited(request)
+            outcome = "requeue"
+        else:
+            queue.forget(request)
+            outcome = "success"
+        self._m_total[outcome].inc()
+        if span is not None:
+            span.set_attribute("result", outcome)

@@ -1,0 +1,137 @@
+"""OpenTelemetry tracing, configured by the standard ``OTEL_*`` environment variables.
+
+``setup_tracing(service_name)`` installs a global ``TracerProvider`` whose exporters come
+from ``OTEL_TRACES_EXPORTER`` (comma-separated ``otlp``, ``console``, ``none``). The
+exporters read their own settings (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+``OTEL_EXPORTER_OTLP_HEADERS``, ...). One deliberate difference from the OTel default:
+with ``OTEL_TRACES_EXPORTER`` unset we export over OTLP only if an OTLP endpoint is set,
+otherwise nothing, so a manager never blocks on or logs about a collector nobody runs.
+``OTEL_SDK_DISABLED=true`` turns everything off.
+
+When tracing is off, :func:`tracer_for` returns ``None`` and instrumented code skips span
+work altogether (not even a no-op span), which is what makes it free on hot paths.
+
+The OTLP exporter (``opentelemetry-exporter-otlp-proto-http``) is the ``otlp`` extra of
+this package; it is imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+__all__ = ["TracingConfigError", "exporter_names", "setup_tracing", "tracer_for"]
+
+log = logging.getLogger(__name__)
+
+INSTRUMENTATION_NAME = "sdgruntime"
+
+
+class TracingConfigError(RuntimeError):
+    """The ``OTEL_*`` settings ask for something that cannot be provided."""
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def exporter_names() -> list[str]:
+    """The exporters the environment asks for, ``[]`` for none (see the module doc)."""
+    if _env("OTEL_SDK_DISABLED").lower() == "true":
+        return []
+    raw = _env("OTEL_TRACES_EXPORTER").lower()
+    if not raw:
+        endpoint = _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or _env("OTEL_EXPORTER_OTLP_ENDPOINT")
+        return ["otlp"] if endpoint else []
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if "none" in names:
+        return []
+    unknown = sorted(set(names) - {"otlp", "console"})
+    if unknown:
+        raise TracingConfigError(
+            f"OTEL_TRACES_EXPORTER: unsupported exporter(s) {', '.join(unknown)}; "
+            "use otlp, console or none"
+        )
+    return list(dict.fromkeys(names))
+
+
+def _otlp_exporter() -> SpanExporter:
+    protocol = (
+        _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
+    if protocol == "grpc":
+        module, package = (
+            "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+            "opentelemetry-exporter-otlp-proto-grpc",
+        )
+    elif protocol == "http/protobuf":
+        module, package = (
+            "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+            "opentelemetry-exporter-otlp-proto-http (the 'otlp' extra)",
+        )
+    else:
+        raise TracingConfigError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported (http/protobuf, grpc)"
+        )
+    try:
+        exporter_module = __import__(module, fromlist=["OTLPSpanExporter"])
+    except ImportError as exc:
+        raise TracingConfigError(
+            f"OTEL_TRACES_EXPORTER=otlp ({protocol}) needs {package}: "
+            "pip install 'shared-device-group[otlp]'"
+        ) from exc
+    exporter: SpanExporter = exporter_module.OTLPSpanExporter()
+    return exporter
+
+
+def setup_tracing(
+    service_name: str,
+    *,
+    set_global: bool = True,
+    exporters: list[SpanExporter] | None = None,
+) -> TracerProvider | None:
+    """Configure tracing from the environment; ``None`` if no exporter is configured.
+
+    ``exporters`` replaces the environment's choice (tests pass an in-memory exporter).
+    ``OTEL_SERVICE_NAME`` overrides ``service_name``. The provider flushes at interpreter
+    exit; call ``provider.shutdown()`` to flush earlier.
+    """
+    if exporters is None:
+        exporters = []
+        for name in exporter_names():
+            exporters.append(_otlp_exporter() if name == "otlp" else ConsoleSpanExporter())
+    if not exporters:
+        log.debug("tracing off: no OTEL_TRACES_EXPORTER or OTLP endpoint configured")
+        return None
+    resource = Resource.create({SERVICE_NAME: _env("OTEL_SERVICE_NAME") or service_name})
+    provider = TracerProvider(resource=resource)
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    if set_global:
+        trace.set_tracer_provider(provider)
+    log.info("tracing on: exporting spans of %s", resource.attributes[SERVICE_NAME])
+    return provider
+
+
+def tracer_for(
+    provider: trace.TracerProvider | None = None, name: str = INSTRUMENTATION_NAME
+) -> trace.Tracer | None:
+    """The tracer of ``provider`` (default: the global one), or ``None`` if tracing is off.
+
+    Resolve it once when a component starts, after :func:`setup_tracing`.
+    """
+    if provider is None:
+        provider = trace.get_tracer_provider()
+    if isinstance(provider, (trace.NoOpTracerProvider, trace.ProxyTracerProvider)):
+        return None
+    tracer = provider.get_tracer(name)
+    if isinstance(tracer, (trace.NoOpTracer, trace.ProxyTracer)):
+        return None
+    return tracer
