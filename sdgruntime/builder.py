@@ -1,0 +1,112 @@
+"""A fluent way to declare a controller, as controller-runtime's ``builder``::
+
+    mgr.controller("sdg-status")
+        .for_(SDG, predicates=[GenerationChangedPredicate()])
+        .owns(CONFIGMAPS)
+        .watches(PODS, EnqueueRequestsFromMapFunc(pod_to_group))
+        .with_options(max_concurrent_reconciles=4)
+        .complete(StatusReconciler(...))
+
+``for_`` is the reconciled kind (its events enqueue the object itself); ``owns`` enqueues
+the controlling owner (of the ``for_`` kind) of objects of another kind; ``watches`` takes
+any handler. ``complete`` builds the :class:`~sdgruntime.controller.Controller` and adds it
+to the manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sdgruntime.controller import Controller
+from sdgruntime.handler import EnqueueRequestForObject, EnqueueRequestForOwner, EventHandler
+from sdgruntime.kinds import Kind
+from sdgruntime.predicate import Predicate
+from sdgruntime.reconcile import Reconciler, ReconcilerFunc, Request, Result
+
+if TYPE_CHECKING:
+    from sdgruntime.manager import Manager
+
+__all__ = ["Builder"]
+
+
+@dataclass(slots=True)
+class _Source:
+    kind: Kind
+    handler: EventHandler
+    predicates: tuple[Predicate, ...]
+
+
+@dataclass(slots=True)
+class Builder:
+    """Collects a controller's watches and options; ``complete`` creates it."""
+
+    manager: Manager
+    name: str | None = None
+    _for: _Source | None = None
+    _owns: list[tuple[Kind, tuple[Predicate, ...]]] = field(default_factory=list)
+    _watches: list[_Source] = field(default_factory=list)
+    _filters: list[Predicate] = field(default_factory=list)
+    _options: dict[str, Any] = field(default_factory=dict)
+
+    def for_(self, kind: Kind, predicates: Iterable[Predicate] = ()) -> Builder:
+        """The kind this controller reconciles: its events enqueue the object itself."""
+        if self._for is not None:
+            raise ValueError("for_() may be called only once")
+        self._for = _Source(kind, EnqueueRequestForObject(), tuple(predicates))
+        return self
+
+    def owns(self, kind: Kind, predicates: Iterable[Predicate] = ()) -> Builder:
+        """Objects of ``kind`` controlled by a ``for_`` object: their events enqueue it."""
+        self._owns.append((kind, tuple(predicates)))
+        return self
+
+    def watches(
+        self, kind: Kind, handler: EventHandler, predicates: Iterable[Predicate] = ()
+    ) -> Builder:
+        """Any other source: ``handler`` maps ``kind``'s events to requests."""
+        self._watches.append(_Source(kind, handler, tuple(predicates)))
+        return self
+
+    def with_event_filter(self, predicate: Predicate) -> Builder:
+        """A predicate for every watch of this controller."""
+        self._filters.append(predicate)
+        return self
+
+    def with_options(self, **options: Any) -> Builder:
+        """Controller options: ``max_concurrent_reconciles``, ``rate_limiter``,
+        ``need_leader_election``, ``cache_sync_timeout``, ``graceful_shutdown_timeout``."""
+        self._options.update(options)
+        return self
+
+    def complete(
+        self, reconciler: Reconciler | Callable[[Request], Awaitable[Result | None]]
+    ) -> Controller:
+        """Build the controller, add it to the manager and return it."""
+        if not hasattr(reconciler, "reconcile"):
+            if not callable(reconciler):
+                raise TypeError(f"{reconciler!r} is neither a Reconciler nor a function")
+            reconciler = ReconcilerFunc(reconciler)
+        if self._for is None and self._owns:
+            raise ValueError("owns() needs for_(): the owner is the for_ kind")
+        name = self.name or (self._for.kind.kind.lower() if self._for else None)
+        if not name:
+            raise ValueError("a controller without for_() needs a name")
+        mgr = self.manager
+        options: dict[str, Any] = {
+            "cache_sync_timeout": mgr.options.cache_sync_timeout,
+            "graceful_shutdown_timeout": mgr.options.graceful_shutdown_timeout,
+            "tracer_provider": mgr.tracer_provider,
+            **self._options,
+        }
+        controller = Controller(name, reconciler, mgr.cache, predicates=self._filters, **options)
+        if self._for is not None:
+            controller.watch(self._for.kind, self._for.handler, self._for.predicates)
+            for kind, predicates in self._owns:
+                handler = EnqueueRequestForOwner(self._for.kind, only_controller=True)
+                controller.watch(kind, handler, predicates)
+        for source in self._watches:
+            controller.watch(source.kind, source.handler, source.predicates)
+        mgr.add_controller(controller)
+        return controller

@@ -1,0 +1,485 @@
+"""The manager: one process's shared client and cache, its servers, its controllers, and
+leader election, started and stopped in order (as controller-runtime's manager).
+
+Start order (:meth:`Manager.run_until_cancelled`):
+
+1. servers: webhook (if one was set up), probes (``/healthz``, ``/readyz``), ``/metrics``;
+2. the cache, then wait until every informer created so far has synced;
+3. runnables and controllers that do not need leader election;
+4. leader election (if enabled); once elected, or at once without election, the
+   leader-only runnables and controllers.
+
+Webhooks, probes and metrics serve on every replica; reconcilers run only on the leader.
+``/readyz`` passes once the cache has synced and the webhook server (if any) is serving.
+
+Stop order (on cancellation, SIGTERM/SIGINT in :meth:`Manager.run`, or a failing part):
+controllers stop handing out requests and their in-flight reconciles finish (all within
+``graceful_shutdown_timeout``; stragglers are then cancelled), runnables are cancelled,
+then the lease is released (``leader_election_release_on_cancel``), then the cache and the
+servers stop, and an owned client is closed. The lease is renewed until leader work has
+stopped, so no other replica starts while ours still writes.
+
+Losing the lease cancels leader work *at once* (no draining: another replica may already
+be acting) and :meth:`run_until_cancelled` raises :class:`LeaderElectionLost` after the
+rest has stopped; the process should exit and be restarted, as in controller-runtime.
+
+Each part runs in a cancel scope the manager owns and shields from outer cancellation, so
+that the order above holds however the stop is triggered.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+from opentelemetry import trace
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sdgruntime.builder import Builder
+from sdgruntime.cache import Cache, KindOptions
+from sdgruntime.client import Client
+from sdgruntime.controller import Controller
+from sdgruntime.events import EventRecorder
+from sdgruntime.kinds import Kind
+from sdgruntime.leaderelection import JITTER_FACTOR, LeaderElectionLost, LeaderElector
+from sdgruntime.probes import Check, MetricsServer, ProbeServer
+from sdgruntime.webhook import WebhookServer
+from sdgruntime.webhook.server import DEFAULT_CERT_DIR
+
+__all__ = ["LeaderElectionLost", "Manager", "ManagerOptions", "Runnable"]
+
+log = logging.getLogger(__name__)
+
+Runnable = Callable[[], Awaitable[Any]]
+"""Long-running work the manager starts and cancels: ``async def fn() -> None``."""
+
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class ManagerOptions(BaseModel):
+    """Settings of a :class:`Manager` (defaults as controller-runtime and kubebuilder's
+    main.go). Bind addresses are Go-style (``":8080"``, ``"127.0.0.1:0"``); ``"0"``
+    disables a server. Durations are seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    kubeconfig: str | None = None
+    metrics_bind_address: str = ":8080"
+    health_probe_bind_address: str = ":8081"
+    webhook_host: str | None = None  # all interfaces
+    webhook_port: int = 9443
+    webhook_cert_dir: str = str(DEFAULT_CERT_DIR)
+
+    leader_election: bool = False
+    leader_election_id: str = ""
+    leader_election_namespace: str | None = None  # default: the pod's namespace
+    leader_election_identity: str | None = None  # default: hostname_<uuid>
+    leader_election_release_on_cancel: bool = False
+    lease_duration: float = Field(15.0, gt=0)
+    renew_deadline: float = Field(10.0, gt=0)
+    retry_period: float = Field(2.0, gt=0)
+
+    graceful_shutdown_timeout: float = Field(30.0, ge=0)
+    cache_sync_timeout: float = Field(120.0, gt=0)
+    cache_by_kind: dict[Kind, KindOptions] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_election(self) -> ManagerOptions:
+        if self.leader_election:
+            if not self.leader_election_id:
+                raise ValueError("leader_election needs leader_election_id (the lease name)")
+            if self.lease_duration <= self.renew_deadline:
+                raise ValueError("lease_duration must be greater than renew_deadline")
+            if self.renew_deadline <= JITTER_FACTOR * self.retry_period:
+                raise ValueError(
+                    f"renew_deadline must be greater than {JITTER_FACTOR} * retry_period"
+                )
+        return self
+
+
+class _Stage:
+    """Tasks the manager starts in its root task group but stops itself, in order.
+
+    The scope is shielded, so cancelling the manager does not reach the stage: only
+    :meth:`cancel`/:meth:`stop` do. Errors still propagate to the root task group.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.scope = anyio.CancelScope(shield=True)
+        self.spawned = False
+        self._done: anyio.Event | None = None
+
+    async def _run(
+        self,
+        body: Callable[..., Awaitable[Any]],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            with self.scope:
+                await body(task_status=task_status)
+        finally:
+            assert self._done is not None
+            self._done.set()
+
+    def spawn(self, tg: anyio.abc.TaskGroup, body: Callable[..., Awaitable[Any]]) -> None:
+        if self.spawned or self.scope.cancel_called:
+            return
+        self.spawned, self._done = True, anyio.Event()
+        tg.start_soon(self._run, body, name=f"manager {self.name}")
+
+    async def start(self, tg: anyio.abc.TaskGroup, body: Callable[..., Awaitable[Any]]) -> None:
+        """Run ``body`` and wait until it reports started (``task_status.started()``)."""
+        self.spawned, self._done = True, anyio.Event()
+        await tg.start(self._run, body, name=f"manager {self.name}")
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        if self._done is not None:
+            await self._done.wait()
+
+
+async def _run_all(
+    runnables: list[Runnable],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    async with anyio.create_task_group() as tg:
+        for fn in runnables:
+            tg.start_soon(fn, name=getattr(fn, "__qualname__", repr(fn)))
+        task_status.started()
+
+
+def _unwrap(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The single error inside (nested) task group errors, or the group itself."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+class Manager:
+    """Owns the shared client and cache and runs everything added to it (module doc).
+
+    ``client=None`` makes one from ``options.kubeconfig`` (explicit path, ``$KUBECONFIG``,
+    in-cluster, ``~/.kube/config``) that the manager closes when it stops. ``cache`` and
+    ``webhook_server`` replace the ones built from the options; ``tracer_provider``
+    (default: the global one) is used by controllers built with :meth:`controller`.
+    Add controllers, runnables, webhooks and checks before running.
+    """
+
+    def __init__(
+        self,
+        client: Client | None = None,
+        *,
+        options: ManagerOptions | None = None,
+        cache: Cache | None = None,
+        webhook_server: WebhookServer | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        self.options = options or ManagerOptions()
+        self._owns_client = client is None
+        self.client = client if client is not None else Client.auto(self.options.kubeconfig)
+        self.cache = cache or Cache(self.client, by_kind=self.options.cache_by_kind)
+        self.tracer_provider = tracer_provider
+        self._webhook_server = webhook_server
+        self._controllers: dict[str, Controller] = {}
+        self._runnables: list[tuple[Runnable, bool]] = []
+        self._healthz: dict[str, Check] = {"ping": lambda: True}
+        self._readyz: dict[str, Check] = {"cache-sync": lambda: self._cache_synced}
+        self._recorders: dict[str, EventRecorder] = {}
+        self._probe_server: ProbeServer | None = None
+        self._metrics_server: MetricsServer | None = None
+        self._elector: LeaderElector | None = None
+        self._root: anyio.abc.TaskGroup | None = None
+        self._leader: _Stage | None = None  # anyio objects are made inside the event loop
+        self._cache_synced = False
+        self._running = False
+        self._elected: anyio.Event | None = None
+
+    # --- building ---------------------------------------------------------------------------
+
+    def controller(self, name: str | None = None) -> Builder:
+        """Declare a controller: ``.for_(kind).owns(...).watches(...).complete(reconciler)``
+        (see :mod:`sdgruntime.builder`)."""
+        return Builder(self, name)
+
+    def add_controller(self, controller: Controller) -> Controller:
+        """Run ``controller`` (on the leader only unless ``need_leader_election=False``)."""
+        self._check_not_running()
+        if controller.name in self._controllers:
+            raise ValueError(f"a controller named {controller.name!r} was already added")
+        for kind in controller.kinds:
+            self.cache.informer(kind)  # started and synced with the cache, before election
+        self._controllers[controller.name] = controller
+        return controller
+
+    @property
+    def controllers(self) -> dict[str, Controller]:
+        return dict(self._controllers)
+
+    def add_runnable(self, fn: Runnable, *, leader_only: bool = True) -> None:
+        """Run ``fn()`` until the manager stops (cancellation); on the leader only unless
+        ``leader_only=False``. It starts after the cache has synced."""
+        self._check_not_running()
+        self._runnables.append((fn, leader_only))
+
+    @property
+    def webhook_server(self) -> WebhookServer:
+        """The admission webhook server, created on first use from the options (and only
+        then started: a manager without webhooks opens no webhook port)."""
+        if self._webhook_server is None:
+            self._check_not_running()
+            self._webhook_server = WebhookServer(
+                self.options.webhook_host,
+                self.options.webhook_port,
+                self.options.webhook_cert_dir,
+            )
+        return self._webhook_server
+
+    def event_recorder(self, name: str) -> EventRecorder:
+        """An EventRecorder whose Events name ``name`` as their source component."""
+        recorder = self._recorders.get(name)
+        if recorder is None:
+            recorder = self._recorders[name] = EventRecorder(
+                self.client, name, host=socket.gethostname()
+            )
+        return recorder
+
+    def add_healthz_check(self, name: str, check: Check) -> None:
+        """A liveness check (``/healthz``); ``ping`` is built in."""
+        self._add_check(self._healthz, "healthz", name, check)
+
+    def add_readyz_check(self, name: str, check: Check) -> None:
+        """A readiness check (``/readyz``); ``cache-sync`` and ``webhook`` are built in."""
+        self._add_check(self._readyz, "readyz", name, check)
+
+    def _add_check(self, checks: dict[str, Check], endpoint: str, name: str, check: Check) -> None:
+        if name in checks:
+            raise ValueError(f"{endpoint} check {name!r} is already registered")
+        checks[name] = check
+        server = self._probe_server
+        if server is not None:
+            add = server.add_healthz_check if endpoint == "healthz" else server.add_readyz_check
+            add(name, check)
+
+    def _check_not_running(self) -> None:
+        if self._running:
+            raise RuntimeError("the manager is running: add everything before run()")
+
+    # --- state --------------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether leader work runs here (always, once started, without election)."""
+        leader = self._leader
+        return leader is not None and leader.spawned and not leader.scope.cancel_called
+
+    async def wait_for_leadership(self) -> None:
+        """Return once this manager runs its leader work."""
+        if self._elected is None:
+            self._elected = anyio.Event()
+        await self._elected.wait()
+
+    @property
+    def elector(self) -> LeaderElector | None:
+        return self._elector
+
+    @property
+    def metrics_port(self) -> int:
+        if self._metrics_server is None:
+            raise RuntimeError("the metrics server is not running")
+        return self._metrics_server.port
+
+    @property
+    def health_probe_port(self) -> int:
+        if self._probe_server is None:
+            raise RuntimeError("the probe server is not running")
+        return self._probe_server.port
+
+    # --- running ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until SIGTERM or SIGINT, then shut down gracefully (the entry point of a
+        process). A second signal during shutdown exits at once."""
+        async with anyio.create_task_group() as tg:
+            stop = anyio.CancelScope()
+            tg.start_soon(self._watch_signals, stop, name="manager signals")
+            try:
+                with stop:
+                    await self.run_until_cancelled()
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _watch_signals(self, stop: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if not stop.cancel_called:
+                    log.info("received %s: shutting down", signal.Signals(signum).name)
+                    stop.cancel()
+                else:
+                    log.warning("received %s again: exiting now", signal.Signals(signum).name)
+                    os._exit(1)
+
+    async def run_until_cancelled(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Start everything and run until cancelled; then stop in order (module doc).
+
+        ``task_status.started()`` fires once the servers listen and the cache has synced.
+        Raises :class:`LeaderElectionLost` if the lease is lost, or the first error of a
+        failing part (a webhook server without certificates, a cache that cannot sync).
+        """
+        if self._running:
+            raise RuntimeError("a manager runs once")
+        self._running = True
+        if self._elected is None:
+            self._elected = anyio.Event()
+        elector = self._make_elector()
+        self._leader = _Stage("leader work")
+        servers, cache = _Stage("servers"), _Stage("cache")
+        others, election = _Stage("runnables"), _Stage("leader election")
+        try:
+            async with anyio.create_task_group() as root:
+                self._root = root
+                try:
+                    await servers.start(root, self._serve)
+                    await cache.start(root, self.cache.run)
+                    await self.cache.wait_for_sync(self.options.cache_sync_timeout)
+                    self._cache_synced = True
+                    log.info("manager: cache synced")
+                    others.spawn(root, self._run_everywhere)
+                    if elector is None:
+                        self._start_leading()
+                    else:
+                        election.spawn(root, self._campaign)
+                    task_status.started()
+                    await anyio.sleep_forever()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self._shutdown(others, election, cache, servers)
+        except BaseExceptionGroup as group:
+            exc = _unwrap(group)
+            if exc is group:
+                raise
+            raise exc from None
+        finally:
+            self._root = None
+            if self._owns_client:
+                await self.client.aclose()
+
+    def _make_elector(self) -> LeaderElector | None:
+        opts = self.options
+        if not opts.leader_election:
+            return None
+        namespace = opts.leader_election_namespace
+        if not namespace:
+            try:
+                namespace = _SA_NAMESPACE.read_text().strip()
+            except OSError:
+                raise ValueError(
+                    "leader_election_namespace is required when not running in a cluster"
+                ) from None
+        self._elector = LeaderElector(
+            self.client,
+            opts.leader_election_id,
+            namespace,
+            identity=opts.leader_election_identity,
+            lease_duration=opts.lease_duration,
+            renew_deadline=opts.renew_deadline,
+            retry_period=opts.retry_period,
+            release_on_cancel=opts.leader_election_release_on_cancel,
+        )
+        return self._elector
+
+    async def _serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        opts = self.options
+        async with anyio.create_task_group() as tg:
+            if self._webhook_server is not None:
+                webhook = self._webhook_server
+                if "webhook" not in self._readyz:
+                    self._readyz["webhook"] = webhook.ready
+                await tg.start(webhook.serve, name="webhook server")
+            if opts.health_probe_bind_address != "0":
+                self._probe_server = ProbeServer(
+                    opts.health_probe_bind_address,
+                    healthz_checks=self._healthz,
+                    readyz_checks=self._readyz,
+                )
+                await tg.start(self._probe_server.serve, name="probe server")
+            if opts.metrics_bind_address != "0":
+                self._metrics_server = MetricsServer(opts.metrics_bind_address)
+                await tg.start(self._metrics_server.serve, name="metrics server")
+            task_status.started()
+
+    def _split(self, leader: bool) -> list[Runnable]:
+        work: list[Runnable] = [
+            c.run for c in self._controllers.values() if c.need_leader_election == leader
+        ]
+        work += [fn for fn, leader_only in self._runnables if leader_only == leader]
+        return work
+
+    async def _run_everywhere(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        await _run_all(self._split(leader=False), task_status=task_status)
+
+    async def _campaign(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        assert self._elector is not None
+        task_status.started()
+        await self._elector.run(self._start_leading, self._stop_leading)
+
+    def _start_leading(self) -> None:
+        """Start leader work (sync: called by the elector the moment it wins)."""
+        if self._root is None or self._leader is None:
+            return
+        work = self._split(leader=True)
+        log.info("manager: starting %d leader-only controllers/runnables", len(work))
+        self._leader.spawn(self._root, lambda **kw: _run_all(work, **kw))
+        if self._elected is not None:
+            self._elected.set()
+
+    def _stop_leading(self) -> None:
+        """Cancel leader work at once (sync: called by the elector the moment it loses)."""
+        for c in self._controllers.values():
+            if c.need_leader_election:
+                c.abort()
+        if self._leader is not None:
+            self._leader.cancel()
+
+    async def _shutdown(self, others: _Stage, election: _Stage, cache: _Stage, servers: _Stage):
+        """Stop in order: leader work and runnables (graceful, bounded), the election (and
+        lease release), then the cache and the servers."""
+        timeout = self.options.graceful_shutdown_timeout
+        leader = self._leader
+        assert leader is not None
+        log.info("manager: stopping (graceful timeout %.0fs)", timeout)
+        with anyio.move_on_after(timeout) as graceful:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(leader.stop)
+                tg.start_soon(others.stop)
+        if graceful.cancelled_caught:
+            log.warning("manager: graceful shutdown timed out, cancelling remaining work")
+            for c in self._controllers.values():
+                c.abort()
+            await leader.stop()
+            await others.stop()
+        await election.stop()
+        await cache.stop()
+        await servers.stop()
+        log.info("manager: stopped")
