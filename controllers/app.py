@@ -85,7 +85,7 @@ class SDG:
         cache = mgr.cache
         cache.add_index(PODS, POD_GROUP_INDEX, index_by_group)
         cache.add_index(PODS, POD_NODE_INDEX, index_by_node)
-        self.claims = ClaimBook(mgr.client, settings.namespace)
+        self.claims = ClaimBook(mgr.client, settings.namespace, on_change=self._count_devices)
         self._feed_claims()
         self._feed_capacity()
         cache.informer(SDG_KIND).add_handler(
@@ -151,14 +151,10 @@ class SDG:
 
     # --- informer feeds (cheap, synchronous) -----------------------------------------
     def _feed_claims(self) -> None:
-        def changed(node: str | None) -> None:
-            if node:
-                self._count_devices(node)
-
         self.manager.cache.informer(CONFIGMAPS).add_handler(
-            on_add=lambda cm: changed(self.claims.observe(cm)),
-            on_update=lambda _old, cm: changed(self.claims.observe(cm)),
-            on_delete=lambda cm: changed(self.claims.forget(cm)),
+            on_add=self.claims.observe,
+            on_update=lambda _old, cm: self.claims.observe(cm),
+            on_delete=self.claims.forget,
         )
 
     def _feed_capacity(self) -> None:

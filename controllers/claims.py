@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +68,15 @@ class Record:
 class ClaimBook:
     """Mirror of the per-node claim records, and the only writer of them."""
 
-    def __init__(self, client: Client, namespace: str, tracker: DeviceTracker | None = None):
+    def __init__(
+        self,
+        client: Client,
+        namespace: str,
+        tracker: DeviceTracker | None = None,
+        on_change: Callable[[str], None] | None = None,
+    ) -> None:
+        #: Called with a node's name whenever its mirrored claims change (metrics).
+        self.on_change = on_change
         self.client = client
         self.namespace = namespace
         self.tracker = tracker or DeviceTracker()
@@ -112,6 +120,8 @@ class ClaimBook:
         found: list[Conflict] = []
         for group, devices in sorted(claims.items()):
             found += self.tracker.add_claim(group, node, devices)
+        if self.on_change is not None:
+            self.on_change(node)
         if found:
             self.conflicts[node] = found
             log.error("claim record of node %s conflicts: %s", node, "; ".join(map(str, found)))
