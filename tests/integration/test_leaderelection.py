@@ -38,7 +38,7 @@ async def lease_spec(client: Client, name: str, namespace: str) -> dict[str, Any
 
 
 async def until(predicate: Callable[[], Any], within: float = 20.0) -> None:
-    """Poll ``predicate`` (sync or async) until true; fail after ``within`` seconds (a hang guard)."""
+    """Poll ``predicate`` (sync or async) until true; fail after ``within`` s (hang guard)."""
     with anyio.fail_after(within):
         while True:
             value = predicate()
