@@ -1,0 +1,354 @@
+"""The kustomize builds in config/ as the real API server accepts them.
+
+Every overlay (``default``, ``overlays/dev``, ``overlays/production``) is built with the
+pinned kubectl and applied to the local kube-apiserver with server-side apply and
+``--dry-run=server``: every object goes through decoding, schema validation (an unknown
+field fails server-side apply), defaulting and admission, but nothing is stored. So the
+overlays, which share object names, never see each other, and the session's other tests
+never meet webhook configurations pointing at a Service that does not exist.
+
+What is stored: the ``deviceshare-system`` Namespace (plain, so namespaced objects can be
+dry-run into it; left in place, since without a namespace controller a deleted namespace
+would stay Terminating and block others) and test stand-ins of the third-party CRDs the
+build uses (cert-manager's Issuer and Certificate, the Prometheus Operator's
+ServiceMonitor; ``hack/testdata/``), which add kinds no other test uses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controllers.settings import parse
+from sdgruntime.envtest.controlplane import ControlPlane
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBECTL = Path(sys.executable).parent / "kubectl"
+OVERLAYS = ["default", "overlays/dev", "overlays/production"]
+NAMESPACE = "deviceshare-system"
+CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"
+
+Obj = dict[str, Any]
+
+
+def kustomize(overlay: str) -> list[Obj]:
+    out = subprocess.run(
+        [str(KUBECTL), "kustomize", str(ROOT / "config" / overlay)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, f"kubectl kustomize config/{overlay}:\n{out.stderr}"
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def dry_run_apply(kubeconfig: str, docs: list[Obj]) -> list[Obj]:
+    """``kubectl apply --server-side --dry-run=server``; returns what the server made of it."""
+    out = subprocess.run(
+        [
+            str(KUBECTL),
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--field-manager=sdg-kustomize-test",
+            "--kubeconfig",
+            kubeconfig,
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ],
+        input=yaml.safe_dump_all(docs),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, f"server-side dry-run apply failed:\n{out.stderr}"
+    result = json.loads(out.stdout)
+    return result["items"] if result.get("kind") == "List" else [result]
+
+
+def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
+    found = [
+        o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with the third-party CRD stand-ins and the namespace."""
+    control_plane.install_crds([ROOT / "hack" / "testdata"])
+    r = control_plane.http.post(
+        "/api/v1/namespaces",
+        json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+    )
+    assert r.status_code in (201, 409), r.text
+    return control_plane
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def applied(
+    request: pytest.FixtureRequest, cluster: ControlPlane
+) -> Iterator[tuple[str, list[Obj], list[Obj]]]:
+    """(overlay, built objects, the server's dry-run answer for each)."""
+    built = kustomize(request.param)
+    yield request.param, built, dry_run_apply(str(cluster.kubeconfig_path), built)
+
+
+def test_every_object_is_accepted_and_nothing_is_stored(
+    applied: tuple[str, list[Obj], list[Obj]], cluster: ControlPlane
+) -> None:
+    overlay, built, answered = applied
+    assert [(o["kind"], o["metadata"]["name"]) for o in answered] == [
+        (o["kind"], o["metadata"]["name"]) for o in built
+    ]
+    kinds = sorted({o["kind"] for o in built})
+    expected = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Issuer",
+        "Certificate",
+        "MutatingWebhookConfiguration",
+        "Namespace",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+        "ValidatingWebhookConfiguration",
+    }
+    if overlay == "overlays/production":
+        expected.add("PodDisruptionBudget")
+    assert set(kinds) == expected
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "MutatingWebhookConfiguration",
+        "Namespace",
+        "ValidatingWebhookConfiguration",
+    }
+    for obj in answered:
+        ns = obj["metadata"].get("namespace")
+        assert ns == (None if obj["kind"] in cluster_scoped else NAMESPACE), obj["kind"]
+    # Dry run: the Deployment and the webhook configurations were never stored.
+    assert (
+        cluster.http.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/deviceshare-manager")
+    ).status_code == 404
+    assert (
+        cluster.http.get(
+            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
+            "deviceshare-validating-webhook-configuration"
+        )
+    ).status_code == 404
+
+
+def test_manager_deployment(applied: tuple[str, list[Obj], list[Obj]]) -> None:
+    overlay, _, answered = applied
+    deploy = one(answered, "Deployment", "deviceshare-manager")
+    pod = deploy["spec"]["template"]
+    spec = pod["spec"]
+    assert len(spec["containers"]) == 1
+    (c,) = spec["containers"]
+
+    # Runs the console script the wheel installs, with leader election.
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert c["command"] == ["sdg-manager"] and "sdg-manager" in scripts
+    assert "--leader-elect" in c["args"]
+    assert f"--webhook-cert-dir={CERT_DIR}" in c["args"]
+    assert c["image"].startswith("ghcr.io/deviceshare/sdg-manager:")
+
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"webhook": 9443, "metrics": 8080, "health": 8081}
+    assert "--webhook-port=9443" in c["args"]
+    assert "--metrics-bind-address=:8080" in c["args"]
+    assert "--health-probe-bind-address=:8081" in c["args"]
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = c[probe]["httpGet"]
+        assert get["path"] == path
+        assert ports.get(get["port"], get["port"]) == 8081
+
+    # Pod Security "restricted".
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+
+    for section in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(c["resources"][section])
+
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+    # The manager's own flag parser accepts the args and env exactly as the pod gets them.
+    settings = parse(
+        c["args"],
+        environ={"POD_NAMESPACE": NAMESPACE}
+        | {k: e["value"] for k, e in env.items() if "value" in e},
+    )
+    assert settings.leader_elect is True
+    assert settings.namespace == NAMESPACE
+    assert (settings.webhook_port, settings.webhook_cert_dir) == (9443, CERT_DIR)
+    assert settings.log_format == ("text" if overlay == "overlays/dev" else "json")
+    assert settings.log_level == ("debug" if overlay == "overlays/dev" else "info")
+
+    # The webhook serving pair cert-manager writes is mounted where the manager reads it.
+    cert = one(answered, "Certificate")
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts[CERT_DIR]]["secret"]["secretName"] == cert["spec"]["secretName"]
+    assert cert["spec"]["secretName"] == "webhook-server-cert"
+
+    # Its ServiceAccount is the one the RBAC bindings grant.
+    sa = one(answered, "ServiceAccount")
+    assert spec["serviceAccountName"] == sa["metadata"]["name"] == "deviceshare-manager"
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        subjects = one(answered, kind)["subjects"]
+        assert {
+            "kind": "ServiceAccount",
+            "name": "deviceshare-manager",
+            "namespace": NAMESPACE,
+        } in (subjects)
+
+    if overlay == "overlays/dev":
+        assert deploy["spec"]["replicas"] == 1
+        assert "--log-level=debug" in c["args"]
+        assert env["SDG_LOG_FORMAT"]["value"] == "text"
+    elif overlay == "overlays/production":
+        assert deploy["spec"]["replicas"] == 2
+        terms = spec["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert any(
+            t["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+            and matches(
+                t["podAffinityTerm"]["labelSelector"]["matchLabels"], pod["metadata"]["labels"]
+            )
+            for t in terms
+        )
+        pdb = one(answered, "PodDisruptionBudget")
+        assert pdb["spec"]["minAvailable"] == 1
+        assert matches(pdb["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    else:
+        assert deploy["spec"]["replicas"] == 1
+
+
+def test_services_and_monitor_reach_the_manager(applied: tuple[str, list[Obj], list[Obj]]) -> None:
+    _, _, answered = applied
+    deploy = one(answered, "Deployment", "deviceshare-manager")
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    port_names = {p["name"] for p in deploy["spec"]["template"]["spec"]["containers"][0]["ports"]}
+
+    webhook = one(answered, "Service", "deviceshare-webhook-service")
+    assert matches(webhook["spec"]["selector"], labels)
+    assert [(p["port"], p["targetPort"]) for p in webhook["spec"]["ports"]] == [(443, "webhook")]
+
+    metrics = one(answered, "Service", "deviceshare-manager-metrics-service")
+    assert matches(metrics["spec"]["selector"], labels)
+    (mport,) = metrics["spec"]["ports"]
+    assert mport["targetPort"] in port_names
+
+    monitor = one(answered, "ServiceMonitor")
+    assert matches(monitor["spec"]["selector"]["matchLabels"], metrics["metadata"]["labels"])
+    assert not matches(monitor["spec"]["selector"]["matchLabels"], webhook["metadata"]["labels"])
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]] == [
+        (mport["name"], "/metrics")
+    ]
+
+    dashboard = one(answered, "ConfigMap", "deviceshare-grafana-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["sdg-dashboard.json"])["uid"] == "shared-device-group"
+
+
+def test_webhooks_get_a_certificate_and_ca_from_cert_manager(
+    applied: tuple[str, list[Obj], list[Obj]],
+) -> None:
+    _, _, answered = applied
+    cert = one(answered, "Certificate")
+    issuer = one(answered, "Issuer")
+    service = one(answered, "Service", "deviceshare-webhook-service")
+    svc = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert svc == "deviceshare-webhook-service.deviceshare-system.svc"
+    assert cert["spec"]["dnsNames"] == [svc, f"{svc}.cluster.local"]
+    assert cert["spec"]["issuerRef"] == {"kind": "Issuer", "name": issuer["metadata"]["name"]}
+    assert "selfSigned" in issuer["spec"]
+
+    ref = f"{cert['metadata']['namespace']}/{cert['metadata']['name']}"
+    paths = {
+        "MutatingWebhookConfiguration": "/mutate-v1-pod",
+        "ValidatingWebhookConfiguration": "/validate-deviceshare-io-v1alpha1-shareddevicegroup",
+    }
+    for kind, path in paths.items():
+        config = one(answered, kind)
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == ref
+        for hook in config["webhooks"]:
+            assert hook["clientConfig"]["service"] == {
+                "name": service["metadata"]["name"],
+                "namespace": service["metadata"]["namespace"],
+                "path": path,
+                "port": 443,
+            }
+
+
+def test_namespace_enforces_restricted_pod_security(
+    applied: tuple[str, list[Obj], list[Obj]],
+) -> None:
+    _, _, answered = applied
+    labels = one(answered, "Namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_manager_pod_is_admitted_under_restricted_pod_security(
+    overlay: str, cluster: ControlPlane, namespace: str
+) -> None:
+    """The API server's PodSecurity admission admits the manager's pod in a namespace that
+    enforces "restricted", and (the control) rejects the same pod without its security
+    context, so the admission really judged it."""
+    r = cluster.http.patch(
+        f"/api/v1/namespaces/{namespace}",
+        json={"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert r.status_code == 200, r.text
+    deploy = one(kustomize(overlay), "Deployment", "deviceshare-manager")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "manager", "labels": deploy["spec"]["template"]["metadata"]["labels"]},
+        "spec": deploy["spec"]["template"]["spec"],
+    }
+    url = f"/api/v1/namespaces/{namespace}/pods"
+    r = cluster.http.post(url, params={"dryRun": "All"}, json=pod)
+    assert r.status_code == 201, r.text
+    assert not r.headers.get("warning"), r.headers.get("warning")
+
+    pod["spec"] = {**pod["spec"], "securityContext": {}}
+    pod["spec"]["containers"] = [
+        {k: v for k, v in c.items() if k != "securityContext"} for c in pod["spec"]["containers"]
+    ]
+    r = cluster.http.post(url, params={"dryRun": "All"}, json=pod)
+    assert r.status_code == 403 and "PodSecurity" in r.text, r.text
