@@ -147,7 +147,6 @@ class SDG:
         server = mgr.webhook_server
         server.register(POD_WEBHOOK_PATH, PodMutator(cache, mgr.client, self.env_table))
         server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))
-        mgr.add_readyz_check("webhook", server.ready)
 
     # --- informer feeds (cheap, synchronous) -----------------------------------------
     def _feed_claims(self) -> None:
