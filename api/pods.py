@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from api.constants import GROUP_ANNOTATION
+from api.envvars import env_var_for
+from api.v1alpha1 import parse_ids
 
 #: Cache index: pods by the group their annotation names.
 POD_GROUP_INDEX = "group"
@@ -41,3 +43,24 @@ def is_active(pod: Mapping[str, Any]) -> bool:
 def pod_key(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def devices_from_env(
+    pod: Mapping[str, Any], resources: Mapping[str, int], env_table: Mapping[str, str]
+) -> dict[str, list[int]] | None:
+    """The device IDs our webhook injected into a pod (first container), if complete."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if not containers:
+        return None
+    env = {e.get("name"): e.get("value") for e in containers[0].get("env") or []}
+    out: dict[str, list[int]] = {}
+    for res in resources:
+        var = env_var_for(res, env_table)
+        value = env.get(var) if var else None
+        if not value:
+            return None
+        try:
+            out[res] = parse_ids(value)
+        except ValueError:
+            return None
+    return out

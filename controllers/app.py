@@ -108,7 +108,7 @@ class SDG:
             .for_(SDG_KIND)
             .watches(NODES, EnqueueRequestsFromMapFunc(self._groups_for_node))
             .watches(CONFIGMAPS, EnqueueRequestsFromMapFunc(self._groups_for_record))
-            .watches(PODS, EnqueueRequestsFromMapFunc(self._deleting_group_of_pod))
+            .watches(PODS, EnqueueRequestsFromMapFunc(self._group_of_pod))
             .with_options(max_concurrent_reconciles=settings.group_workers)
             .complete(self.group_scheduler)
         )
@@ -210,17 +210,6 @@ class SDG:
     def _groups_for_record(self, cm: Obj) -> Iterable[Request]:
         """A claim record changed: devices may be free now, or a claim awaits adoption."""
         yield from self._pending_groups()
-
-    def _deleting_group_of_pod(self, pod: Obj) -> Iterable[Request]:
-        group = pod_group(pod)
-        if not group:
-            return
-        try:
-            g = self.manager.cache.get(SDG_KIND, group, copy=False)
-        except errors.NotFound:
-            return
-        if g["metadata"].get("deletionTimestamp"):
-            yield Request(group)
 
     @staticmethod
     def _group_of_pod(pod: Obj) -> Iterable[Request]:

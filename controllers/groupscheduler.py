@@ -40,7 +40,7 @@ from api.constants import (
     REASON_UNSCHEDULABLE,
     SDG_KIND,
 )
-from api.pods import POD_GROUP_INDEX, is_active, pod_key
+from api.pods import POD_GROUP_INDEX, devices_from_env, is_active, pod_key
 from api.v1alpha1 import format_ids, parse_ids
 from controllers import metrics as sdg_metrics
 from controllers.claims import ClaimBook
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 TRACER_NAME = "deviceshare.io/group-scheduler"
 
 REASON_CLAIM_CONFLICT = "ClaimConflict"
+REASON_DEVICES_CONFLICT = "DevicesConflict"
 
 
 def _status_devices(group: Mapping[str, Any]) -> Devices:
@@ -272,7 +273,7 @@ class GroupScheduler:
             message,
             observed_generation=gen,
         )
-        conds = _ready(conds, healthy, gen)
+        conds = _ready(conds, healthy, gen, self._pods_disagree(group, node, devices))
         if conds != status.get("conditions") or status.get("observedGeneration") != gen:
             new = {**status, "conditions": conds, "observedGeneration": gen}
             try:
@@ -370,6 +371,27 @@ class GroupScheduler:
 
         await recover(self)
 
+    def _pods_disagree(self, group: dict[str, Any], node: str, devices: Devices) -> str | None:
+        """Cross-check the env our webhook injected into the group's running pods: a pod
+        on another node or with other device IDs is reported, never "fixed" by moving
+        devices (it may be using them right now)."""
+        resources = (group.get("spec") or {}).get("resources") or {}
+        odd = []
+        name = group["metadata"]["name"]
+        for pod in self.cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False):
+            where = (pod.get("spec") or {}).get("nodeName")
+            if not where or not is_active(pod):
+                continue
+            seen = devices_from_env(pod, resources, self.env_table)
+            if where != node or (seen is not None and seen != devices):
+                odd.append(f"{pod_key(pod)} on {where} with {seen}")
+        if not odd:
+            return None
+        return (
+            f"pods run with other devices than the group holds ({node} {devices}): "
+            f"{'; '.join(sorted(odd)[:5])}; delete those pods to resolve"
+        )
+
     def _node(self, name: str) -> dict[str, Any] | None:
         try:
             return self.cache.get(NODES, name)
@@ -400,7 +422,18 @@ def _node_health(
     return True, REASON_NODE_READY, f"node {name} is Ready and offers the selected devices"
 
 
-def _ready(conds: list[dict[str, Any]], healthy: bool, gen: int | None) -> list[dict[str, Any]]:
+def _ready(
+    conds: list[dict[str, Any]], healthy: bool, gen: int | None, problem: str | None = None
+) -> list[dict[str, Any]]:
+    if problem:
+        return set_condition(
+            conds,
+            CONDITION_READY,
+            "False",
+            REASON_DEVICES_CONFLICT,
+            problem,
+            observed_generation=gen,
+        )
     scheduled = find_condition(conds, CONDITION_SCHEDULED)
     ok = healthy and scheduled is not None and scheduled.get("status") == "True"
     return set_condition(

@@ -2,48 +2,26 @@
 
 Order matters: the fenced records are read first (they win), then bound groups' statuses
 are written back into records that lost them, then groups that lost their status are
-restored from the env our webhook injected into their bound pods. Whatever disagrees is
-reported on the group (condition + Warning Event), never settled by a second allocation.
+restored from the env our webhook injected into their bound pods. (Bound pods whose env
+disagrees with their group are reported by the GroupScheduler on every reconcile.)
+Whatever disagrees is reported on the group (condition + Warning Event), never settled
+by a second allocation.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from api.constants import CONDITION_READY, PHASE_BOUND, SDG_KIND
-from api.envvars import env_var_for
-from api.pods import POD_GROUP_INDEX, is_active, pod_key
+from api.pods import POD_GROUP_INDEX, devices_from_env, is_active, pod_key
 from api.v1alpha1 import parse_ids
-from controllers.tracker import Devices
 from sdgruntime.kinds import PODS
 
 if TYPE_CHECKING:
     from controllers.groupscheduler import GroupScheduler
 
 log = logging.getLogger(__name__)
-
-
-def devices_from_env(
-    pod: Mapping[str, Any], resources: Mapping[str, int], env_table: Mapping[str, str]
-) -> Devices | None:
-    """The device IDs our webhook injected into a pod (first container), if complete."""
-    containers = (pod.get("spec") or {}).get("containers") or []
-    if not containers:
-        return None
-    env = {e.get("name"): e.get("value") for e in containers[0].get("env") or []}
-    out: Devices = {}
-    for res in resources:
-        var = env_var_for(res, env_table)
-        value = env.get(var) if var else None
-        if not value:
-            return None
-        try:
-            out[res] = parse_ids(value)
-        except ValueError:
-            return None
-    return out
 
 
 async def recover(gs: GroupScheduler) -> None:

@@ -122,3 +122,51 @@ async def test_bound_group_reports_a_vanished_node(cluster: ControlPlane, client
         g = await client.get(SDG_KIND, "orphaned")
         assert g["status"]["phase"] == "Bound"  # groups never move
         assert g["status"]["nodeName"] == "doomed"
+
+
+async def test_shrunk_node_and_pod_events(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    from sdgruntime.kinds import NODES, PODS
+    from tests.e2e.harness import kubelet, pod
+
+    await add_node(client, "shrinking", 4)
+    async with run_sdg(cluster), kubelet(client):
+        await client.create(SDG_KIND, group("high", {GPU: 4}))
+        await wait_bound(client, "high")
+        await client.create(PODS, pod("member", "high"), namespace)
+
+        async def joined() -> list:
+            evs, _ = await client.list_all(EVENTS, "default")
+            return [
+                e
+                for e in evs
+                if e["involvedObject"].get("name") == "high" and e["reason"] == "PodsJoined"
+            ]
+
+        evs = await eventually(joined, what="PodsJoined event")
+        assert f"{namespace}/member" in evs[0]["message"]
+        await client.delete(PODS, "member", namespace)
+
+        async def left() -> list:
+            evs, _ = await client.list_all(EVENTS, "default")
+            return [
+                e
+                for e in evs
+                if e["involvedObject"].get("name") == "high" and e["reason"] == "PodsLeft"
+            ]
+
+        await eventually(left, what="PodsLeft event")
+
+        node = await client.get(NODES, "shrinking")
+        node["status"]["allocatable"][GPU] = "2"
+        await client.update_status(NODES, node)
+
+        async def missing() -> dict | None:
+            g = await client.get(SDG_KIND, "high")
+            conds = {c["type"]: c for c in g["status"]["conditions"]}
+            return conds["NodeHealthy"] if conds["NodeHealthy"]["status"] == "False" else None
+
+        cond = await eventually(missing, what="DevicesMissing")
+        assert cond["reason"] == "DevicesMissing"
+        assert "no longer offers the selected devices" in cond["message"]

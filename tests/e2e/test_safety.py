@@ -200,3 +200,40 @@ async def _has_node(client: Client, name: str, ns: str) -> bool:
 
 def rfc3339_micro() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+async def test_recovery_reports_pods_running_with_other_devices(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    from tests.e2e.harness import remove_webhooks
+
+    await add_node(client, "n1", 4)
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("checked", {GPU: 1}))
+        held = (await wait_bound(client, "checked"))["status"]["selectedDevices"][GPU]
+    remove_webhooks(cluster)
+    rogue = pod("rogue", "checked", nodeName="n1")
+    rogue["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "3"}]
+    await client.create(PODS, rogue, namespace)
+    async with run_sdg(cluster):
+
+        async def conflict() -> dict | None:
+            g = await client.get(SDG_KIND, "checked")
+            conds = {c["type"]: c for c in g["status"].get("conditions") or []}
+            ready = conds.get("Ready") or {}
+            return ready if ready.get("reason") == "DevicesConflict" else None
+
+        ready = await eventually(conflict, what="DevicesConflict")
+        assert ready["status"] == "False"
+        assert f"{namespace}/rogue on n1" in ready["message"]
+        assert "delete those pods" in ready["message"]
+        g = await client.get(SDG_KIND, "checked")
+        assert g["status"]["selectedDevices"] == {GPU: held}  # reported, never reallocated
+        await client.delete(PODS, "rogue", namespace, grace_period_seconds=0)
+
+        async def resolved() -> bool:
+            g = await client.get(SDG_KIND, "checked")
+            conds = {c["type"]: c for c in g["status"].get("conditions") or []}
+            return conds["Ready"]["status"] == "True"
+
+        await eventually(resolved, what="Ready again once the rogue pod is gone")
