@@ -1,0 +1,44 @@
+"""The README's main command works and shows what it promises."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdgruntime.envtest.controlplane import pid_alive
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_runs_end_to_end() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "hack" / "demo.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    for needle in (
+        "[6/6] result",
+        "$ kubectl get sdg",
+        "my-gpu-group     Bound     gpu-node-3   nvidia.com/gpu=0,1   2",
+        "workload-1   my-gpu-group   gpu-node-3   Running   NVIDIA_VISIBLE_DEVICES=0,1",
+        "workload-2   my-gpu-group   gpu-node-3   Running   NVIDIA_VISIBLE_DEVICES=0,1",
+        "AMD_VISIBLE_DEVICES=0,1",
+        "$ sdg devices",
+        "Group too-big-group is Pending: 0/5 nodes are available:",
+        "1 not labelled deviceshare.io/mode=shared",
+        "Denied pod/greedy",
+        "the device plugin would hand it other devices",
+        "Stopped the manager and the control plane.",
+    ):
+        assert needle in out, f"{needle!r} missing from the demo output:\n{out}"
+    pid = int(out.split("manager ready (pid ")[1].split(",")[0])
+    assert not pid_alive(pid)
