@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 IMG    ?= ghcr.io/deviceshare/sdg-manager:dev
 
-.PHONY: install controlplane test unit lint fmt demo envtest docker-build clean
+.PHONY: install controlplane test unit lint fmt demo envtest docker-build clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,3 +42,7 @@ docker-build:
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .tmp
+
+bench: controlplane  ## Benchmarks: placement at 1000 nodes (pure) and end to end
+	$(BIN)/python hack/bench/bench_placement.py
+	$(BIN)/python hack/bench/bench_e2e.py
