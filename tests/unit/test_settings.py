@@ -1,0 +1,67 @@
+"""Manager flags, their SDG_* environment equivalents, and clear startup errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from controllers.settings import parse
+
+
+def test_defaults() -> None:
+    s = parse([], environ={})
+    assert s.metrics_bind_address == ":8080"
+    assert s.health_probe_bind_address == ":8081"
+    assert s.webhook_port == 9443
+    assert s.leader_elect is False
+    assert s.scheduler_name == "deviceshare-scheduler"
+    assert s.namespace == "deviceshare-system"
+    assert s.env_table()["nvidia.com/gpu"] == "NVIDIA_VISIBLE_DEVICES"
+
+
+def test_flags_win_over_env_which_win_over_defaults() -> None:
+    env = {"SDG_WEBHOOK_PORT": "9000", "SDG_LOG_LEVEL": "debug", "SDG_LEADER_ELECT": "true"}
+    s = parse(["--webhook-port", "9100"], environ=env)
+    assert s.webhook_port == 9100
+    assert s.log_level == "debug"
+    assert s.leader_elect is True
+    assert parse(["--no-leader-elect"], environ=env).leader_elect is False
+
+
+def test_namespace_from_pod_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "gpu-system")
+    assert parse([], environ={}).namespace == "gpu-system"
+    assert parse(["--claims-namespace", "x"], environ={}).namespace == "x"
+
+
+def test_kubeconfig_env() -> None:
+    assert parse([], environ={"KUBECONFIG": "/k"}).kubeconfig == "/k"
+
+
+def test_device_env_table_from_flags_and_file(tmp_path) -> None:
+    f = tmp_path / "env"
+    f.write_text("# vendor table\nexample.com/fpga=FPGA_DEVICES\n")
+    s = parse(
+        ["--device-env", "amd.com/gpu=ROCR_VISIBLE_DEVICES", "--device-env-file", str(f)],
+        environ={},
+    )
+    table = s.env_table()
+    assert table["amd.com/gpu"] == "ROCR_VISIBLE_DEVICES"
+    assert table["example.com/fpga"] == "FPGA_DEVICES"
+    assert table["nvidia.com/gpu"] == "NVIDIA_VISIBLE_DEVICES"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--device-env", "no-equals-sign"],
+        ["--log-level", "loud"],
+        ["--webhook-port", "70000"],
+        ["--log-format", "xml"],
+    ],
+)
+def test_bad_values_exit_with_a_message(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse(argv, environ={})
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "sdg-manager: error:" in err
