@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 IMG    ?= ghcr.io/deviceshare/sdg-manager:dev
 
-.PHONY: install controlplane test unit lint fmt demo envtest docker-build clean bench
+.PHONY: install controlplane test unit lint fmt demo envtest docker-build deploy undeploy clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ demo: controlplane  ## The whole system on the local control plane
 
 docker-build:
 	docker build -t $(IMG) .
+
+deploy: install  ## Install SDG on the cluster of the current kubeconfig (needs cert-manager)
+	$(BIN)/kubectl apply --server-side -k config/default
+
+undeploy: install
+	$(BIN)/kubectl delete --ignore-not-found -k config/default
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .tmp
