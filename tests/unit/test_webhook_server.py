@@ -4,8 +4,6 @@ certificate watcher and the webhook metrics."""
 from __future__ import annotations
 
 import base64
-import datetime as dt
-import ipaddress
 import json
 import os
 import ssl
@@ -18,14 +16,11 @@ import anyio
 import httpx
 import pytest
 from anyio.streams.tls import TLSAttribute
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdgruntime import metrics
+from sdgruntime.envtest.certs import CertificateAuthority
 from sdgruntime.probes import MetricsServer
 from sdgruntime.webhook import (
     AdmissionRequest,
@@ -43,68 +38,16 @@ from sdgruntime.webhook.jsonpatch import diff, escape, json_equal
 # --- certificates -------------------------------------------------------------------
 
 
-class CA:
-    """A throwaway certificate authority that issues serving certificates for 127.0.0.1."""
-
-    def __init__(self, name: str) -> None:
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        now = dt.datetime.now(dt.UTC)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
-        self.pem = self.cert.public_bytes(serialization.Encoding.PEM)
+class CA(CertificateAuthority):
+    """A throwaway CA (envtest's) with the helpers these tests use."""
 
     def issue(self, ip: str = "127.0.0.1") -> tuple[bytes, bytes]:
         """A serving (cert PEM, key PEM) pair for ``ip``."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "webhook")]))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(hours=1))
-            .add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]),
-                critical=False,
-            )
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(self.key, hashes.SHA256())
-        )
-        key_pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        return cert.public_bytes(serialization.Encoding.PEM), key_pem
+        pair = self.serving([ip])
+        return pair.cert_pem, pair.key_pem
 
     def client_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cadata=self.pem.decode())
+        context = ssl.create_default_context(cadata=self.cert_pem.decode())
         context.set_alpn_protocols(["h2", "http/1.1"])  # as Go clients offer
         return context
 
