@@ -1,0 +1,180 @@
+"""The real API server calls an sdgruntime WebhookServer over TLS for a test CRD:
+a mutation is applied, a denial's message reaches the client, warnings are passed on."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+import yaml
+
+from sdgruntime import errors
+from sdgruntime.client import Client
+from sdgruntime.envtest import ControlPlane
+from sdgruntime.envtest.controlplane import free_port
+from sdgruntime.kinds import Kind
+from sdgruntime.webhook import (
+    AdmissionRequest,
+    AdmissionResponse,
+    WebhookServer,
+    allowed,
+    denied,
+    patched,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+GADGETS = Kind("webhooktest.example.com", "v1", "Gadget", "gadgets", namespaced=True)
+
+CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "gadgets.webhooktest.example.com"},
+    "spec": {
+        "group": "webhooktest.example.com",
+        "scope": "Namespaced",
+        "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "properties": {
+                                    "size": {"type": "integer"},
+                                    "color": {"type": "string"},
+                                    "labels": {
+                                        "type": "object",
+                                        "additionalProperties": {"type": "string"},
+                                    },
+                                },
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def _configs(namespace: str) -> list[dict]:
+    rule = {
+        "apiGroups": ["webhooktest.example.com"],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["gadgets"],
+    }
+    selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+
+    def hook(name: str, path: str) -> dict:
+        return {
+            "name": name,
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"service": {"name": "svc", "namespace": "x", "path": path}},
+            "rules": [rule],
+            "namespaceSelector": selector,
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+        }
+
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": f"gadgets-{namespace}"},
+            "webhooks": [hook("mgadget.webhooktest.example.com", "/mutate-gadget")],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": f"gadgets-{namespace}"},
+            "webhooks": [hook("vgadget.webhooktest.example.com", "/validate-gadget")],
+        },
+    ]
+
+
+class DefaultColor:
+    async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
+        obj = request.copy_object()
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("color", "blue")
+        spec.setdefault("labels", {})["team/owner"] = request.user_info.get("username", "")
+        return patched(request.object, obj)
+
+
+class SizeLimit:
+    async def validate(self, request: AdmissionRequest) -> AdmissionResponse:
+        size = ((request.object or {}).get("spec") or {}).get("size", 0)
+        if size > 10:
+            return denied(f"size {size} is over the limit of 10; use at most 10")
+        warnings = ["size 0 makes a useless gadget"] if size == 0 else []
+        return allowed(warnings=warnings)
+
+
+async def test_api_server_calls_our_webhooks(
+    control_plane: ControlPlane, client: Client, namespace: str
+) -> None:
+    path = control_plane.work_dir / "gadget-crd.yaml"
+    path.write_text(yaml.safe_dump(CRD))
+    control_plane.install_crds([path])
+    port = free_port()
+    server = WebhookServer("127.0.0.1", port, control_plane.webhook_cert_dir())
+    server.register("/mutate-gadget", DefaultColor())
+    server.register("/validate-gadget", SizeLimit())
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        control_plane.install_webhooks(_configs(namespace), port)
+        try:
+            created = await client.create(
+                GADGETS,
+                {
+                    "apiVersion": GADGETS.api_version,
+                    "kind": "Gadget",
+                    "metadata": {"name": "g1"},
+                    "spec": {"size": 3},
+                },
+                namespace,
+            )
+            assert created["spec"]["color"] == "blue"
+            assert created["spec"]["labels"] == {"team/owner": "envtest-admin"}
+            with pytest.raises(errors.ApiError) as info:
+                await client.create(
+                    GADGETS,
+                    {
+                        "apiVersion": GADGETS.api_version,
+                        "kind": "Gadget",
+                        "metadata": {"name": "g2"},
+                        "spec": {"size": 11},
+                    },
+                    namespace,
+                )
+            assert info.value.code == 403
+            assert (
+                'admission webhook "vgadget.webhooktest.example.com" denied the request: '
+                "size 11 is over the limit of 10; use at most 10"
+            ) in info.value.message
+            # An update passes through both webhooks again (and keeps the user's color).
+            created["spec"]["color"] = "red"
+            updated = await client.update(GADGETS, created)
+            assert updated["spec"]["color"] == "red"
+            # Warnings come back to the client as Warning headers (kubectl prints them).
+            r = control_plane.http.post(
+                f"/apis/{GADGETS.api_version}/namespaces/{namespace}/gadgets",
+                json={
+                    "apiVersion": GADGETS.api_version,
+                    "kind": "Gadget",
+                    "metadata": {"name": "g0"},
+                    "spec": {"size": 0},
+                },
+            )
+            assert r.status_code == 201
+            assert "size 0 makes a useless gadget" in r.headers.get("warning", "")
+        finally:
+            for obj in _configs(namespace):
+                control_plane.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+            tg.cancel_scope.cancel()
