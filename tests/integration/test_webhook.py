@@ -163,16 +163,19 @@ async def test_api_server_calls_our_webhooks(
             updated = await client.update(GADGETS, created)
             assert updated["spec"]["color"] == "red"
             # Warnings come back to the client as Warning headers (kubectl prints them).
-            r = control_plane.http.post(
-                f"/apis/{GADGETS.api_version}/namespaces/{namespace}/gadgets",
-                json={
-                    "apiVersion": GADGETS.api_version,
-                    "kind": "Gadget",
-                    "metadata": {"name": "g0"},
-                    "spec": {"size": 0},
-                },
+            # (a blocking call: run it off the event loop that serves the webhook)
+            r = await anyio.to_thread.run_sync(
+                lambda: control_plane.http.post(
+                    f"/apis/{GADGETS.api_version}/namespaces/{namespace}/gadgets",
+                    json={
+                        "apiVersion": GADGETS.api_version,
+                        "kind": "Gadget",
+                        "metadata": {"name": "g0"},
+                        "spec": {"size": 0},
+                    },
+                )
             )
-            assert r.status_code == 201
+            assert r.status_code == 201, r.text
             assert "size 0 makes a useless gadget" in r.headers.get("warning", "")
         finally:
             for obj in _configs(namespace):
