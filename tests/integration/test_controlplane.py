@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -177,11 +181,8 @@ def test_stop_leaves_no_process_and_restart_reuses_build() -> None:
     assert after == mtimes
 
 
-def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
-    import signal
-    import subprocess
-    import sys
-
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_cli_serves_until_interrupted(tmp_path: Path, signum: int) -> None:
     out = tmp_path / "kubeconfig"
     proc = subprocess.Popen(
         [sys.executable, "-m", "sdgruntime.envtest", "--kubeconfig-out", str(out)],
@@ -193,10 +194,15 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
         line = proc.stdout.readline()
         assert line.startswith("control plane ready: kube-apiserver v1.")
         assert str(out) in line
+        server = yaml.safe_load(out.read_text())["clusters"][0]["cluster"]["server"]
         with _client_for(out) as http:
             assert http.get("/readyz").status_code == 200
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         rest, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert "control plane stopped" in rest
+    # Nothing listens any more: the API server (and etcd behind it) are gone.
+    port = int(server.rsplit(":", 1)[1])
+    with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+        s.connect(("127.0.0.1", port))
