@@ -22,7 +22,6 @@ from controllers.placement import node_device_capacity
 from controllers.podscheduler import PodScheduler, wants_scheduling
 from controllers.settings import Settings
 from controllers.statuscontroller import StatusController
-from sdgruntime import errors
 from sdgruntime.cache import KindOptions
 from sdgruntime.client import Client
 from sdgruntime.handler import EnqueueRequestsFromMapFunc
@@ -62,6 +61,21 @@ def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
     return ManagerOptions(**values)
 
 
+def _pod_facts(pod: Obj) -> tuple[Any, ...]:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    return (
+        pod_group(pod),
+        (pod.get("spec") or {}).get("nodeName"),
+        status.get("phase"),
+        meta.get("deletionTimestamp"),
+    )
+
+
+#: Pod updates that matter to a group (its pods' membership, node, phase, deletion);
+#: status-only churn (conditions, container statuses) does not reconcile the group.
+pod_moved = Funcs(update=lambda old, new: _pod_facts(old) != _pod_facts(new))
+
+
 class SDG:
     """The assembled system; ``manager.run()`` (or ``run_until_cancelled``) runs it."""
 
@@ -89,9 +103,9 @@ class SDG:
         self._feed_claims()
         self._feed_capacity()
         cache.informer(SDG_KIND).add_handler(
-            on_add=lambda _o: self._count_phases(),
-            on_update=lambda _o, _n: self._count_phases(),
-            on_delete=lambda _o: self._count_phases(),
+            on_add=lambda g: self._count_phase(g, +1),
+            on_update=lambda old, new: (self._count_phase(old, -1), self._count_phase(new, +1)),
+            on_delete=lambda g: self._count_phase(g, -1),
         )
 
         recorder = mgr.event_recorder("deviceshare-scheduler")
@@ -108,7 +122,7 @@ class SDG:
             .for_(SDG_KIND)
             .watches(NODES, EnqueueRequestsFromMapFunc(self._groups_for_node))
             .watches(CONFIGMAPS, EnqueueRequestsFromMapFunc(self._groups_for_record))
-            .watches(PODS, EnqueueRequestsFromMapFunc(self._group_of_pod))
+            .watches(PODS, EnqueueRequestsFromMapFunc(self._group_of_pod), [pod_moved])
             .with_options(max_concurrent_reconciles=settings.group_workers)
             .complete(self.group_scheduler)
         )
@@ -118,7 +132,7 @@ class SDG:
         (
             mgr.controller("group-status")
             .for_(SDG_KIND)
-            .watches(PODS, EnqueueRequestsFromMapFunc(self._group_of_pod))
+            .watches(PODS, EnqueueRequestsFromMapFunc(self._group_of_pod), [pod_moved])
             .with_options(max_concurrent_reconciles=2)
             .complete(self.status_controller)
         )
@@ -178,17 +192,10 @@ class SDG:
             sdg_metrics.DEVICES_FREE.labels(node, res).set(free)
             sdg_metrics.DEVICES_ALLOCATED.labels(node, res).set(total - free)
 
-    def _count_phases(self) -> None:
-        counts = {"Pending": 0, "Bound": 0}
-        try:
-            groups = self.manager.cache.list(SDG_KIND, copy=False)
-        except errors.NotFound:
-            return
-        for g in groups:
-            phase = (g.get("status") or {}).get("phase") or "Pending"
-            counts[phase] = counts.get(phase, 0) + 1
-        for phase, n in counts.items():
-            sdg_metrics.GROUPS_BY_PHASE.labels(phase).set(n)
+    def _count_phase(self, group: Obj, delta: int) -> None:
+        """Keep ``sdg_groups{phase}`` exact per event, without recounting every group."""
+        phase = (group.get("status") or {}).get("phase") or "Pending"
+        sdg_metrics.GROUPS_BY_PHASE.labels(phase).inc(delta)
 
     # --- event mapping ---------------------------------------------------------------
     def _groups(self) -> list[Obj]:

@@ -166,6 +166,7 @@ class GroupScheduler:
         status = dict(group.get("status") or {})
         gen = group["metadata"].get("generation")
         text = ", ".join(f"{r} {format_ids(i)}" for r, i in sorted(devices.items()))
+        status.setdefault("podCount", 0)
         status.update(
             phase=PHASE_BOUND,
             nodeName=node,
@@ -201,7 +202,7 @@ class GroupScheduler:
             return None
         sdg_metrics.SCHEDULING_ATTEMPTS.labels("group", "bound").inc()
         sdg_metrics.DECISION_LATENCY.labels("group").observe(time.perf_counter() - started)
-        await self.recorder.event(group, "Normal", "Scheduled", f"Bound to node {node}: {text}")
+        self.recorder.emit(group, "Normal", "Scheduled", f"Bound to node {node}: {text}")
         return None
 
     async def _after_status_conflict(self, name: str, node: str, devices: Devices) -> Result:
@@ -240,12 +241,18 @@ class GroupScheduler:
             observed_generation=gen,
         )
         conds = _ready(conds, False, gen)
-        new = {**status, "phase": PHASE_PENDING, "conditions": conds, "observedGeneration": gen}
+        new = {
+            "podCount": 0,
+            **status,
+            "phase": PHASE_PENDING,
+            "conditions": conds,
+            "observedGeneration": gen,
+        }
         if new == status:
             return
         await self.client.update_status(SDG_KIND, {**group, "status": new})
         if old is None or old.get("message") != message:
-            await self.recorder.event(group, "Warning", "FailedScheduling", message)
+            self.recorder.emit(group, "Warning", "FailedScheduling", message)
 
     # --- bound groups ----------------------------------------------------------------
     async def _check_bound(self, group: dict[str, Any]) -> Result | None:
@@ -261,7 +268,7 @@ class GroupScheduler:
                 await self._set_conditions(
                     group, (CONDITION_READY, "False", REASON_CLAIM_CONFLICT, problem)
                 )
-                await self.recorder.event(group, "Warning", REASON_CLAIM_CONFLICT, problem)
+                self.recorder.emit(group, "Warning", REASON_CLAIM_CONFLICT, problem)
                 return None
         healthy, reason, message = _node_health(self._node(node), node, devices)
         gen = group["metadata"].get("generation")
@@ -281,7 +288,7 @@ class GroupScheduler:
             except errors.Conflict:
                 return Result(requeue=True)
             if not healthy:
-                await self.recorder.event(group, "Warning", reason, message)
+                self.recorder.emit(group, "Warning", reason, message)
         return None
 
     async def _restore_record(

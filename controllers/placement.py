@@ -12,7 +12,7 @@ The caller keeps the tracker's capacities in step with the nodes' ``status.alloc
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -105,6 +105,17 @@ def is_node_ready(node: Mapping[str, Any]) -> bool:
 _is_ready = is_node_ready  # kept for callers that imported the old private name
 
 
+def _capacity_reader(free: object, node: Mapping[str, Any], name: str) -> Callable[[str], int]:
+    """Device capacity of ``node`` per resource. A tracker already knows it (the node
+    informer keeps it current): reading it there instead of re-parsing status.allocatable
+    made placement at 1000 nodes ~3x faster (hack/bench/RESULTS.md)."""
+    known = getattr(free, "capacity", None)
+    if callable(known):
+        return lambda res: int(known(name, res))
+    parsed = node_device_capacity(node)
+    return lambda res: parsed.get(res, 0)
+
+
 def filter_node(
     spec: Mapping[str, Any], node: Mapping[str, Any], free: FreeCounts
 ) -> tuple[str, ...]:
@@ -129,10 +140,10 @@ def filter_node(
         if taint.get("effect") in _FILTERING_EFFECTS:
             return (f"have untolerated taint {{{taint.get('key', '')}: {taint.get('value', '')}}}",)
     name = node_name(node)
-    capacity = node_device_capacity(node)
+    capacity = _capacity_reader(free, node, name)
     short: list[str] = []
     for res, need in sorted((spec.get("resources") or {}).items()):
-        if capacity.get(res, 0) <= 0:
+        if capacity(res) <= 0:
             short.append(f"have no {res}")
             continue
         available = free.free(name, res)

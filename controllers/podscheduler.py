@@ -118,7 +118,7 @@ class PodScheduler:
             span.set_attribute("sdg.result", "bound")
             sdg_metrics.SCHEDULING_ATTEMPTS.labels("pod", "bound").inc()
             sdg_metrics.DECISION_LATENCY.labels("pod").observe(time.perf_counter() - started)
-            await self.recorder.event(
+            self.recorder.emit(
                 pod, "Normal", "Scheduled", f"Successfully assigned {key} to {node_name}"
             )
         return None
@@ -193,6 +193,6 @@ class PodScheduler:
                 )
             except errors.NotFound:
                 return Result()
-            await self.recorder.event(pod, "Warning", "FailedScheduling", message)
+            self.recorder.emit(pod, "Warning", "FailedScheduling", message)
         # Rate-limited retry: the node may free up; node/group/pod events also re-trigger.
         return Result(requeue=True)

@@ -92,4 +92,4 @@ async def recover(gs: GroupScheduler) -> None:
 async def _report(gs: GroupScheduler, group: dict[str, Any], problem: str) -> None:
     log.error("recovery: group %s: %s", group["metadata"]["name"], problem)
     await gs._set_conditions(group, (CONDITION_READY, "False", "RecoveryConflict", problem))
-    await gs.recorder.event(group, "Warning", "RecoveryConflict", problem)
+    gs.recorder.emit(group, "Warning", "RecoveryConflict", problem)

@@ -37,7 +37,10 @@ class StatusController:
         active = sorted(pod_key(p) for p in pods if is_active(p))
         status = group.get("status") or {}
         before = list(status.get("allocatedPods") or [])
-        if before == active and status.get("podCount") == len(active):
+        # A new group has neither field: that already says "no pods" (the scheduler's first
+        # status write sets podCount 0), and writing it here would only make the
+        # scheduler's conditional finalizer patch of the new group conflict.
+        if before == active and status.get("podCount", 0) == len(active):
             return None
         patch = {
             "metadata": {"uid": group["metadata"]["uid"]},
@@ -50,11 +53,9 @@ class StatusController:
         joined = sorted(set(active) - set(before))
         left = sorted(set(before) - set(active))
         if joined:
-            await self.recorder.event(
+            self.recorder.emit(
                 updated, "Normal", "PodsJoined", f"pods joined: {', '.join(joined[:10])}"
             )
         if left:
-            await self.recorder.event(
-                updated, "Normal", "PodsLeft", f"pods left: {', '.join(left[:10])}"
-            )
+            self.recorder.emit(updated, "Normal", "PodsLeft", f"pods left: {', '.join(left[:10])}")
         return None

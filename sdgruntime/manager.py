@@ -249,9 +249,14 @@ class Manager:
         return self._webhook_server
 
     def event_recorder(self, name: str) -> EventRecorder:
-        """An EventRecorder whose Events name ``name`` as their source component."""
+        """An EventRecorder whose Events name ``name`` as their source component.
+
+        The manager runs its writers (for :meth:`EventRecorder.emit`) with the servers, so
+        ask for recorders before running.
+        """
         recorder = self._recorders.get(name)
         if recorder is None:
+            self._check_not_running()
             recorder = self._recorders[name] = EventRecorder(
                 self.client, name, host=socket.gethostname()
             )
@@ -408,6 +413,10 @@ class Manager:
     ) -> None:
         opts = self.options
         async with anyio.create_task_group() as tg:
+            # Event writers stop last, with the servers: events emitted while leader work
+            # drains still get written.
+            for name, recorder in self._recorders.items():
+                await tg.start(recorder.run, name=f"event recorder {name}")
             if self._webhook_server is not None:
                 webhook = self._webhook_server
                 if "webhook" not in self._readyz:

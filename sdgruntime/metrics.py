@@ -11,9 +11,46 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 _RECONCILE_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7,
-    0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5, 6, 7, 8, 9, 10, 15,
-    20, 25, 30, 40, 50, 60,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.35,
+    0.4,
+    0.45,
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.9,
+    1.0,
+    1.25,
+    1.5,
+    1.75,
+    2.0,
+    2.5,
+    3.0,
+    3.5,
+    4.0,
+    4.5,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    15,
+    20,
+    25,
+    30,
+    40,
+    50,
+    60,
 )
 _QUEUE_BUCKETS = tuple(10.0**e for e in range(-8, 2))  # 10ns .. 10s, as client-go
 
@@ -90,7 +127,9 @@ WORKQUEUE_LONGEST_RUNNING = Gauge(
     registry=REGISTRY,
 )
 WORKQUEUE_RETRIES = Counter(
-    "workqueue_retries_total", "Total number of retries handled by workqueue", _WQ,
+    "workqueue_retries_total",
+    "Total number of retries handled by workqueue",
+    _WQ,
     registry=REGISTRY,
 )
 

@@ -114,3 +114,25 @@ async def test_concurrent_repeats_still_make_one_event(client: Client, namespace
             tg.start_soon(recorder.event, cm, "Normal", "Busy", "same thing")
     (event,) = await _events_about(client, cm, namespace)
     assert event["count"] == 5
+
+
+async def test_emitted_events_are_written_by_the_running_recorder(
+    client: Client, namespace: str, caplog: pytest.LogCaptureFixture
+):
+    cm = await client.create(CONFIGMAPS, {"metadata": {"name": "emitted"}}, namespace)
+    recorder = EventRecorder(client, "sdg-test")
+    with caplog.at_level(logging.WARNING, logger="sdgruntime.events"):
+        recorder.emit(cm, "Normal", "Early", "before run: dropped")
+    assert "dropped event Early" in caplog.text
+    async with anyio.create_task_group() as tg:
+        await tg.start(recorder.run)
+        for _ in range(3):
+            recorder.emit(cm, "Normal", "Joined", "a pod joined")
+        with anyio.fail_after(10):
+            while True:
+                events = await _events_about(client, cm, namespace)
+                if events and events[0]["count"] >= 3:
+                    break
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    assert [(e["reason"], e["count"]) for e in events] == [("Joined", 3)]
