@@ -60,6 +60,13 @@ REASON_CLAIM_CONFLICT = "ClaimConflict"
 REASON_DEVICES_CONFLICT = "DevicesConflict"
 
 
+def _rv(obj: Mapping[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
 def _status_devices(group: Mapping[str, Any]) -> Devices:
     raw = (group.get("status") or {}).get("selectedDevices") or {}
     return {res: parse_ids(ids) for res, ids in raw.items()}
@@ -84,6 +91,8 @@ class GroupScheduler:
         self.claims = claims
         self.recorder = recorder
         self._recovered = False
+        #: group -> resourceVersion of our last write, until the cache shows it.
+        self._written: dict[str, int] = {}
         self._recover_lock = anyio.Lock()
 
     async def reconcile(self, request: Request) -> Result | None:
@@ -99,9 +108,18 @@ class GroupScheduler:
         try:
             group = self.cache.get(SDG_KIND, request.name)
         except errors.NotFound:
+            self._written.pop(request.name, None)
             await self._release_orphan(request.name)
             return None
         meta = group["metadata"]
+        expected = self._written.get(request.name)
+        if expected is not None:
+            if _rv(group) < expected:
+                # The cache has not caught up with our own write yet; its watch event
+                # will bring the newer object and another reconcile. Acting on the stale
+                # copy would only earn a 409.
+                return None
+            del self._written[request.name]
         if meta.get("deletionTimestamp"):
             return await self._finalize(group)
         if FINALIZER not in (meta.get("finalizers") or []):
@@ -194,7 +212,7 @@ class GroupScheduler:
         conds = _ready(conds, healthy, gen)
         status["conditions"] = conds
         try:
-            await self.client.update_status(SDG_KIND, {**group, "status": status})
+            await self._write_status(group, status)
         except errors.Conflict:
             return await self._after_status_conflict(name, node, devices)
         except errors.NotFound:
@@ -250,7 +268,7 @@ class GroupScheduler:
         }
         if new == status:
             return
-        await self.client.update_status(SDG_KIND, {**group, "status": new})
+        await self._write_status(group, new)
         if old is None or old.get("message") != message:
             self.recorder.emit(group, "Warning", "FailedScheduling", message)
 
@@ -284,7 +302,7 @@ class GroupScheduler:
         if conds != status.get("conditions") or status.get("observedGeneration") != gen:
             new = {**status, "conditions": conds, "observedGeneration": gen}
             try:
-                await self.client.update_status(SDG_KIND, {**group, "status": new})
+                await self._write_status(group, new)
             except errors.Conflict:
                 return Result(requeue=True)
             if not healthy:
@@ -319,14 +337,25 @@ class GroupScheduler:
             conds = set_condition(conds, type_, st, reason, message, observed_generation=gen)  # type: ignore[arg-type]
         if conds != status.get("conditions"):
             status["conditions"] = conds
-            await self.client.update_status(SDG_KIND, {**group, "status": status})
+            await self._write_status(group, status)
+
+    # --- writes that remember what they wrote ---------------------------------------------
+    async def _write_status(self, group: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        written = await self.client.update_status(SDG_KIND, {**group, "status": status})
+        self._written[group["metadata"]["name"]] = _rv(written)
+        return written
+
+    async def _patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        written = await self.client.patch(SDG_KIND, name, patch)
+        self._written[name] = _rv(written)
+        return written
 
     # --- finalizer and release -------------------------------------------------------
     async def _add_finalizer(self, group: dict[str, Any]) -> dict[str, Any]:
         meta = group["metadata"]
         finalizers = [*(meta.get("finalizers") or []), FINALIZER]
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
-        return await self.client.patch(SDG_KIND, meta["name"], patch)
+        return await self._patch(meta["name"], patch)
 
     async def _finalize(self, group: dict[str, Any]) -> Result | None:
         meta = group["metadata"]
@@ -346,7 +375,7 @@ class GroupScheduler:
         finalizers = [f for f in meta["finalizers"] if f != FINALIZER]
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
         try:
-            await self.client.patch(SDG_KIND, name, patch)
+            await self._patch(name, patch)
         except errors.NotFound:
             return None
         return None
