@@ -42,3 +42,46 @@ def test_demo_runs_end_to_end() -> None:
         assert needle in out, f"{needle!r} missing from the demo output:\n{out}"
     pid = int(out.split("manager ready (pid ")[1].split(",")[0])
     assert not pid_alive(pid)
+
+
+def test_demo_keep_stays_up_until_interrupted() -> None:
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "hack" / "demo.py"), "--keep"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Ctrl-C stops everything"):
+                break
+        kubeconfig = next(
+            ln.split("KUBECONFIG=", 1)[1].strip() for ln in lines if "KUBECONFIG=" in ln
+        )
+        # Still serving: the admin kubeconfig works against the kept control plane.
+        out = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "kubectl"),
+                "--kubeconfig",
+                kubeconfig,
+                "get",
+                "sdg",
+                "my-gpu-group",
+                "-o",
+                "jsonpath={.status.phase}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.stdout == "Bound", out.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert "Stopped the manager and the control plane." in rest
