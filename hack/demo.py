@@ -103,14 +103,32 @@ async def apply_examples(client: Client) -> list[tuple[str, str]]:
                 elif kind == "Pod":
                     await client.create(PODS, obj, obj["metadata"].get("namespace") or "default")
                 else:
-                    await client.request("POST", _collection(obj), json=obj)
-                    print(
-                        f"      created {what}; no controller-manager runs here, so its "
-                        "replicas' pods are not created"
-                    )
+                    created = await client.request("POST", _collection(obj), json=obj)
+                    if kind == "Deployment":
+                        await _replica_pods(client, created)
             except errors.ApiError as err:
                 denied.append((what, err.message))
     return denied
+
+
+async def _replica_pods(client: Client, deployment: dict[str, Any]) -> None:
+    """No controller-manager runs here: create the replicas' pods from the template, as
+    the Deployment's ReplicaSet would (same labels, annotations and spec)."""
+    name = deployment["metadata"]["name"]
+    template = deployment["spec"]["template"]
+    replicas = int(deployment["spec"].get("replicas", 1))
+    print(
+        f"      deployment/{name}: no controller-manager here, so the demo creates its "
+        f"{replicas} replica pods from the template, as its ReplicaSet would"
+    )
+    for i in range(replicas):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {**template.get("metadata", {}), "name": f"{name}-demo-{i}"},
+            "spec": template["spec"],
+        }
+        await client.create(PODS, pod, "default")
 
 
 def _collection(obj: dict[str, Any]) -> str:
