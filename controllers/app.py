@@ -76,6 +76,9 @@ def _pod_facts(pod: Obj) -> tuple[Any, ...]:
 pod_moved = Funcs(update=lambda old, new: _pod_facts(old) != _pod_facts(new))
 
 
+only_deletes = Funcs(create=lambda _o: False, update=lambda _o, _n: False)
+
+
 class SDG:
     """The assembled system; ``manager.run()`` (or ``run_until_cancelled``) runs it."""
 
@@ -99,13 +102,14 @@ class SDG:
         cache = mgr.cache
         cache.add_index(PODS, POD_GROUP_INDEX, index_by_group)
         cache.add_index(PODS, POD_NODE_INDEX, index_by_node)
+        self._gauged: dict[str, set[str]] = {}
         self.claims = ClaimBook(mgr.client, settings.namespace, on_change=self._count_devices)
         self._feed_claims()
         self._feed_capacity()
         cache.informer(SDG_KIND).add_handler(
-            on_add=lambda g: self._count_phase(g, +1),
-            on_update=lambda old, new: (self._count_phase(old, -1), self._count_phase(new, +1)),
-            on_delete=lambda g: self._count_phase(g, -1),
+            on_add=self._group_added,
+            on_update=self._group_updated,
+            on_delete=self._group_deleted,
         )
 
         recorder = mgr.event_recorder("deviceshare-scheduler")
@@ -122,6 +126,12 @@ class SDG:
             .for_(SDG_KIND)
             .watches(NODES, EnqueueRequestsFromMapFunc(self._groups_for_node))
             .watches(CONFIGMAPS, EnqueueRequestsFromMapFunc(self._groups_for_record))
+            # A deleted group's status held its devices until now: Pending groups retry.
+            .watches(
+                SDG_KIND,
+                EnqueueRequestsFromMapFunc(lambda _gone: self._pending_groups()),
+                [only_deletes],
+            )
             .watches(PODS, EnqueueRequestsFromMapFunc(self._group_of_pod), [pod_moved])
             .with_options(max_concurrent_reconciles=settings.group_workers)
             .complete(self.group_scheduler)
@@ -142,6 +152,7 @@ class SDG:
             recorder,
             scheduler_name=settings.scheduler_name,
             tracer_provider=tracer_provider,
+            env_table=self.env_table,
         )
         ours = Funcs(
             create=self._ours,
@@ -159,7 +170,10 @@ class SDG:
         )
 
         server = mgr.webhook_server
-        server.register(POD_WEBHOOK_PATH, PodMutator(cache, mgr.client, self.env_table))
+        server.register(
+            POD_WEBHOOK_PATH,
+            PodMutator(cache, mgr.client, self.env_table, scheduler_name=settings.scheduler_name),
+        )
         server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))
 
     # --- informer feeds (cheap, synchronous) -----------------------------------------
@@ -171,15 +185,11 @@ class SDG:
         )
 
     def _feed_capacity(self) -> None:
-        tracker = self.claims.tracker
-
         def upsert(node: Obj) -> None:
-            tracker.set_node_capacity(node["metadata"]["name"], node_device_capacity(node))
-            self._count_devices(node["metadata"]["name"])
+            self.claims.set_capacity(node["metadata"]["name"], node_device_capacity(node))
 
         def delete(node: Obj) -> None:
-            tracker.remove_node(node["metadata"]["name"])
-            self._count_devices(node["metadata"]["name"])
+            self.claims.remove_node(node["metadata"]["name"])
 
         self.manager.cache.informer(NODES).add_handler(
             on_add=upsert, on_update=lambda _o, n: upsert(n), on_delete=delete
@@ -187,10 +197,30 @@ class SDG:
 
     def _count_devices(self, node: str) -> None:
         tracker = self.claims.tracker
-        for res, total in tracker.capacities(node).items():
+        capacities = tracker.capacities(node)
+        for res in self._gauged.pop(node, set()) - set(capacities):
+            # The node (or one of its resources) is gone: drop its series.
+            sdg_metrics.DEVICES_FREE.remove(node, res)
+            sdg_metrics.DEVICES_ALLOCATED.remove(node, res)
+        for res, total in capacities.items():
             free = tracker.free(node, res)
             sdg_metrics.DEVICES_FREE.labels(node, res).set(free)
             sdg_metrics.DEVICES_ALLOCATED.labels(node, res).set(total - free)
+        if capacities:
+            self._gauged[node] = set(capacities)
+
+    def _group_added(self, group: Obj) -> None:
+        self.claims.observe_group(group)
+        self._count_phase(group, +1)
+
+    def _group_updated(self, old: Obj, new: Obj) -> None:
+        self.claims.observe_group(new)
+        self._count_phase(old, -1)
+        self._count_phase(new, +1)
+
+    def _group_deleted(self, group: Obj) -> None:
+        self.claims.forget_group(group)
+        self._count_phase(group, -1)
 
     def _count_phase(self, group: Obj, delta: int) -> None:
         """Keep ``sdg_groups{phase}`` exact per event, without recounting every group."""
@@ -215,8 +245,14 @@ class SDG:
                 yield Request(g["metadata"]["name"])
 
     def _groups_for_record(self, cm: Obj) -> Iterable[Request]:
-        """A claim record changed: devices may be free now, or a claim awaits adoption."""
+        """A claim record changed: devices may be free now, a claim may await adoption,
+        and bound groups on that node re-check that the record still holds them (a record
+        deleted or edited by hand is written back, or the conflict reported)."""
         yield from self._pending_groups()
+        node = (cm.get("data") or {}).get("node")
+        for g in self._groups():
+            if (g.get("status") or {}).get("nodeName") == node:
+                yield Request(g["metadata"]["name"])
 
     @staticmethod
     def _group_of_pod(pod: Obj) -> Iterable[Request]:

@@ -12,8 +12,14 @@ that can also change taints and labels that steer every scheduler in the cluster
 ConfigMap in our own namespace needs only a namespaced Role. Why not a CRD of our own:
 a ConfigMap is readable with plain kubectl and adds no API surface to version.
 
-``ClaimBook`` mirrors the records (fed by the ConfigMap informer and by our own writes,
-newest resourceVersion wins) into a ``DeviceTracker`` that placement reads in memory.
+``ClaimBook`` mirrors, per node, everything that says a device is taken into one
+``DeviceTracker`` that placement reads in memory: the records (fed by the ConfigMap
+informer and by our own writes, newest resourceVersion wins), the statuses of bound groups
+(a second source: a record deleted or damaged by hand must not free devices that running
+pods use), and tentative reservations of decisions in flight. Sources that disagree block
+the disputed IDs for everyone (holder ``!conflict:...``); a malformed record blocks its
+whole node. So a view that is wrong can only make SDG hand out less, never twice; and the
+write itself re-checks the record it fences on.
 """
 
 from __future__ import annotations
@@ -24,7 +30,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controllers.tracker import Conflict, Devices, DeviceTracker, decode_claims, encode_claims
+from api.v1alpha1 import parse_ids
+from controllers.tracker import (
+    Devices,
+    DeviceTracker,
+    InsufficientDevices,
+    decode_claims,
+    encode_claims,
+)
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS
@@ -65,8 +78,14 @@ class Record:
         return _rv(self.obj) if self.obj else 0
 
 
+class ClaimRecordBroken(Exception):
+    """A node's claim record cannot be parsed: nothing on that node is given out until a
+    human repairs (or deletes) the ConfigMap."""
+
+
 class ClaimBook:
-    """Mirror of the per-node claim records, and the only writer of them."""
+    """Mirror of the per-node claim records (and of bound groups' statuses), and the only
+    writer of the records."""
 
     def __init__(
         self,
@@ -75,16 +94,23 @@ class ClaimBook:
         tracker: DeviceTracker | None = None,
         on_change: Callable[[str], None] | None = None,
     ) -> None:
-        #: Called with a node's name whenever its mirrored claims change (metrics).
+        #: Called with a node's name whenever its mirrored holdings change (metrics).
         self.on_change = on_change
         self.client = client
         self.namespace = namespace
+        #: Per node, every held ID under a holder name ``<group>@<node>`` (or a blocker).
         self.tracker = tracker or DeviceTracker()
         self.records: dict[str, Record] = {}
-        #: Conflicts found while mirroring (a corrupt record, or one group on two nodes).
-        self.conflicts: dict[str, list[Conflict]] = {}
+        #: Nodes whose record is malformed -> why.
+        self.broken: dict[str, str] = {}
+        #: Bound groups' statuses: group -> (node, devices).
+        self.statuses: dict[str, tuple[str, Devices]] = {}
+        #: Decisions in flight (reserved, record write pending): group -> (node, devices).
+        self.reserved: dict[str, tuple[str, Devices]] = {}
+        #: Per node, disputed IDs: "<res> <id>: held by a, b" (for conditions and logs).
+        self.conflicts: dict[str, list[str]] = {}
 
-    # --- mirroring -------------------------------------------------------------------
+    # --- mirroring: records ------------------------------------------------------------
     def observe(self, cm: Mapping[str, Any]) -> str | None:
         """Take a ConfigMap seen by the informer or returned by a write; returns its node
         when the view changed. An older resourceVersion than the one held is ignored, so
@@ -98,41 +124,131 @@ class ClaimBook:
             return None
         try:
             claims = decode_claims(data.get(DATA_CLAIMS, ""))
+            self.broken.pop(node, None)
         except ValueError as err:
             log.error("claim record %s is malformed: %s", record_name(node), err)
+            self.broken[node] = f"claim record {self.namespace}/{record_name(node)}: {err}"
             claims = {}
         self.records[node] = Record(node, claims, dict(cm))
-        self._mirror(node, claims)
+        self._mirror(node)
         return node
 
     def forget(self, cm: Mapping[str, Any]) -> str | None:
-        """The ConfigMap was deleted (by a human): its node's claims are gone from the view."""
+        """The ConfigMap was deleted (by a human): its node's claims are gone from the view
+        (bound groups' statuses still hold their devices until the records are restored)."""
         node = (cm.get("data") or {}).get(DATA_NODE)
         if not node or node not in self.records:
             return None
         del self.records[node]
-        self._mirror(node, {})
+        self.broken.pop(node, None)
+        self._mirror(node)
         return node
 
-    def _mirror(self, node: str, claims: Mapping[str, Devices]) -> None:
-        for group in list(self.tracker.claims_on(node)):
-            self.tracker.release(group)
-        found: list[Conflict] = []
-        for group, devices in sorted(claims.items()):
-            found += self.tracker.add_claim(group, node, devices)
-        if self.on_change is not None:
-            self.on_change(node)
-        if found:
-            self.conflicts[node] = found
-            log.error("claim record of node %s conflicts: %s", node, "; ".join(map(str, found)))
+    # --- mirroring: bound groups' statuses, capacity, reservations --------------------
+    def observe_group(self, group: Mapping[str, Any]) -> None:
+        """A group as the informer saw it: a Bound status holds its devices."""
+        name = (group.get("metadata") or {}).get("name", "")
+        status = group.get("status") or {}
+        held: tuple[str, Devices] | None = None
+        if status.get("phase") == "Bound" and status.get("nodeName"):
+            try:
+                devices = {
+                    r: parse_ids(i) for r, i in (status.get("selectedDevices") or {}).items()
+                }
+            except ValueError:
+                devices = {}
+            if devices:
+                held = (status["nodeName"], devices)
+        old = self.statuses.get(name)
+        if held == old:
+            return
+        if held is None:
+            self.statuses.pop(name, None)
+        else:
+            self.statuses[name] = held
+        for node in _nodes_of(old, held):
+            self._mirror(node)
+
+    def forget_group(self, group: Mapping[str, Any]) -> None:
+        """The group object is gone: its status no longer holds anything."""
+        name = (group.get("metadata") or {}).get("name", "")
+        old = self.statuses.pop(name, None)
+        if old is not None:
+            self._mirror(old[0])
+
+    def set_capacity(self, node: str, capacities: Mapping[str, int]) -> None:
+        self.tracker.set_node_capacity(node, capacities)
+        self._mirror(node)
+
+    def remove_node(self, node: str) -> None:
+        self.tracker.remove_node(node)
+        self._mirror(node)
+
+    def reserve(self, group: str, node: str, request: Mapping[str, int]) -> Devices:
+        """Pick the lowest free IDs on ``node`` for a decision in flight and hold them until
+        ``unreserve`` (after the record write succeeded or failed)."""
+        picked: Devices = {}
+        for res in sorted(request):
+            free = self.tracker.free_ids(node, res)
+            if len(free) < request[res]:
+                raise InsufficientDevices(node, res, len(free), request[res])
+            picked[res] = free[: request[res]]
+        self.reserved[group] = (node, picked)
+        self._mirror(node)
+        return picked
+
+    def unreserve(self, group: str) -> None:
+        old = self.reserved.pop(group, None)
+        if old is not None:
+            self._mirror(old[0])
+
+    def _mirror(self, node: str) -> None:
+        """Rebuild ``node``'s holdings in the tracker from every source (module doc)."""
+        owners: dict[tuple[str, int], set[str]] = {}
+
+        def hold(group: str, devices: Mapping[str, list[int]]) -> None:
+            for res, ids in devices.items():
+                for i in ids:
+                    owners.setdefault((res, i), set()).add(group)
+
+        record = self.records.get(node)
+        for group, devices in (record.claims if record else {}).items():
+            hold(group, devices)
+        for source in (self.statuses, self.reserved):
+            for group, (where, devices) in source.items():
+                if where == node:
+                    hold(group, devices)
+        holders: dict[str, dict[str, list[int]]] = {}
+        disputes: list[str] = []
+        for (res, i), groups in sorted(owners.items()):
+            if len(groups) == 1:
+                holder = next(iter(groups))
+            else:
+                holder = "!conflict:" + ",".join(sorted(groups))
+                disputes.append(f"{res} {i}: held by {', '.join(sorted(groups))}")
+            holders.setdefault(holder, {}).setdefault(res, []).append(i)
+        if node in self.broken:
+            # Nothing on a node with an unreadable record is free: block every ID.
+            for res in self.tracker.capacities(node):
+                taken = {i for d in holders.values() for i in d.get(res, [])}
+                rest = [i for i in range(self.tracker.capacity(node, res)) if i not in taken]
+                if rest:
+                    holders.setdefault("!malformed-record", {})[res] = rest
+        for key in [g for g in self.tracker.claims_on(node)]:
+            self.tracker.release(key)
+        for holder, devices in sorted(holders.items()):
+            # Holder keys are per node: a group claimed on two nodes (a stale record)
+            # still blocks both sets of IDs.
+            self.tracker.add_claim(f"{holder}@{node}", node, devices)
+        if disputes:
+            self.conflicts[node] = disputes
+            log.error("node %s: devices claimed twice: %s", node, "; ".join(disputes))
         else:
             self.conflicts.pop(node, None)
+        if self.on_change is not None:
+            self.on_change(node)
 
-    def refresh_tracker(self, node: str) -> None:
-        """Re-mirror one node's record into the tracker (drops tentative allocations)."""
-        record = self.records.get(node)
-        self._mirror(node, record.claims if record else {})
-
+    # --- reading ---------------------------------------------------------------------
     def claim_of(self, group: str) -> tuple[str, Devices] | None:
         """Where ``group`` holds devices according to the records (None: nowhere)."""
         for node, record in self.records.items():
@@ -143,6 +259,22 @@ class ClaimBook:
     def nodes_claiming(self, group: str) -> list[str]:
         return sorted(n for n, r in self.records.items() if group in r.claims)
 
+    def held_by_others(self, group: str, node: str, devices: Mapping[str, list[int]]) -> list[str]:
+        """Who else (records or bound statuses) holds any of ``devices`` on ``node``."""
+        others: set[str] = set()
+        record = self.records.get(node)
+        sources = [((record.claims if record else {}).items())]
+        sources.append(((g, d) for g, (n, d) in self.statuses.items() if n == node))
+        for items in sources:
+            for other, held in items:
+                if other == group:
+                    continue
+                if any(set(held.get(res, ())) & set(ids) for res, ids in devices.items()):
+                    others.add(other)
+        if node in self.broken:
+            others.add(f"(malformed record of node {node})")
+        return sorted(others)
+
     # --- fenced writes ---------------------------------------------------------------
     async def write(self, node: str, group: str, devices: Devices | None) -> None:
         """Set (or, with ``devices=None``, remove) ``group``'s claim in ``node``'s record.
@@ -151,9 +283,23 @@ class ClaimBook:
         Raises ``errors.Conflict`` after refreshing the view when someone else wrote first:
         the caller re-decides from the fresh view; it never retries blindly.
         """
+        if node in self.broken:
+            raise ClaimRecordBroken(self.broken[node])
         record = self.records.get(node) or Record(node)
         claims = {g: d for g, d in record.claims.items() if g != group}
         if devices is not None:
+            overlap = [
+                g
+                for g, held in claims.items()
+                if any(set(held.get(res, ())) & set(ids) for res, ids in devices.items())
+            ]
+            if overlap:
+                # The record we fence on already gives some of these IDs to another
+                # group: our view was wrong. Never write a device twice.
+                await self.refresh(node)
+                raise errors.Conflict(
+                    f"node {node}: {devices} overlap the claims of {sorted(overlap)}", code=409
+                )
             claims[group] = devices
         if claims == record.claims:
             return
@@ -188,6 +334,11 @@ class ClaimBook:
         except errors.NotFound:
             if node in self.records:
                 del self.records[node]
-                self._mirror(node, {})
+                self.broken.pop(node, None)
+                self._mirror(node)
             return
         self.observe(cm)
+
+
+def _nodes_of(*held: tuple[str, Devices] | None) -> set[str]:
+    return {h[0] for h in held if h is not None}

@@ -58,6 +58,7 @@ TRACER_NAME = "deviceshare.io/group-scheduler"
 
 REASON_CLAIM_CONFLICT = "ClaimConflict"
 REASON_DEVICES_CONFLICT = "DevicesConflict"
+REASON_NODE_UNSCHEDULABLE = "NodeUnschedulable"
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
@@ -139,9 +140,28 @@ class GroupScheduler:
             existing = self.claims.claim_of(name)
             if existing is not None:
                 node, devices = existing
-                span.set_attribute("sdg.result", "adopted")
-                span.set_attribute("sdg.node", node)
-                return await self._bind_status(group, node, devices, started)
+                want = {r: int(n) for r, n in (spec.get("resources") or {}).items()}
+                if {r: len(i) for r, i in devices.items()} == want:
+                    # The first half of an interrupted bind (ours or another manager's).
+                    span.set_attribute("sdg.result", "adopted")
+                    span.set_attribute("sdg.node", node)
+                    return await self._bind_status(group, node, devices, started)
+                # Claimed for an older spec (edited while Pending): give it back, re-place.
+                for claimed_on in self.claims.nodes_claiming(name):
+                    await self.claims.write(claimed_on, name, None)
+            stranded = self._running_pods(name)
+            if stranded:
+                # Pods of this group run with devices nobody records (recovery could not
+                # restore them): placing the group afresh would hand those devices out
+                # twice, to the pods and to whoever gets them next.
+                span.set_attribute("sdg.result", "blocked")
+                await self._set_pending(
+                    group,
+                    f"{len(stranded)} pod(s) of this group still run from an earlier binding "
+                    f"that could not be restored ({', '.join(stranded[:5])}); delete them "
+                    "and the group is placed again",
+                )
+                return None
             nodes = self.cache.list(NODES, copy=False)
             decision = place(spec, nodes, self.claims.tracker)
             span.set_attribute("sdg.candidates", decision.candidates)
@@ -156,7 +176,7 @@ class GroupScheduler:
                 sdg_metrics.DECISION_LATENCY.labels("group").observe(time.perf_counter() - started)
                 await self._set_pending(group, message)
                 return None
-            devices = self.claims.tracker.allocate(name, decision.node, spec["resources"])
+            devices = self.claims.reserve(name, decision.node, spec["resources"])
             span.set_attribute("sdg.node", decision.node)
             span.set_attribute(
                 "sdg.devices", ";".join(f"{r}={format_ids(i)}" for r, i in devices.items())
@@ -164,16 +184,12 @@ class GroupScheduler:
             try:
                 await self.claims.write(decision.node, name, devices)
             except errors.Conflict:
-                # The fresh record replaced our tentative allocation in the tracker.
-                self.claims.tracker.release(name)
-                self.claims.refresh_tracker(decision.node)
+                # Someone wrote the record first; the view is refreshed: decide again.
                 span.set_attribute("sdg.result", "conflict")
                 sdg_metrics.SCHEDULING_ATTEMPTS.labels("group", "conflict").inc()
                 return Result(requeue=True)
-            except BaseException:
-                self.claims.tracker.release(name)
-                self.claims.refresh_tracker(decision.node)
-                raise
+            finally:
+                self.claims.unreserve(name)
             span.set_attribute("sdg.result", "bound")
             return await self._bind_status(group, decision.node, devices, started)
 
@@ -233,7 +249,8 @@ class GroupScheduler:
             return Result()
         st = fresh.get("status") or {}
         if st.get("phase") == PHASE_BOUND and (
-            st.get("nodeName") != node or _status_devices(fresh) != devices
+            st.get("nodeName") != node
+            or (st.get("selectedDevices") or {}) != {r: format_ids(i) for r, i in devices.items()}
         ):
             await self.claims.write(node, name, None)
         return Result(requeue=True)
@@ -278,7 +295,12 @@ class GroupScheduler:
         name = group["metadata"]["name"]
         status = group["status"]
         node = status["nodeName"]
-        devices = _status_devices(group)
+        try:
+            devices = _status_devices(group)
+        except ValueError as err:
+            problem = f"status.selectedDevices is malformed ({err}); delete and recreate the group"
+            await self._set_conditions(group, (CONDITION_READY, "False", "InvalidStatus", problem))
+            return None
         where = self.claims.claim_of(name)
         if where is None or where != (node, devices):
             problem = await self._restore_record(name, node, devices, where)
@@ -312,18 +334,19 @@ class GroupScheduler:
     async def _restore_record(
         self, name: str, node: str, devices: Devices, where: tuple[str, Devices] | None
     ) -> str | None:
-        """Make the records agree with a bound group's status; returns a problem, if any."""
-        if where is not None:
-            other_node, _ = where
-            await self.claims.write(other_node, name, None)
-        holders = {
-            self.claims.tracker.holder(node, res, i) for res, ids in devices.items() for i in ids
-        } - {None, name}
-        if holders:
+        """Make the records agree with a bound group's status; returns a problem, if any.
+
+        Checks before it writes: a record that gives the devices to someone else is a
+        conflict to report, and the group's other claim is left as it is.
+        """
+        others = self.claims.held_by_others(name, node, devices)
+        if others:
             return (
-                f"status says node {node} devices {devices}, but the claim record gives "
-                f"them to {sorted(h for h in holders if h)}; delete and recreate this group"
+                f"status says node {node} devices {devices}, but {', '.join(others)} "
+                "hold(s) them too; delete and recreate this group"
             )
+        if where is not None and where[0] != node:
+            await self.claims.write(where[0], name, None)
         await self.claims.write(node, name, devices)
         return None
 
@@ -381,8 +404,20 @@ class GroupScheduler:
         return None
 
     async def _release_orphan(self, name: str) -> None:
-        """Claims of a group that no longer exists (its finalizer was removed by hand)."""
-        for node in self.claims.nodes_claiming(name):
+        """Claims of a group that no longer exists (its finalizer was removed by hand).
+
+        Only once the API server confirms it is gone: a cache that lags (or another
+        manager's brand-new group) must not lose its claim.
+        """
+        nodes = self.claims.nodes_claiming(name)
+        if not nodes:
+            return
+        try:
+            await self.client.get(SDG_KIND, name)
+            return
+        except errors.NotFound:
+            pass
+        for node in nodes:
             await self.claims.write(node, name, None)
 
     # --- recovery --------------------------------------------------------------------
@@ -406,6 +441,14 @@ class GroupScheduler:
         from controllers.recovery import recover
 
         await recover(self)
+
+    def _running_pods(self, name: str) -> list[str]:
+        """Active pods of the group that are already bound to a node."""
+        return sorted(
+            pod_key(p)
+            for p in self.cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False)
+            if is_active(p) and (p.get("spec") or {}).get("nodeName")
+        )
 
     def _pods_disagree(self, group: dict[str, Any], node: str, devices: Devices) -> str | None:
         """Cross-check the env our webhook injected into the group's running pods: a pod
@@ -442,6 +485,12 @@ def _node_health(
         return False, REASON_NODE_NOT_FOUND, f"node {name} no longer exists"
     if not is_node_ready(node):
         return False, REASON_NODE_NOT_READY, f"node {name} is not Ready"
+    if (node.get("spec") or {}).get("unschedulable"):
+        return (
+            False,
+            REASON_NODE_UNSCHEDULABLE,
+            f"node {name} is cordoned: new pods of the group cannot be bound there",
+        )
     capacity = node_device_capacity(node)
     short = [
         f"{res} {max(ids)}"

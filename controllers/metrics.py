@@ -32,7 +32,7 @@ DEVICES_ALLOCATED = Gauge(
 )
 DEVICES_FREE = Gauge(
     "sdg_devices_free",
-    "Device IDs free for new groups, per shared node and resource",
+    "Device IDs free for new groups, per node and resource (held or disputed IDs are not free)",
     ["node", "resource"],
     registry=REGISTRY,
 )

@@ -20,8 +20,9 @@ import anyio
 from opentelemetry import trace
 
 from api.conditions import find_condition, rfc3339
-from api.constants import PHASE_BOUND, SCHEDULER_NAME, SDG_KIND
-from api.pods import POD_NODE_INDEX, pod_group
+from api.constants import DEFAULT_ENV_TABLE, PHASE_BOUND, SCHEDULER_NAME, SDG_KIND
+from api.pods import POD_NODE_INDEX, devices_from_env, pod_group
+from api.v1alpha1 import selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.podfit import pod_fits_node
 from sdgruntime import errors
@@ -60,7 +61,9 @@ class PodScheduler:
         recorder: EventRecorder,
         scheduler_name: str = SCHEDULER_NAME,
         tracer_provider: trace.TracerProvider | None = None,
+        env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
     ) -> None:
+        self.env_table = env_table
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
         self.client = client
         self.cache = cache
@@ -87,16 +90,19 @@ class PodScheduler:
             problem, node = self._group_node(group_name)
             if node is None:
                 return await self._unschedulable(pod, problem, span, started)
+            stale = self._stale_devices(pod, group_name or "")
+            if stale:
+                return await self._unschedulable(pod, stale, span, started)
             span.set_attribute("sdg.candidates", 1)
-            async with self._locks[node["metadata"]["name"]]:
-                reasons = pod_fits_node(pod, node, self._pods_on(node["metadata"]["name"]))
-                if reasons:
-                    node_name = node["metadata"]["name"]
-                    span.set_attribute(f"sdg.filter.{node_name}", "; ".join(reasons))
-                    msg = f"0/1 nodes are available: group node {node_name}: " + "; ".join(reasons)
-                    return await self._unschedulable(pod, msg, span, started)
-                node_name = node["metadata"]["name"]
-                self._assumed[key] = (node_name, pod, time.monotonic())
+            node_name = node["metadata"]["name"]
+            async with self._locks[node_name]:
+                reasons = pod_fits_node(pod, node, self._pods_on(node_name))
+                if not reasons:
+                    self._assumed[key] = (node_name, pod, time.monotonic())
+            if reasons:
+                span.set_attribute(f"sdg.filter.{node_name}", "; ".join(reasons))
+                msg = f"0/1 nodes are available: group node {node_name}: " + "; ".join(reasons)
+                return await self._unschedulable(pod, msg, span, started)
             span.set_attribute("sdg.node", node_name)
             bind_started = time.perf_counter()
             try:
@@ -147,6 +153,24 @@ class PodScheduler:
                 "exists; the group does not move: delete and recreate it",
                 None,
             )
+
+    def _stale_devices(self, pod: dict[str, Any], group_name: str) -> str:
+        """The devices the webhook injected must still be the group's: a group deleted and
+        recreated between the pod's admission and its binding may hold other IDs now."""
+        group = self.cache.get(SDG_KIND, group_name, copy=False)
+        resources = (group.get("spec") or {}).get("resources") or {}
+        injected = devices_from_env(pod, resources, self.env_table)
+        try:
+            holds = selected_devices(group)
+        except ValueError:
+            return f"SharedDeviceGroup {group_name!r} has a malformed status.selectedDevices"
+        if injected is not None and injected != holds:
+            return (
+                f"the pod was admitted with devices {injected}, but SharedDeviceGroup "
+                f"{group_name!r} now holds {holds} (it was recreated?); delete and recreate "
+                "the pod"
+            )
+        return ""
 
     def _pods_on(self, node: str) -> list[dict[str, Any]]:
         pods = self.cache.list(PODS, index=POD_NODE_INDEX, value=node, copy=False)

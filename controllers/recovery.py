@@ -75,14 +75,10 @@ async def recover(gs: GroupScheduler) -> None:
             )
             continue
         ((node, _),) = seen
-        holders = {
-            gs.claims.tracker.holder(node, r, i) for r, ids in seen_devices.items() for i in ids
-        } - {None}
-        if holders:
+        others = gs.claims.held_by_others(name, node, seen_devices)
+        if others:
             await _report(
-                gs,
-                group,
-                f"its pods on {node} use devices now held by {sorted(h for h in holders if h)}",
+                gs, group, f"its pods on {node} use devices now held by {', '.join(others)}"
             )
             continue
         log.warning("recovery: restoring group %s to %s %s from its pods", name, node, seen_devices)

@@ -60,14 +60,14 @@ def group_annotation(pod: Obj) -> str | None:
     return None if value is None else str(value)
 
 
-def check_annotation(pod: Obj) -> Denial | None:
+def check_annotation(pod: Obj, scheduler_name: str = SCHEDULER_NAME) -> Denial | None:
     """Deny a malformed group annotation, or our scheduler without a group."""
     name = group_annotation(pod)
     scheduler = (pod.get("spec") or {}).get("schedulerName")
     if name is None:
-        if scheduler == SCHEDULER_NAME:
+        if scheduler == scheduler_name:
             return Denial(
-                f"pod uses schedulerName {SCHEDULER_NAME} but has no {GROUP_ANNOTATION} "
+                f"pod uses schedulerName {scheduler_name} but has no {GROUP_ANNOTATION} "
                 f"annotation; add {GROUP_ANNOTATION}: <SharedDeviceGroup name>, or use "
                 "another scheduler"
             )
@@ -175,13 +175,14 @@ def build_injection(
     pod: Obj,
     group: Obj | None,
     env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
+    scheduler_name: str = SCHEDULER_NAME,
 ) -> Patch | Denial:
     """Decide a pod CREATE: the patch to apply, or why it is denied.
 
     ``group`` is the SharedDeviceGroup the annotation names (None when it does not exist).
     A pod without the annotation and not naming our scheduler gets an empty Patch.
     """
-    denial = check_annotation(pod)
+    denial = check_annotation(pod, scheduler_name)
     if denial is not None:
         return denial
     name = group_annotation(pod)
@@ -205,15 +206,23 @@ def build_injection(
             "Pods can join once it is Bound; fix the cause (kubectl describe sdg "
             f"{name}) or use another group."
         )
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node and node != status.get("nodeName"):
+        # The kubelet would run it on another node's GPUs with these IDs: someone else's.
+        return Denial(
+            f"pod sets spec.nodeName {node}, but SharedDeviceGroup {name!r} is bound to node "
+            f"{status.get('nodeName')}; remove spec.nodeName and {scheduler_name} places "
+            "the pod on the group's node"
+        )
     resources = (group.get("spec") or {}).get("resources") or {}
     denial = _requested_devices(pod, resources)
     if denial is not None:
         return denial
     scheduler = (pod.get("spec") or {}).get("schedulerName")
-    if scheduler not in (None, "", DEFAULT_SCHEDULER_NAME, SCHEDULER_NAME):
+    if scheduler not in (None, "", DEFAULT_SCHEDULER_NAME, scheduler_name):
         return Denial(
             f"pod uses schedulerName {scheduler}, but pods of SharedDeviceGroup {name!r} "
-            f"must use {SCHEDULER_NAME} (or leave it unset) to run on the group's node"
+            f"must use {scheduler_name} (or leave it unset) to run on the group's node"
         )
     env = _group_env(group, env_table)
     if isinstance(env, Denial):
@@ -221,9 +230,9 @@ def build_injection(
     ops: list[dict[str, Any]] = []
     for kind, i, c in _containers(pod):
         ops.extend(_env_ops(kind, i, c, env))
-    if scheduler != SCHEDULER_NAME:
+    if scheduler != scheduler_name:
         op = "add" if scheduler is None else "replace"
-        ops.append({"op": op, "path": "/spec/schedulerName", "value": SCHEDULER_NAME})
+        ops.append({"op": op, "path": "/spec/schedulerName", "value": scheduler_name})
     return Patch(ops)
 
 

@@ -14,7 +14,13 @@ from typing import Any
 
 import anyio
 
-from api.constants import CONDITION_SCHEDULED, DEFAULT_ENV_TABLE, PHASE_BOUND, SDG_KIND
+from api.constants import (
+    CONDITION_SCHEDULED,
+    DEFAULT_ENV_TABLE,
+    PHASE_BOUND,
+    SCHEDULER_NAME,
+    SDG_KIND,
+)
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
@@ -45,7 +51,9 @@ class PodMutator:
         client: Client,
         env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
         binding_wait: float = BINDING_WAIT,
+        scheduler_name: str = SCHEDULER_NAME,
     ) -> None:
+        self.scheduler_name = scheduler_name
         self.cache = cache
         self.client = client
         self.env_table = env_table
@@ -55,12 +63,12 @@ class PodMutator:
         pod = request.object or {}
         if request.operation != "CREATE" or request.kind.get("kind") != "Pod":
             return allowed()
-        bad = check_annotation(pod)
+        bad = check_annotation(pod, self.scheduler_name)
         if bad is not None:
             return denied(bad.message)
         name = group_annotation(pod)
         group = await self._group(name) if name else None
-        result = build_injection(pod, group, self.env_table)
+        result = build_injection(pod, group, self.env_table, self.scheduler_name)
         if isinstance(result, Denial):
             return denied(result.message)
         return patch_ops(result.operations)
