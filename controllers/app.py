@@ -79,6 +79,29 @@ pod_moved = Funcs(update=lambda old, new: _pod_facts(old) != _pod_facts(new))
 only_deletes = Funcs(create=lambda _o: False, update=lambda _o, _n: False)
 
 
+def _node_facts(node: Obj) -> tuple[Any, ...]:
+    meta, spec, status = (
+        node.get("metadata") or {},
+        node.get("spec") or {},
+        node.get("status") or {},
+    )
+    ready = next(
+        (c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None
+    )
+    return (
+        meta.get("labels"),
+        spec.get("taints"),
+        spec.get("unschedulable"),
+        status.get("allocatable"),
+        ready,
+    )
+
+
+#: Node updates that can change placement or health; heartbeats (condition timestamps,
+#: images, addresses) do not re-run placement for every Pending group.
+node_changed = Funcs(update=lambda old, new: _node_facts(old) != _node_facts(new))
+
+
 class SDG:
     """The assembled system; ``manager.run()`` (or ``run_until_cancelled``) runs it."""
 
@@ -124,7 +147,7 @@ class SDG:
         (
             mgr.controller("group-scheduler")
             .for_(SDG_KIND)
-            .watches(NODES, EnqueueRequestsFromMapFunc(self._groups_for_node))
+            .watches(NODES, EnqueueRequestsFromMapFunc(self._groups_for_node), [node_changed])
             .watches(CONFIGMAPS, EnqueueRequestsFromMapFunc(self._groups_for_record))
             # A deleted group's status held its devices until now: Pending groups retry.
             .watches(
@@ -163,7 +186,7 @@ class SDG:
             mgr.controller("pod-scheduler")
             .for_(PODS, predicates=[ours])
             .watches(SDG_KIND, EnqueueRequestsFromMapFunc(self._pending_pods_of_group))
-            .watches(NODES, EnqueueRequestsFromMapFunc(self._pending_pods_on_node))
+            .watches(NODES, EnqueueRequestsFromMapFunc(self._pending_pods_on_node), [node_changed])
             .watches(PODS, EnqueueRequestsFromMapFunc(self._pending_pods_after_pod_left))
             .with_options(max_concurrent_reconciles=settings.pod_workers)
             .complete(self.pod_scheduler)
