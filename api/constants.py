@@ -28,8 +28,8 @@ GROUP_ANNOTATION: Final = "deviceshare.io/group"
 NODE_MODE_LABEL: Final = "deviceshare.io/mode"
 NODE_MODE_SHARED: Final = "shared"
 
-#: Node annotation holding the fenced per-node claim record (see controllers.tracker).
-CLAIMS_ANNOTATION: Final = "deviceshare.io/claims"
+#: Taint effects that keep pods (and groups, which tolerate nothing) off a node.
+FILTERING_TAINT_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
 
 #: schedulerName pods of a group must use; the webhook sets it when absent/default.
 SCHEDULER_NAME: Final = "deviceshare-scheduler"

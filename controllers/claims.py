@@ -58,7 +58,8 @@ def record_name(node: str) -> str:
     return f"sdg-claims.{hashlib.sha256(node.encode()).hexdigest()[:40]}"
 
 
-def _rv(obj: Mapping[str, Any]) -> int:
+def resource_version(obj: Mapping[str, Any]) -> int:
+    """An object's resourceVersion as a number (0 when absent or not numeric)."""
     try:
         return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
     except ValueError:
@@ -75,7 +76,7 @@ class Record:
 
     @property
     def resource_version(self) -> int:
-        return _rv(self.obj) if self.obj else 0
+        return resource_version(self.obj) if self.obj else 0
 
 
 class ClaimRecordBroken(Exception):
@@ -120,7 +121,11 @@ class ClaimBook:
         if not node:
             return None
         held = self.records.get(node)
-        if held is not None and held.obj is not None and _rv(cm) <= held.resource_version:
+        if (
+            held is not None
+            and held.obj is not None
+            and resource_version(cm) <= held.resource_version
+        ):
             return None
         try:
             claims = decode_claims(data.get(DATA_CLAIMS, ""))

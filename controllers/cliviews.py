@@ -45,7 +45,6 @@ Obj = Mapping[str, Any]
 NONE = "<none>"
 #: Pods listed in one table cell before "+ N more...".
 MAX_PODS_IN_CELL = 3
-_FILTERING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 # --- text layout ------------------------------------------------------------------------------

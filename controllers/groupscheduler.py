@@ -41,9 +41,10 @@ from api.constants import (
     SDG_KIND,
 )
 from api.pods import POD_GROUP_INDEX, devices_from_env, is_active, pod_key
-from api.v1alpha1 import format_ids, parse_ids
+from api.v1alpha1 import format_ids, selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.claims import ClaimBook
+from controllers.claims import resource_version as _rv
 from controllers.placement import is_node_ready, node_device_capacity, place
 from controllers.tracker import Devices
 from sdgruntime import errors
@@ -59,18 +60,6 @@ TRACER_NAME = "deviceshare.io/group-scheduler"
 REASON_CLAIM_CONFLICT = "ClaimConflict"
 REASON_DEVICES_CONFLICT = "DevicesConflict"
 REASON_NODE_UNSCHEDULABLE = "NodeUnschedulable"
-
-
-def _rv(obj: Mapping[str, Any]) -> int:
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
-
-
-def _status_devices(group: Mapping[str, Any]) -> Devices:
-    raw = (group.get("status") or {}).get("selectedDevices") or {}
-    return {res: parse_ids(ids) for res, ids in raw.items()}
 
 
 class GroupScheduler:
@@ -296,7 +285,7 @@ class GroupScheduler:
         status = group["status"]
         node = status["nodeName"]
         try:
-            devices = _status_devices(group)
+            devices = selected_devices(group)
         except ValueError as err:
             problem = f"status.selectedDevices is malformed ({err}); delete and recreate the group"
             await self._set_conditions(group, (CONDITION_READY, "False", "InvalidStatus", problem))

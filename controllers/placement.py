@@ -16,11 +16,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.constants import NODE_MODE_LABEL, NODE_MODE_SHARED
+from api.constants import FILTERING_TAINT_EFFECTS, NODE_MODE_LABEL, NODE_MODE_SHARED
 from api.validation import is_resource_name
 from controllers.quantity import parse_quantity
-
-_FILTERING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 
 class FreeCounts(Protocol):
@@ -102,9 +100,6 @@ def is_node_ready(node: Mapping[str, Any]) -> bool:
     return True
 
 
-_is_ready = is_node_ready  # kept for callers that imported the old private name
-
-
 def _capacity_reader(free: object, node: Mapping[str, Any], name: str) -> Callable[[str], int]:
     """Device capacity of ``node`` per resource. A tracker already knows it (the node
     informer keeps it current): reading it there instead of re-parsing status.allocatable
@@ -137,7 +132,7 @@ def filter_node(
     if not is_node_ready(node):
         return ("not Ready",)
     for taint in (node.get("spec") or {}).get("taints") or ():
-        if taint.get("effect") in _FILTERING_EFFECTS:
+        if taint.get("effect") in FILTERING_TAINT_EFFECTS:
             return (f"have untolerated taint {{{taint.get('key', '')}: {taint.get('value', '')}}}",)
     name = node_name(node)
     capacity = _capacity_reader(free, node, name)

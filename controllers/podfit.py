@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
+from api.constants import FILTERING_TAINT_EFFECTS
+from api.pods import is_active
 from controllers.quantity import format_units, parse_quantity, to_units
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
-_FILTERING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _INT = re.compile(r"[+-]?[0-9]+")
 _WILDCARD_IPS = frozenset({"", "0.0.0.0"})
 
@@ -198,10 +198,6 @@ def _same_pod(a: Obj, b: Obj) -> bool:
     return (ma.get("namespace"), ma.get("name")) == (mb.get("namespace"), mb.get("name"))
 
 
-def _is_active(pod: Obj) -> bool:
-    return (pod.get("status") or {}).get("phase") not in _TERMINAL_PHASES
-
-
 def pod_fits_node(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[str] | None:
     """None if ``pod`` can run on ``node`` next to ``pods_on_node``; else every reason.
 
@@ -218,7 +214,7 @@ def pod_fits_node(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[str]
         reasons.append("node(s) were unschedulable")
 
     for taint in node_spec.get("taints") or ():
-        if taint.get("effect") in _FILTERING_EFFECTS and not _tolerated(tolerations, taint):
+        if taint.get("effect") in FILTERING_TAINT_EFFECTS and not _tolerated(tolerations, taint):
             reasons.append(
                 f"node(s) had untolerated taint {{{taint.get('key', '')}: "
                 f"{taint.get('value', '')}}}"
@@ -235,7 +231,7 @@ def pod_fits_node(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[str]
     elif not matches_required_affinity(pod, node):
         reasons.append("node(s) didn't match Pod's node affinity/selector (required node affinity)")
 
-    others = [p for p in pods_on_node if _is_active(p) and not _same_pod(p, pod)]
+    others = [p for p in pods_on_node if is_active(p) and not _same_pod(p, pod)]
     reasons.extend(_resource_reasons(pod, node, others))
 
     wanted = host_ports(pod)

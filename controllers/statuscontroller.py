@@ -6,8 +6,6 @@ never races the group scheduler's conditional status writes over conditions or b
 
 from __future__ import annotations
 
-import logging
-
 from api.constants import SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from sdgruntime import errors
@@ -16,8 +14,6 @@ from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import PODS
 from sdgruntime.reconcile import Request, Result
-
-log = logging.getLogger(__name__)
 
 
 class StatusController:

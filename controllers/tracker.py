@@ -1,9 +1,10 @@
 """In-memory device bookkeeping: which group holds which device ID on which node.
 
-Pure and synchronous: the group scheduler owns one tracker, mutates it only from its
-reconcile path, and persists each change to the node's fenced claim record (the
-``deviceshare.io/claims`` Node annotation, see ``encode_claims``) before treating it as
-final. After a restart the tracker is rebuilt from those records (``rebuild``).
+Pure and synchronous. ``controllers.claims.ClaimBook`` owns the manager's tracker: it
+mirrors into it, node by node, everything that holds a device (the fenced per-node claim
+records, whose text format is ``encode_claims``/``decode_claims`` here, bound groups'
+statuses and reservations in flight), and placement reads free counts and capacity
+from it.
 
 Invariant (checked by ``check_invariants`` and the property tests): every (node, resource,
 device ID) is held by at most one group, and each group holds devices on exactly one
