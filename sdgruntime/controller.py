@@ -16,9 +16,11 @@ Result(requeue_after=s)    ``forget`` + ``add_after(s)``               requeue_a
 Result(requeue=True)       ``add_rate_limited`` (backoff)              requeue
 raises TerminalError       ``forget``; no retry; terminal counter      error
 raises any Exception       ``add_rate_limited``; logged                error
+returns anything else      as raising ``TypeError``                    error
 =========================  ==========================================  ===============
 
-An exception never kills a worker. Handlers are registered when the controller starts
+An exception never kills a worker. Whatever a handler makes that is not a ``Request`` is
+logged and dropped. Handlers are registered when the controller starts
 (the informer replays the objects it already has as creates); workers start only once the
 cache has synced, so a reconciler never acts on a partial view.
 
@@ -31,6 +33,7 @@ leadership: another replica may already be reconciling).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -177,7 +180,15 @@ class Controller:
     # --- requests from elsewhere ----------------------------------------------------------
 
     def enqueue(self, request: Request, after: float = 0.0) -> None:
-        """Queue ``request`` (e.g. from a timer or another controller); deduplicated."""
+        """Queue ``request`` (e.g. from a timer or another controller); deduplicated.
+
+        Raises ``TypeError`` for anything but a :class:`Request` and ``ValueError`` for a
+        delay that is not a finite number (as :meth:`WorkQueue.add_after`).
+        """
+        if not isinstance(request, Request):
+            raise TypeError(f"enqueue() needs a Request, not {type(request).__name__}")
+        if not math.isfinite(after):
+            raise ValueError(f"enqueue() delay must be finite, not {after!r}")
         if after > 0:
             self.queue.add_after(request, after)
         else:
@@ -186,13 +197,14 @@ class Controller:
     # --- event dispatch (sync, called by the informer) ------------------------------------
 
     def _handlers(self, w: Watch) -> tuple[Callable[..., None], ...]:
-        queue, handler, preds, name = self.queue, w.handler, w.predicates, self.name
+        handler, preds, name = w.handler, w.predicates, self.name
+        add = self._add_from_handler
 
         def on_add(obj: Obj) -> None:
             try:
                 if all(p.create(obj) for p in preds):
                     for request in handler.create(obj):
-                        queue.add(request)
+                        add(request, w, "create")
             except Exception:
                 log.exception("controller %s: create handler for %s failed", name, w.kind.name)
 
@@ -200,7 +212,7 @@ class Controller:
             try:
                 if all(p.update(old, new) for p in preds):
                     for request in handler.update(old, new):
-                        queue.add(request)
+                        add(request, w, "update")
             except Exception:
                 log.exception("controller %s: update handler for %s failed", name, w.kind.name)
 
@@ -208,11 +220,25 @@ class Controller:
             try:
                 if all(p.delete(obj) for p in preds):
                     for request in handler.delete(obj):
-                        queue.add(request)
+                        add(request, w, "delete")
             except Exception:
                 log.exception("controller %s: delete handler for %s failed", name, w.kind.name)
 
         return on_add, on_update, on_delete
+
+    def _add_from_handler(self, request: object, w: Watch, event: str) -> None:
+        """Queue what a handler made, if it is a Request: anything else (a name, a tuple, a
+        dict from a map function) would fail later in a worker, outside any handler."""
+        if isinstance(request, Request):
+            self.queue.add(request)
+        else:
+            log.error(
+                "controller %s: %s handler for %s made %r, not a Request; dropped",
+                self.name,
+                event,
+                w.kind.name,
+                request,
+            )
 
     # --- running --------------------------------------------------------------------------
 
@@ -330,10 +356,29 @@ class Controller:
         self._m_time.observe(time.perf_counter() - start)
 
     async def _reconcile(self, request: Request, span: trace.Span | None) -> None:
-        """One reconcile and its consequences for the queue, the metrics and the span."""
+        """One reconcile and its consequences for the queue, the metrics and the span.
+
+        Everything that depends on what the reconciler returned runs inside the ``try``: a
+        reconciler that returns something other than ``Result``/``None`` is a bug that
+        must be counted and retried like any other error, never kill the worker.
+        """
         queue = self.queue
         try:
             result = await self.reconciler.reconcile(request)
+            if result is None:
+                result = Result()
+            elif not isinstance(result, Result):
+                raise TypeError(f"reconcile returned {_short_repr(result)}, not a Result or None")
+            if result.requeue_after:
+                queue.forget(request)
+                queue.add_after(request, result.requeue_after)
+                outcome = "requeue_after"
+            elif result.requeue:
+                queue.add_rate_limited(request)
+                outcome = "requeue"
+            else:
+                queue.forget(request)
+                outcome = "success"
         except Exception as err:
             terminal = isinstance(err, TerminalError)
             if terminal:
@@ -358,18 +403,11 @@ class Controller:
                 exc_info=not isinstance(err, errors.ApiError | TerminalError),
             )
             return
-        if result is None:
-            result = Result()
-        if result.requeue_after:
-            queue.forget(request)
-            queue.add_after(request, result.requeue_after)
-            outcome = "requeue_after"
-        elif result.requeue:
-            queue.add_rate_limited(request)
-            outcome = "requeue"
-        else:
-            queue.forget(request)
-            outcome = "success"
         self._m_total[outcome].inc()
         if span is not None:
             span.set_attribute("result", outcome)
+
+
+def _short_repr(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -7,6 +7,7 @@ controller collapses any number of events for one object into one request.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -37,7 +38,8 @@ class Result:
     ``requeue_after`` (seconds, or a ``timedelta``) reconciles the request again after that
     delay, without counting it as a failure; ``requeue=True`` re-queues it with the rate
     limiter's backoff (as a failure, but without an error). Returning ``None`` or
-    ``Result()`` means done until the next event.
+    ``Result()`` means done until the next event. A negative, NaN or infinite
+    ``requeue_after`` raises ``ValueError``.
     """
 
     requeue: bool = False
@@ -46,9 +48,11 @@ class Result:
     def __post_init__(self) -> None:
         after = self.requeue_after
         if isinstance(after, timedelta):
-            object.__setattr__(self, "requeue_after", after.total_seconds())
-        elif after is not None and after < 0:
-            raise ValueError("requeue_after must be >= 0")
+            after = after.total_seconds()
+            object.__setattr__(self, "requeue_after", after)
+        # NaN passes "< 0" and would poison the work queue's delay heap; inf never fires.
+        if after is not None and not (math.isfinite(after) and after >= 0):
+            raise ValueError(f"requeue_after must be a finite number >= 0, not {after!r}")
 
     def is_zero(self) -> bool:
         return not self.requeue and not self.requeue_after

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Hashable
@@ -305,7 +306,11 @@ class WorkQueue(Generic[T]):
         """Add ``item`` once ``delay`` seconds have passed (at once if ``delay <= 0``).
 
         If ``item`` is already waiting, the earlier deadline wins. Counts as a retry.
+        Raises ``ValueError`` if ``delay`` is NaN or infinite: a NaN deadline breaks the
+        heap's order (``run`` would spin and later items never fire).
         """
+        if not math.isfinite(delay):
+            raise ValueError(f"add_after delay must be finite, not {delay!r}")
         if self._shutting_down:
             return
         self._metrics.retry()

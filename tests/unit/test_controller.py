@@ -218,6 +218,11 @@ def test_result_accepts_timedelta_and_rejects_negative_delays() -> None:
     assert Result().is_zero() and not Result(requeue=True).is_zero()
     with pytest.raises(ValueError):
         Result(requeue_after=-1)
+    with pytest.raises(ValueError):
+        Result(requeue_after=timedelta(seconds=-1))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(ValueError, match="finite"):
+            Result(requeue_after=bad)
 
 
 # --- the requeue rules ---------------------------------------------------------------------
@@ -275,6 +280,62 @@ async def test_an_exception_never_kills_the_worker(run_controller: Any) -> None:
     run.informer.add(obj("b"))
     await settle()
     assert [c.name for c in r.calls] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [True, 5, {"requeue_after": 5}, Result, "done"],
+    ids=["True", "int", "dict", "the-Result-class", "str"],
+)
+async def test_a_non_result_return_is_an_error_not_a_dead_worker(
+    run_controller: Any, returned: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    r = Scripted({"a": [returned, None]})
+    run = await run_controller(r, max_concurrent_reconciles=1)
+    run.informer.add(obj("a"))
+    await settle()
+    assert run.controller.queue.num_requeues(Request("a", "ns")) == 1  # rate limited
+    name = run.controller.name
+    assert sample("controller_runtime_reconcile_errors_total", controller=name) == 1
+    assert sample("controller_runtime_reconcile_total", controller=name, result="error") == 1
+    assert "not a Result or None" in caplog.text
+    run.informer.add(obj("b"))  # the one worker still runs
+    run.clock.advance(0.005)  # and the retry of "a" happens
+    await settle()
+    assert [c.name for c in r.calls] == ["a", "b", "a"]
+    assert sample("controller_runtime_reconcile_total", controller=name, result="success") == 2
+
+
+async def test_handlers_drop_what_is_not_a_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With tracing on, a non-Request reaching a worker used to kill the controller."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    cache, r = FakeCache(), Scripted()
+
+    def sloppy(o: Any) -> list[Any]:
+        return ["just-a-name", ("ns", "tuple"), None, Request("good")]
+
+    c = Controller(unique("sloppy"), r, cache, tracer_provider=provider)
+    c.watch(NODES, EnqueueRequestsFromMapFunc(sloppy))
+    async with anyio.create_task_group() as tg:
+        await tg.start(c.run)
+        cache.informer(NODES).add(obj("n", None))
+        cache.informer(NODES).update(obj("n", None), obj("n", None, rv="2"))
+        cache.informer(NODES).delete(obj("n", None))
+        await settle()
+        assert r.calls == [Request("good")]
+        assert "'just-a-name', not a Request; dropped" in caplog.text
+        with pytest.raises(TypeError, match="Request"):
+            c.enqueue("later")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="finite"):
+            c.enqueue(Request("x"), after=float("nan"))
+        c.enqueue(Request("good"))  # the controller is still alive
+        await settle()
+        assert r.calls == [Request("good")] * 2
+        tg.cancel_scope.cancel()
 
 
 async def test_terminal_error_is_not_retried(run_controller: Any) -> None:

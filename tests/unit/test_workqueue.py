@@ -250,6 +250,32 @@ async def test_delayed_item_already_queued_is_deduplicated() -> None:
         q.shutdown()
 
 
+async def test_non_finite_delays_are_rejected_and_later_items_still_fire() -> None:
+    clock = FakeClock()
+    q: WorkQueue[str] = WorkQueue("nan-delays", clock=clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(q.run)
+        q.add_after("a", 2.0)
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            with pytest.raises(ValueError, match="finite"):
+                q.add_after("bad", bad)
+        q.add_after("b", 1.0)
+        clock.advance(1.0)
+        await settle()
+        assert await drain_ready(q) == ["b"]
+        clock.advance(1.0)
+        await settle()
+        assert await drain_ready(q) == ["a"]
+        q.shutdown()
+    # A rejected delay is not counted as a retry.
+    assert (
+        REGISTRY.get_sample_value(
+            "workqueue_retries_total", {"name": "nan-delays", "controller": "nan-delays"}
+        )
+        == 2
+    )
+
+
 async def test_add_after_on_the_real_clock_wakes_a_blocked_getter() -> None:
     q: WorkQueue[str] = WorkQueue()
     async with anyio.create_task_group() as tg:
