@@ -22,7 +22,7 @@ from api.constants import (
     SDG_KIND,
 )
 from sdgruntime import errors
-from sdgruntime.cache import Cache
+from sdgruntime.cache import Cache, CacheNotSynced
 from sdgruntime.client import Client
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed, denied, patch_ops
 from webhooks.injection import Denial, build_injection, check_annotation, group_annotation
@@ -80,15 +80,15 @@ class PodMutator:
             await anyio.sleep(_POLL)
             try:
                 group = self.cache.get(SDG_KIND, name)
-            except errors.NotFound:
+            except (errors.NotFound, CacheNotSynced):
                 continue  # seen live, not cached yet: keep what the live read said
         return group
 
     async def _lookup(self, name: str) -> dict[str, Any] | None:
         try:
             return self.cache.get(SDG_KIND, name)
-        except errors.NotFound:
-            pass
+        except (errors.NotFound, CacheNotSynced):
+            pass  # not cached (yet), or the cache has not synced: ask the API server
         try:
             return await self.client.get(SDG_KIND, name)
         except errors.NotFound:

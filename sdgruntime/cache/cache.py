@@ -104,11 +104,12 @@ class Cache:
     def _synced(self, kind: Kind) -> Informer:
         inf = self.informer(kind)
         if not inf.has_synced:
-            raise CacheNotSynced(f"the cache of {kind.name} has not synced yet", code=404)
+            raise CacheNotSynced(f"the cache of {kind.name} has not synced yet")
         return inf
 
     def get(self, kind: Kind, name: str, namespace: str | None = None, *, copy: bool = True) -> Obj:
-        """The cached object; :class:`errors.NotFound` if the cache does not hold it."""
+        """The cached object; :class:`errors.NotFound` if the synced cache does not hold it,
+        :class:`CacheNotSynced` (not a NotFound) if the kind has not synced yet."""
         if kind.namespaced and not namespace:
             raise ValueError(f"{kind.name} is namespaced: a namespace is required")
         inf = self._synced(kind)

@@ -41,12 +41,17 @@ class CacheSyncError(RuntimeError):
         super().__init__("; ".join(parts))
 
 
-class CacheNotSynced(errors.NotFound):
-    """A read from an informer that has not synced yet.
+class CacheNotSynced(errors.ApiError):
+    """A read from an informer that has not synced yet (code 503: try again later).
 
-    A NotFound ("not in the cache"), so callers that fall back to a live GET on NotFound
-    do the right thing before the cache is ready.
+    Deliberately *not* a NotFound: the object may well exist, and a reconciler that does
+    ``except NotFound: return`` (deleted, nothing to do) or cleans up after a deletion must
+    not act on "not synced yet". In a reconciler it is an ordinary error (retried with
+    backoff); code that can answer from the API server instead catches it next to
+    NotFound and does a live GET.
     """
+
+    code = 503
 
 
 def is_permanent(err: BaseException | None) -> bool:

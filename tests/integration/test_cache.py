@@ -253,10 +253,13 @@ async def test_field_selector_and_indexed_list(client: Client, namespace: str) -
         assert len(cache.list(PODS, index="group", value="g1")) == 2
 
 
-async def test_reading_a_kind_not_yet_synced_is_not_found(client: Client, namespace: str) -> None:
+async def test_reading_a_kind_not_yet_synced_is_not_synced_not_not_found(
+    client: Client, namespace: str
+) -> None:
     cache = Cache(client, by_kind={CONFIGMAPS: KindOptions(namespace=namespace)})
-    with pytest.raises(CacheNotSynced, match="has not synced"):
+    with pytest.raises(CacheNotSynced, match="has not synced") as info:
         cache.get(CONFIGMAPS, "x", namespace)
+    assert not isinstance(info.value, errors.NotFound)  # "deleted" would be a lie
     async with running(cache, sync_timeout=None):
         # The read above created the informer; running the cache starts and syncs it.
         await cache.wait_for_sync(30)

@@ -86,3 +86,16 @@ def test_sync_error_messages_name_the_kind_and_the_cause() -> None:
     assert describe_sync_error(PODS, None, timeout=2.5) == (
         "pods: not synced within 2.5s (still listing, no error yet)"
     )
+
+
+def test_a_read_before_sync_is_not_a_not_found() -> None:
+    """``except NotFound: return`` in a reconciler means "deleted": a cache that has not
+    synced yet must not look like that."""
+    from sdgruntime.cache import Cache, CacheNotSynced
+
+    cache = Cache(client=None)  # type: ignore[arg-type]  # never run: nothing syncs
+    for read in (lambda: cache.get(PODS, "p", "ns"), lambda: cache.list(SDGS)):
+        with pytest.raises(CacheNotSynced, match="has not synced") as info:
+            read()
+        assert not isinstance(info.value, errors.NotFound)
+        assert isinstance(info.value, errors.ApiError) and info.value.code == 503
