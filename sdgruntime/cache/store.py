@@ -207,13 +207,17 @@ class Store:
         values = tuple(dict.fromkeys(fn(obj)))  # dedupe, keep order
         if values:
             self._values[name][key] = values
-            index = self._indices[name]
-            for v in values:
-                bucket = index.get(v)
-                if bucket is None:
-                    index[v] = {key}
-                else:
-                    bucket.add(key)
+            _add_to_index(self._indices[name], key, values)
+
+    def _values_of(self, obj: Obj) -> dict[str, tuple[str, ...]]:
+        """Every index's values for ``obj`` (computed before anything changes, so an
+        indexer that raises leaves the store as it was)."""
+        out = {}
+        for name, fn in self._index_funcs.items():
+            values = tuple(dict.fromkeys(fn(obj)))  # dedupe, keep order
+            if values:
+                out[name] = values
+        return out
 
     def _unindex(self, key: str) -> None:
         for name, values_by_key in self._values.items():
@@ -228,10 +232,11 @@ class Store:
                     if not bucket:
                         del index[v]
 
-    def _reindex(self, key: str, obj: Obj) -> None:
+    def _reindex(self, key: str, values: Mapping[str, tuple[str, ...]]) -> None:
         self._unindex(key)
-        for name, fn in self._index_funcs.items():
-            self._index_one(name, fn, key, obj)
+        for name, vals in values.items():
+            self._values[name][key] = vals
+            _add_to_index(self._indices[name], key, vals)
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -281,9 +286,10 @@ class Store:
         """Add or replace an object: ``(old or None, stored new)``."""
         obj = self._prepare(obj)
         key = object_key(obj)
+        values = self._values_of(obj)
         old = self._items.get(key)
         self._items[key] = obj
-        self._reindex(key, obj)
+        self._reindex(key, values)
         return old, obj
 
     def delete(self, key: str) -> Obj | None:
@@ -298,24 +304,45 @@ class Store:
 
         ``deleted`` is what vanished: objects stored before but absent from ``items``, in
         their last known state. An object counts as updated when its resourceVersion (or,
-        without one, its content) differs.
+        without one, its content) differs. All or nothing: if the transform, the key or an
+        indexer raises on any item, the store is left exactly as it was (a partial swap
+        would lose the deletes of everything after it).
         """
-        result = Replaced()
-        previous = self._items
-        self._items = {}
-        for name in self._index_funcs:
-            self._indices[name] = {}
-            self._values[name] = {}
+        new_items: dict[str, Obj] = {}
+        new_values: dict[str, dict[str, tuple[str, ...]]] = {n: {} for n in self._index_funcs}
         for raw in items:
             obj = self._prepare(raw)
             key = object_key(obj)
-            self._items[key] = obj
+            new_items[key] = obj
             for name, fn in self._index_funcs.items():
-                self._index_one(name, fn, key, obj)
-            old = previous.pop(key, None)
+                values = tuple(dict.fromkeys(fn(obj)))  # dedupe, keep order
+                if values:
+                    new_values[name][key] = values
+                else:
+                    new_values[name].pop(key, None)  # a duplicate key: the last one wins
+        new_indices: dict[str, dict[str, set[str]]] = {}
+        for name, values_by_key in new_values.items():
+            index = new_indices[name] = {}
+            for key, values in values_by_key.items():
+                _add_to_index(index, key, values)
+
+        result = Replaced()
+        previous = self._items
+        for key, obj in new_items.items():
+            old = previous.get(key)
             if old is None:
                 result.added.append(obj)
             elif _changed(old, obj):
                 result.updated.append((old, obj))
-        result.deleted = list(previous.values())
+        result.deleted = [o for k, o in previous.items() if k not in new_items]
+        self._items, self._values, self._indices = new_items, new_values, new_indices
         return result
+
+
+def _add_to_index(index: dict[str, set[str]], key: str, values: Iterable[str]) -> None:
+    for v in values:
+        bucket = index.get(v)
+        if bucket is None:
+            index[v] = {key}
+        else:
+            bucket.add(key)

@@ -147,6 +147,61 @@ def test_replace_without_resource_versions_compares_content() -> None:
     assert [n["metadata"]["name"] for _, n in result.updated] == ["b"]
 
 
+def _snapshot(store: Store) -> tuple[Any, ...]:
+    return (
+        {object_key(o): o for o in store.list()},
+        {v: sorted(store.index_keys("node", v)) for v in store.index_values("node")},
+    )
+
+
+def test_replace_is_all_or_nothing_when_the_transform_or_an_indexer_raises() -> None:
+    def fragile_transform(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["metadata"]["name"] == "bad":
+            raise KeyError("spec")
+        return obj
+
+    def fragile_indexer(obj: dict[str, Any]) -> list[str]:
+        if obj["metadata"]["name"] == "bad":
+            raise TypeError("not indexable")
+        return [obj["spec"].get("nodeName", "")]
+
+    for store in (
+        Store(indexers={"node": field_indexer("spec.nodeName")}, transform=fragile_transform),
+        Store(indexers={"node": fragile_indexer}),
+    ):
+        store.upsert(pod("a", node="n1"))
+        store.upsert(pod("gone", node="n1"))
+        before = _snapshot(store)
+        with pytest.raises((KeyError, TypeError)):
+            store.replace([pod("a", rv="2", node="n2"), pod("bad"), pod("c", node="n3")])
+        assert _snapshot(store) == before  # no partial prefix: "gone" can still be deleted
+        result = store.replace([pod("a", rv="2", node="n2")])
+        assert names(result.deleted) == ["gone"]
+        assert names(store.by_index("node", "n2")) == ["a"]
+        assert store.index_values("node") == ["n2"]
+
+
+def test_replace_with_a_key_twice_keeps_the_last_and_its_index_only() -> None:
+    store = Store(indexers={"node": field_indexer("spec.nodeName")})
+    result = store.replace([pod("a", rv="1", node="n1"), pod("a", rv="2", node="n2")])
+    assert names(result.added) == ["a"] and store.get("default/a") == pod("a", rv="2", node="n2")
+    assert store.index_values("node") == ["n2"]
+
+
+def test_upsert_with_a_failing_indexer_changes_nothing() -> None:
+    def fragile(obj: dict[str, Any]) -> list[str]:
+        if obj["metadata"]["resourceVersion"] == "2":
+            raise TypeError("not indexable")
+        return [obj["spec"]["nodeName"]]
+
+    store = Store(indexers={"node": fragile})
+    store.upsert(pod("a", rv="1", node="n1"))
+    with pytest.raises(TypeError):
+        store.upsert(pod("a", rv="2", node="n2"))
+    assert store.get("default/a") == pod("a", rv="1", node="n1")
+    assert names(store.by_index("node", "n1")) == ["a"]
+
+
 def test_reads_return_copies_that_cannot_change_the_store() -> None:
     store = Store(indexers={"node": field_indexer("spec.nodeName")})
     store.upsert(pod("a", node="n1", labels={"app": "web"}))
