@@ -25,6 +25,7 @@ Every candidate runs :meth:`LeaderElector.run`. The Lease's ``spec`` is the reco
 from __future__ import annotations
 
 import logging
+import math
 import random
 import socket
 import time
@@ -39,7 +40,7 @@ from sdgruntime import errors, metrics
 from sdgruntime.client import Client
 from sdgruntime.kinds import LEASES
 
-__all__ = ["LeaderElectionLost", "LeaderElector", "default_identity"]
+__all__ = ["LeaderElectionLost", "LeaderElector", "check_durations", "default_identity"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,32 @@ RELEASE_TIMEOUT = 5.0  # a release must not hold up shutdown
 
 class LeaderElectionLost(Exception):
     """This process stopped being the leader (could not renew, or another holder won)."""
+
+
+def check_durations(lease_duration: float, renew_deadline: float, retry_period: float) -> None:
+    """Raise ``ValueError`` unless the durations keep the safety argument of the module doc.
+
+    ``lease_duration`` must be a whole number of seconds: the Lease stores
+    ``leaseDurationSeconds`` as an integer and other candidates wait exactly that long, so
+    the value we validate against ``renew_deadline`` must be the one we write (a rounded
+    10.4 would become 10 and no longer exceed a renew deadline of 10.3).
+    """
+    for what, value in (
+        ("lease_duration", lease_duration),
+        ("renew_deadline", renew_deadline),
+        ("retry_period", retry_period),
+    ):
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{what} must be a finite number of seconds > 0, not {value!r}")
+    if not float(lease_duration).is_integer():
+        raise ValueError(
+            f"lease_duration must be a whole number of seconds (the Lease stores an integer), "
+            f"not {lease_duration!r}"
+        )
+    if lease_duration <= renew_deadline:
+        raise ValueError("lease_duration must be greater than renew_deadline")
+    if renew_deadline <= JITTER_FACTOR * retry_period:
+        raise ValueError(f"renew_deadline must be greater than {JITTER_FACTOR} * retry_period")
 
 
 def default_identity() -> str:
@@ -77,7 +104,8 @@ class LeaderElector:
     """Campaigns for, holds and releases one Lease (see the module doc).
 
     Durations are seconds; client-go's (and controller-runtime's) defaults: lease 15,
-    renew deadline 10, retry period 2. ``clock`` is a monotonic clock (tests).
+    renew deadline 10, retry period 2. ``lease_duration`` is whole seconds (see
+    :func:`check_durations`). ``clock`` is a monotonic clock (tests).
     """
 
     def __init__(
@@ -95,17 +123,13 @@ class LeaderElector:
     ) -> None:
         if not name or not namespace:
             raise ValueError("leader election needs a lease name and namespace")
-        if lease_duration <= renew_deadline:
-            raise ValueError("lease_duration must be greater than renew_deadline")
-        if renew_deadline <= JITTER_FACTOR * retry_period:
-            raise ValueError(f"renew_deadline must be greater than {JITTER_FACTOR} * retry_period")
-        if retry_period <= 0:
-            raise ValueError("retry_period must be > 0")
+        check_durations(lease_duration, renew_deadline, retry_period)
         self.client = client
         self.name = name
         self.namespace = namespace
         self.identity = identity or default_identity()
         self.lease_duration = lease_duration
+        self._lease_seconds = int(lease_duration)  # what leaseDurationSeconds says
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
         self.release_on_cancel = release_on_cancel
@@ -146,10 +170,10 @@ class LeaderElector:
         )
         lost = False
         try:
-            await self._acquire()
+            acquired_at = await self._acquire()
             self._set_leading(True)
             on_started_leading()
-            await self._renew_until_lost()
+            await self._renew_until_lost(acquired_at)
             lost = True
             raise LeaderElectionLost(
                 f"{self.identity} lost lease {self.namespace}/{self.name} "
@@ -181,19 +205,26 @@ class LeaderElector:
     async def _sleep_retry(self) -> None:
         await anyio.sleep(self.retry_period * random.uniform(1.0, JITTER_FACTOR))
 
-    async def _acquire(self) -> None:
+    async def _acquire(self) -> float:
+        """Campaign until we hold the lease; return when the successful attempt *started*.
+
+        Others measure our lease from when they saw the write, which is no earlier than
+        the start of the attempt that made it, so that start is the safe base for our
+        renew deadline (the attempt itself may have taken up to ``renew_deadline``).
+        """
         while True:
+            attempt_at = self._clock()
             try:
                 with anyio.fail_after(self.renew_deadline):
                     if await self._try_acquire_or_renew():
-                        return
+                        return attempt_at
             except (errors.ApiError, TimeoutError) as err:
                 log.info("leader election: could not acquire %s: %s", self.name, err)
             await self._sleep_retry()
 
-    async def _renew_until_lost(self) -> None:
-        """Renew every retry period; return when leadership is lost."""
-        renewed_at = self._clock()
+    async def _renew_until_lost(self, renewed_at: float) -> None:
+        """Renew every retry period; return when leadership is lost. ``renewed_at`` is when
+        the attempt that acquired the lease started."""
         while True:
             await anyio.sleep(self.retry_period)
             deadline = renewed_at + self.renew_deadline
@@ -240,7 +271,7 @@ class LeaderElector:
                 "metadata": {"name": self.name, "namespace": self.namespace},
                 "spec": {
                     "holderIdentity": self.identity,
-                    "leaseDurationSeconds": max(1, round(self.lease_duration)),
+                    "leaseDurationSeconds": self._lease_seconds,
                     "acquireTime": now,
                     "renewTime": now,
                     "leaseTransitions": 0,
@@ -264,7 +295,7 @@ class LeaderElector:
             spec["acquireTime"] = now
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         spec["holderIdentity"] = self.identity
-        spec["leaseDurationSeconds"] = max(1, round(self.lease_duration))
+        spec["leaseDurationSeconds"] = self._lease_seconds
         spec["renewTime"] = now
         spec.setdefault("acquireTime", now)
         spec.setdefault("leaseTransitions", 0)

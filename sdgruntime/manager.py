@@ -48,7 +48,7 @@ from sdgruntime.client import Client
 from sdgruntime.controller import Controller
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import Kind
-from sdgruntime.leaderelection import JITTER_FACTOR, LeaderElectionLost, LeaderElector
+from sdgruntime.leaderelection import LeaderElectionLost, LeaderElector, check_durations
 from sdgruntime.probes import Check, MetricsServer, ProbeServer
 from sdgruntime.webhook import WebhookServer
 from sdgruntime.webhook.server import DEFAULT_CERT_DIR
@@ -95,12 +95,7 @@ class ManagerOptions(BaseModel):
         if self.leader_election:
             if not self.leader_election_id:
                 raise ValueError("leader_election needs leader_election_id (the lease name)")
-            if self.lease_duration <= self.renew_deadline:
-                raise ValueError("lease_duration must be greater than renew_deadline")
-            if self.renew_deadline <= JITTER_FACTOR * self.retry_period:
-                raise ValueError(
-                    f"renew_deadline must be greater than {JITTER_FACTOR} * retry_period"
-                )
+            check_durations(self.lease_duration, self.renew_deadline, self.retry_period)
         return self
 
 
