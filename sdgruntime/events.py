@@ -115,6 +115,31 @@ class EventRecorder:
                 task_status.started()
         finally:
             self._running = False
+            self._drop_queued()
+
+    @property
+    def dropped(self) -> int:
+        """Events emitted but never written: buffer full, not running, or still queued
+        when :meth:`run` stopped."""
+        return self._dropped
+
+    def _drop_queued(self) -> None:
+        """Count what the stopped writers left in the buffer, so a later run does not write
+        stale events and the loss is visible (one log line, not one per event)."""
+        lost = 0
+        while True:
+            try:
+                self._receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            lost += 1
+        if lost:
+            self._dropped += lost
+            log.warning(
+                "dropped %d queued events (%d so far): the recorder stopped before writing them",
+                lost,
+                self._dropped,
+            )
 
     async def _drain(self, receive: anyio.abc.ObjectReceiveStream[_Pending]) -> None:
         async with receive:

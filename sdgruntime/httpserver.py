@@ -477,7 +477,10 @@ def _make_request(head: h11.Request, body: bytes, client: tuple[str, int] | None
     if target.startswith("/"):
         raw_path, _, raw_query = target.partition("?")
     else:  # absolute-form ("http://host/path") or "*"
-        parts = urlsplit(target)
+        try:
+            parts = urlsplit(target)
+        except ValueError as exc:  # "http://[/x": an invalid IPv6 host
+            raise _Reject(400, f"bad request target: {exc}") from None
         raw_path, raw_query = parts.path or target, parts.query
     headers: dict[str, str] = {}
     for name, value in head.headers:

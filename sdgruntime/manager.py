@@ -312,15 +312,22 @@ class Manager:
 
     async def run(self) -> None:
         """Run until SIGTERM or SIGINT, then shut down gracefully (the entry point of a
-        process). A second signal during shutdown exits at once."""
-        async with anyio.create_task_group() as tg:
-            stop = anyio.CancelScope()
-            tg.start_soon(self._watch_signals, stop, name="manager signals")
-            try:
-                with stop:
-                    await self.run_until_cancelled()
-            finally:
-                tg.cancel_scope.cancel()
+        process). A second signal during shutdown exits at once. Errors are raised as in
+        :meth:`run_until_cancelled`: as themselves, not wrapped in an exception group."""
+        try:
+            async with anyio.create_task_group() as tg:
+                stop = anyio.CancelScope()
+                tg.start_soon(self._watch_signals, stop, name="manager signals")
+                try:
+                    with stop:
+                        await self.run_until_cancelled()
+                finally:
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            exc = _unwrap(group)
+            if exc is group:
+                raise
+            raise exc from None
 
     async def _watch_signals(self, stop: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -281,6 +281,12 @@ def parse_review(body: bytes) -> AdmissionRequest:
 
 
 def _describe(request: AdmissionRequest) -> str:
-    resource = request.resource.get("resource", "?")
-    where = f"{request.namespace}/{request.name}" if request.namespace else request.name
-    return f"{request.operation} {resource} {where or '(unnamed)'} uid={request.uid}"
+    """``CREATE pods ns/name uid=...`` for logs. Only ``uid`` has been checked, so any other
+    field may have any JSON type: describing a malformed request must not raise."""
+    try:
+        res = request.resource
+        resource = res.get("resource", "?") if isinstance(res, Mapping) else "?"
+        where = f"{request.namespace}/{request.name}" if request.namespace else request.name
+        return f"{request.operation} {resource} {where or '(unnamed)'} uid={request.uid}"
+    except Exception:
+        return f"uid={request.uid!r}"

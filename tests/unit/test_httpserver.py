@@ -196,7 +196,11 @@ async def test_a_large_rejected_upload_still_reads_the_413_not_a_reset() -> None
 
 async def test_malformed_request_gets_400_and_the_server_goes_on() -> None:
     async with running(make_server()) as srv:
-        for garbage in (b"NOT HTTP AT ALL\r\n\r\n", b"GET /echo HTTP/1.1\r\nbad header\r\n\r\n"):
+        for garbage in (
+            b"NOT HTTP AT ALL\r\n\r\n",
+            b"GET /echo HTTP/1.1\r\nbad header\r\n\r\n",
+            b"GET http://[/x HTTP/1.1\r\nhost: x\r\n\r\n",  # a target urlsplit refuses
+        ):
             stream = await srv.connect()
             async with stream:
                 await stream.send(garbage)

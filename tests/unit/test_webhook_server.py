@@ -520,3 +520,24 @@ def test_api_server_timeout_parameter_is_read_as_a_go_duration(
     from sdgruntime.webhook.server import _go_duration
 
     assert _go_duration(text) == seconds
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("resource", ["pods", ["pods"], 7])
+async def test_a_malformed_resource_still_gets_the_handlers_verdict(resource: Any) -> None:
+    """Describing the request for a log line must not turn a verdict into a crash."""
+    from sdgruntime.webhook.admission import Webhook
+
+    async def deny(request: AdmissionRequest) -> AdmissionResponse:
+        return denied("no pods today")
+
+    async def crash(request: AdmissionRequest) -> AdmissionResponse:
+        raise KeyError("spec")
+
+    body = review()
+    body["request"]["resource"] = resource
+    raw = json.dumps(body).encode()
+    answer = (await Webhook(deny).review(raw))["response"]
+    assert answer["allowed"] is False and answer["status"]["message"] == "no pods today"
+    answer = (await Webhook(crash).review(raw))["response"]
+    assert answer["status"]["code"] == 500 and "KeyError" in answer["status"]["message"]
