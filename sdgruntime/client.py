@@ -12,8 +12,9 @@ Retry policy (see :func:`should_retry`):
   jitter, honouring ``Retry-After``. PUT carries the object's resourceVersion as a
   precondition, so a replay of an already applied update fails with Conflict instead of
   overwriting; a replayed DELETE may answer NotFound. Merge, strategic and apply patches are
-  idempotent; a JSON patch that appends to a list is not, so guard such a patch with a
-  ``test`` op (e.g. on ``/metadata/resourceVersion``).
+  idempotent. A JSON patch is not (a replayed ``add`` to ``/list/-`` appends twice), so
+  ``patch(patch_type="json")`` is retried like a POST unless it contains a ``test`` op,
+  which is then taken to guard it (test ``/metadata/resourceVersion`` to be sure).
 * POST (create, bind, ...) is not idempotent: a replay after the server may have processed the
   first attempt could create twice or turn a success into AlreadyExists. It is retried only
   when the request provably never reached the server (:class:`RequestNotSent`: connect error,
@@ -114,27 +115,41 @@ class RetryPolicy:
         backoff = wait_exponential(multiplier=self.initial_backoff, max=self.max_backoff)
         return (backoff + wait_random(0, self.jitter))(state)
 
-    def retrying(self, method: str) -> AsyncRetrying:
-        """A fresh tenacity loop for one request of ``method``."""
+    def retrying(self, method: str, *, idempotent: bool | None = None) -> AsyncRetrying:
+        """A fresh tenacity loop for one request of ``method`` (see :func:`should_retry`)."""
         return AsyncRetrying(
             stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_elapsed),
             wait=self.wait,
-            retry=retry_if_exception(lambda e: should_retry(method, e)),
+            retry=retry_if_exception(lambda e: should_retry(method, e, idempotent=idempotent)),
             reraise=True,
             sleep=anyio.sleep,
         )
 
 
-def should_retry(method: str, err: BaseException) -> bool:
-    """Whether a failed attempt of ``method`` may be replayed (the policy in the module doc)."""
+def should_retry(method: str, err: BaseException, *, idempotent: bool | None = None) -> bool:
+    """Whether a failed attempt of ``method`` may be replayed (the policy in the module doc).
+
+    ``idempotent`` overrides what the method implies (``False`` for an unguarded JSON
+    patch: a PATCH, but not safe to replay).
+    """
     if isinstance(err, RequestNotSent):
         return True
     if not isinstance(err, errors.ApiError) or isinstance(err, errors.Conflict):
         return False
-    if method.upper() in _IDEMPOTENT:
+    if idempotent is None:
+        idempotent = method.upper() in _IDEMPOTENT
+    if idempotent:
         return errors.is_retriable(err)
     # POST and friends: only when the server said it did not handle the request.
     return isinstance(err, errors.TooManyRequests)
+
+
+def _has_test_op(patch: Any) -> bool:
+    """Whether a JSON patch holds a ``test`` op, which makes a replay fail instead of
+    applying twice (if it tests something the patch changes, e.g. the resourceVersion)."""
+    return isinstance(patch, list) and any(
+        isinstance(op, Mapping) and op.get("op") == "test" for op in patch
+    )
 
 
 # --- connection settings ---------------------------------------------------------------
@@ -474,17 +489,18 @@ class Client:
         params: Mapping[str, Any] | None = None,
         content: bytes | None = None,
         content_type: str | None = None,
+        idempotent: bool | None = None,
     ) -> Any:
-        """One request with the retry policy of its method."""
+        """One request with the retry policy of its method (or of ``idempotent``)."""
         try:
             return await self._once(method, path, params, content, content_type)
         except errors.ApiError as exc:
             # Fast path: the tenacity loop (~25us) is only built once an attempt failed
             # retriably; it then starts by re-raising that failure as its attempt 1.
-            if self.retry.attempts <= 1 or not should_retry(method, exc):
+            if self.retry.attempts <= 1 or not should_retry(method, exc, idempotent=idempotent):
                 raise
             first: errors.ApiError | None = exc
-        async for attempt in self.retry.retrying(method):
+        async for attempt in self.retry.retrying(method, idempotent=idempotent):
             with attempt:
                 if first is not None:
                     exc, first = first, None
@@ -701,7 +717,11 @@ class Client:
         field_manager: str | None = None,
         force: bool = False,
     ) -> dict[str, Any]:
-        """PATCH with the given patch type; ``apply`` is server-side apply (needs a manager)."""
+        """PATCH with the given patch type; ``apply`` is server-side apply (needs a manager).
+
+        A ``json`` patch without a ``test`` op is not replayed after a 5xx or a lost
+        answer (it may have been applied), only when it was never sent or got a 429.
+        """
         try:
             content_type = PATCH_CONTENT_TYPES[patch_type]
         except KeyError:
@@ -723,6 +743,7 @@ class Client:
             params=params or None,
             content=_dumps(body),
             content_type=content_type,
+            idempotent=None if patch_type != "json" else _has_test_op(body),
         )
 
     async def delete(

@@ -449,6 +449,40 @@ async def test_hangup_after_request_retries_get_but_not_post(tmp_path: Path):
 
 
 @pytest.mark.anyio
+async def test_json_patch_is_replayed_only_when_a_test_op_guards_it(tmp_path: Path):
+    """A replayed ``add`` to ``/list/-`` after a lost answer could append twice."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    requests: list[bytes] = []
+
+    async def hang_up(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            requests.append(await stream.receive())
+
+    append = [{"op": "add", "path": "/metadata/finalizers/-", "value": "x"}]
+    guarded = [{"op": "test", "path": "/metadata/resourceVersion", "value": "7"}, *append]
+    merge = {"metadata": {"labels": {"a": "b"}}}
+    path = _kubeconfig(tmp_path, {"tok": {"token": "t"}}, server=f"http://127.0.0.1:{port}")
+    sent: dict[str, int] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hang_up)
+        async with Client.from_kubeconfig(path, retry=FAST) as client:
+            for label, body, patch_type in (
+                ("unguarded json", append, "json"),
+                ("guarded json", guarded, "json"),
+                ("merge", merge, "merge"),
+            ):
+                before = len(requests)
+                with pytest.raises(errors.TransportError):
+                    await client.patch(NODES, "n", body, patch_type=patch_type)  # type: ignore[arg-type]
+                sent[label] = len(requests) - before
+        tg.cancel_scope.cancel()
+    assert sent == {"unguarded json": 1, "guarded json": 3, "merge": 3}
+    assert not should_retry("PATCH", _err(errors.ServerError, 500), idempotent=False)
+    assert should_retry("PATCH", _err(errors.TooManyRequests), idempotent=False)
+
+
+@pytest.mark.anyio
 async def test_stalled_watch_stream_raises_transport_error(tmp_path: Path):
     """A watch whose peer goes silent ends with TransportError after read_timeout."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
