@@ -63,7 +63,3 @@ class Backoff:
         base = self._current
         self._current = min(base * self.factor, self.maximum)
         return base * (1.0 + self.jitter * self._rand())
-
-    def reset(self) -> None:
-        self._current = self.initial
-        self._last = None

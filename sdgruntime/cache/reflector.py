@@ -138,7 +138,6 @@ class Reflector:
         self.resource_version: str | None = None
         self.has_synced = False
         self.last_sync_error: BaseException | None = None  # of the latest list attempt
-        self.last_error: BaseException | None = None  # of the latest list or watch attempt
         self._backoff = self.options.backoff()
         self._delivered = False  # the current watch delivered an event or bookmark
 
@@ -174,7 +173,6 @@ class Reflector:
                     await anyio.sleep(self._backoff.next())
             except Exception as exc:
                 self.stats.watch_errors += 1
-                self.last_error = exc
                 # Transient failures resume the watch; others (RBAC revoked, CRD deleted)
                 # may have changed what we can see, so relist.
                 need_list = not errors.is_retriable(exc)
@@ -218,7 +216,7 @@ class Reflector:
 
     def _failed_list(self, exc: Exception) -> None:
         self.stats.list_errors += 1
-        self.last_sync_error = self.last_error = exc
+        self.last_sync_error = exc
         if isinstance(exc, errors.ApiError):
             log.warning("%s: list failed: %s", self.kind.name, _text(exc))
         else:

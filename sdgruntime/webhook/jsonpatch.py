@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sdgruntime.cache.store import json_copy  # the one deep copy of decoded JSON
+
 JSON = Any
 Operation = dict[str, Any]
 
@@ -33,15 +35,6 @@ def json_equal(a: JSON, b: JSON) -> bool:
     if isinstance(a, list):
         return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
-
-
-def json_copy(value: JSON) -> JSON:
-    """A deep copy of a decoded JSON value (several times faster than copy.deepcopy)."""
-    if isinstance(value, dict):
-        return {k: json_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [json_copy(v) for v in value]
-    return value
 
 
 def diff(source: JSON, target: JSON) -> list[Operation]:
