@@ -276,6 +276,9 @@ class SDG:
         for g in self._groups():
             if (g.get("status") or {}).get("nodeName") == node:
                 yield Request(g["metadata"]["name"])
+        record = self.claims.records.get(node or "")
+        for name in record.claims if record else ():
+            yield Request(name)  # groups named there: a claim left on the wrong node
 
     @staticmethod
     def _group_of_pod(pod: Obj) -> Iterable[Request]:

@@ -290,6 +290,11 @@ class GroupScheduler:
             problem = f"status.selectedDevices is malformed ({err}); delete and recreate the group"
             await self._set_conditions(group, (CONDITION_READY, "False", "InvalidStatus", problem))
             return None
+        for stale in self.claims.nodes_claiming(name):
+            if stale != node:
+                # A claim left on another node (a bind that lost to another manager, or
+                # an interrupted move of the record): the status is what the pods got.
+                await self.claims.write(stale, name, None)
         where = self.claims.claim_of(name)
         if where is None or where != (node, devices):
             problem = await self._restore_record(name, node, devices, where)

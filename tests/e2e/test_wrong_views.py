@@ -143,3 +143,43 @@ async def test_group_whose_pods_run_unrecorded_is_not_placed_again(
             await client.delete(PODS, name, namespace, grace_period_seconds=0)
         g = await wait_bound(client, "lost")
         assert g["status"]["nodeName"] == "n0"
+
+
+async def test_claim_left_on_another_node_is_released(
+    cluster: ControlPlane, client: Client
+) -> None:
+    await add_node(client, "n0", 2)
+    await add_node(client, "n1", 1)
+    async with run_sdg(cluster):
+        await client.create(
+            SDG_KIND, group("g", {GPU: 1}, nodeSelector={"kubernetes.io/hostname": "n0"})
+        )
+        await wait_bound(client, "g")
+        # As a bind that lost to another manager leaves it: g also claimed on n1.
+        await client.create(
+            CONFIGMAPS,
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": record_name("n1"),
+                    "namespace": MANAGER_NS,
+                    "labels": {"deviceshare.io/claims": "node"},
+                },
+                "data": {"node": "n1", "claims": '{"g":{"nvidia.com/gpu":"0"}}'},
+            },
+            MANAGER_NS,
+        )
+
+        async def released() -> bool:
+            cm = await client.get(CONFIGMAPS, record_name("n1"), MANAGER_NS)
+            return cm["data"]["claims"] == "{}"
+
+        await eventually(released, what="stale claim on n1 released")
+        await client.create(
+            SDG_KIND, group("h", {GPU: 1}, nodeSelector={"kubernetes.io/hostname": "n1"})
+        )
+        h = await wait_bound(client, "h")
+        assert h["status"]["selectedDevices"] == {GPU: "0"}
+        g = await client.get(SDG_KIND, "g")
+        assert g["status"]["nodeName"] == "n0"
