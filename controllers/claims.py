@@ -274,7 +274,7 @@ class ClaimBook:
             for other, held in items:
                 if other == group:
                     continue
-                if any(set(held.get(res, ())) & set(ids) for res, ids in devices.items()):
+                if _overlaps(held, devices):
                     others.add(other)
         if node in self.broken:
             others.add(f"(malformed record of node {node})")
@@ -293,11 +293,7 @@ class ClaimBook:
         record = self.records.get(node) or Record(node)
         claims = {g: d for g, d in record.claims.items() if g != group}
         if devices is not None:
-            overlap = [
-                g
-                for g, held in claims.items()
-                if any(set(held.get(res, ())) & set(ids) for res, ids in devices.items())
-            ]
+            overlap = [g for g, held in claims.items() if _overlaps(held, devices)]
             if overlap:
                 # The record we fence on already gives some of these IDs to another
                 # group: our view was wrong. Never write a device twice.
@@ -343,6 +339,11 @@ class ClaimBook:
                 self._mirror(node)
             return
         self.observe(cm)
+
+
+def _overlaps(held: Mapping[str, list[int]], devices: Mapping[str, list[int]]) -> bool:
+    """Whether two claims on one node share any device ID."""
+    return any(set(held.get(res, ())) & set(ids) for res, ids in devices.items())
 
 
 def _nodes_of(*held: tuple[str, Devices] | None) -> set[str]:

@@ -371,7 +371,7 @@ class GroupScheduler:
     async def _add_finalizer(self, group: dict[str, Any]) -> dict[str, Any]:
         meta = group["metadata"]
         finalizers = [*(meta.get("finalizers") or []), FINALIZER]
-        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        patch = _finalizers_patch(meta, finalizers)
         return await self._patch(meta["name"], patch)
 
     async def _finalize(self, group: dict[str, Any]) -> Result | None:
@@ -390,7 +390,7 @@ class GroupScheduler:
         for node in self.claims.nodes_claiming(name):
             await self.claims.write(node, name, None)
         finalizers = [f for f in meta["finalizers"] if f != FINALIZER]
-        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        patch = _finalizers_patch(meta, finalizers)
         try:
             await self._patch(name, patch)
         except errors.NotFound:
@@ -436,13 +436,16 @@ class GroupScheduler:
 
         await recover(self)
 
-    def _running_pods(self, name: str) -> list[str]:
-        """Active pods of the group that are already bound to a node."""
-        return sorted(
-            pod_key(p)
+    def bound_pods(self, name: str) -> list[dict[str, Any]]:
+        """Active pods of the group that are already bound to a node (cache, read-only)."""
+        return [
+            p
             for p in self.cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False)
             if is_active(p) and (p.get("spec") or {}).get("nodeName")
-        )
+        ]
+
+    def _running_pods(self, name: str) -> list[str]:
+        return sorted(pod_key(p) for p in self.bound_pods(name))
 
     def _pods_disagree(self, group: dict[str, Any], node: str, devices: Devices) -> str | None:
         """Cross-check the env our webhook injected into the group's running pods: a pod
@@ -451,10 +454,8 @@ class GroupScheduler:
         resources = (group.get("spec") or {}).get("resources") or {}
         odd = []
         name = group["metadata"]["name"]
-        for pod in self.cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False):
-            where = (pod.get("spec") or {}).get("nodeName")
-            if not where or not is_active(pod):
-                continue
+        for pod in self.bound_pods(name):
+            where = pod["spec"]["nodeName"]
             seen = devices_from_env(pod, resources, self.env_table)
             if where != node or (seen is not None and seen != devices):
                 odd.append(f"{pod_key(pod)} on {where} with {seen}")
@@ -470,6 +471,11 @@ class GroupScheduler:
             return self.cache.get(NODES, name)
         except errors.NotFound:
             return None
+
+
+def _finalizers_patch(meta: Mapping[str, Any], finalizers: list[str]) -> dict[str, Any]:
+    """A merge patch of the finalizer list, conditional on the version we read."""
+    return {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
 
 
 def _node_health(

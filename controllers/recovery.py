@@ -14,9 +14,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from api.constants import CONDITION_READY, PHASE_BOUND, SDG_KIND
-from api.pods import POD_GROUP_INDEX, devices_from_env, is_active, pod_key
+from api.pods import devices_from_env, pod_key
 from api.v1alpha1 import parse_ids
-from sdgruntime.kinds import PODS
 
 if TYPE_CHECKING:
     from controllers.groupscheduler import GroupScheduler
@@ -54,10 +53,8 @@ async def recover(gs: GroupScheduler) -> None:
             continue
         resources = (group.get("spec") or {}).get("resources") or {}
         seen: dict[tuple[str, str], list[str]] = {}
-        for pod in gs.cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False):
-            node = (pod.get("spec") or {}).get("nodeName")
-            if not node or not is_active(pod):
-                continue
+        for pod in gs.bound_pods(name):
+            node = pod["spec"]["nodeName"]
             devices = devices_from_env(pod, resources, gs.env_table)
             if devices is None:
                 continue

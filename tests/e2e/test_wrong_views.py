@@ -26,6 +26,21 @@ from tests.e2e.harness import (
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
+async def write_record(client: Client, node: str, claims: str) -> None:
+    """A claim record as a human (or a lost writer) leaves it."""
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": record_name(node),
+            "namespace": MANAGER_NS,
+            "labels": {"deviceshare.io/claims": "node"},
+        },
+        "data": {"node": node, "claims": claims},
+    }
+    await client.create(CONFIGMAPS, cm, MANAGER_NS)
+
+
 async def _scheduled(client: Client, name: str) -> dict | None:
     g = await client.get(SDG_KIND, name)
     for c in (g.get("status") or {}).get("conditions") or []:
@@ -103,20 +118,7 @@ async def test_stale_claim_for_an_older_spec_is_not_adopted(
     await add_node(client, "n0", 4)
     await client.create(SDG_KIND, group("grown", {GPU: 3}))
     # A claim for the spec before an edit (1 GPU), as an interrupted bind leaves it.
-    await client.create(
-        CONFIGMAPS,
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": record_name("n0"),
-                "namespace": MANAGER_NS,
-                "labels": {"deviceshare.io/claims": "node"},
-            },
-            "data": {"node": "n0", "claims": '{"grown":{"nvidia.com/gpu":"3"}}'},
-        },
-        MANAGER_NS,
-    )
+    await write_record(client, "n0", '{"grown":{"nvidia.com/gpu":"3"}}')
     async with run_sdg(cluster):
         g = await wait_bound(client, "grown")
     assert g["status"]["selectedDevices"] == {GPU: "0,1,2"}
@@ -156,20 +158,7 @@ async def test_claim_left_on_another_node_is_released(
         )
         await wait_bound(client, "g")
         # As a bind that lost to another manager leaves it: g also claimed on n1.
-        await client.create(
-            CONFIGMAPS,
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {
-                    "name": record_name("n1"),
-                    "namespace": MANAGER_NS,
-                    "labels": {"deviceshare.io/claims": "node"},
-                },
-                "data": {"node": "n1", "claims": '{"g":{"nvidia.com/gpu":"0"}}'},
-            },
-            MANAGER_NS,
-        )
+        await write_record(client, "n1", '{"g":{"nvidia.com/gpu":"0"}}')
 
         async def released() -> bool:
             cm = await client.get(CONFIGMAPS, record_name("n1"), MANAGER_NS)
