@@ -28,6 +28,24 @@ GROUP_ANNOTATION: Final = "deviceshare.io/group"
 NODE_MODE_LABEL: Final = "deviceshare.io/mode"
 NODE_MODE_SHARED: Final = "shared"
 
+#: The taint that keeps shared nodes SDG's alone:
+#: ``kubectl taint node N deviceshare.io/mode=shared:NoSchedule``. Group pods get the
+#: matching toleration from the pod webhook; group placement ignores this one taint.
+SHARED_TAINT_KEY: Final = NODE_MODE_LABEL
+SHARED_TAINT_VALUE: Final = NODE_MODE_SHARED
+
+#: The most devices of one resource a node may offer. A larger count (an extended
+#: resource counted in bytes, a typo) is not a device count: the node offers none of it,
+#: and placement says why. It also bounds every per-device loop and allocation.
+MAX_DEVICES_PER_RESOURCE: Final = 1024
+
+#: ``status.allocatedPods`` lists at most this many pods (``podCount`` stays exact), so
+#: a group's object stays far below etcd's size limit.
+MAX_ALLOCATED_PODS: Final = 1000
+
+#: Condition messages are cut to this many characters (the API allows 32768).
+MAX_CONDITION_MESSAGE: Final = 4096
+
 #: Taint effects that keep pods (and groups, which tolerate nothing) off a node.
 FILTERING_TAINT_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
 
@@ -65,6 +83,20 @@ REASON_DEVICES_MISSING: Final = "DevicesMissing"
 REASON_NOT_BOUND: Final = "NotBound"
 REASON_READY: Final = "Ready"
 REASON_NOT_READY: Final = "NotReady"
+#: Ready=False reasons that mean the group's devices are disputed. While a group carries
+#: one, the pod webhook admits no new pod into it and the pod scheduler binds none.
+REASON_CLAIM_CONFLICT: Final = "ClaimConflict"
+REASON_DEVICES_CONFLICT: Final = "DevicesConflict"
+REASON_RECOVERY_CONFLICT: Final = "RecoveryConflict"
+REASON_FOREIGN_DEVICE_PODS: Final = "ForeignDevicePods"
+CONFLICT_REASONS: Final = frozenset(
+    {
+        REASON_CLAIM_CONFLICT,
+        REASON_DEVICES_CONFLICT,
+        REASON_RECOVERY_CONFLICT,
+        REASON_FOREIGN_DEVICE_PODS,
+    }
+)
 
 # --- Device env vars ----------------------------------------------------------------------
 #: Default device resource -> env var table. Keys are fnmatch-style globs matched against
