@@ -17,12 +17,14 @@ from api.constants import PHASE_BOUND, SDG_KIND
 from api.pods import POD_GROUP_INDEX, POD_NODE_INDEX, index_by_group, index_by_node, pod_group
 from controllers import metrics as sdg_metrics
 from controllers.claims import RECORD_LABEL, RECORD_LABEL_VALUE, ClaimBook
+from controllers.foreign import ForeignDevices, ForeignPodReporter, device_use, is_shared
 from controllers.groupscheduler import GroupScheduler
 from controllers.placement import node_device_capacity
 from controllers.podscheduler import PodScheduler, wants_scheduling
 from controllers.settings import Settings
 from controllers.statuscontroller import StatusController
-from sdgruntime.cache import KindOptions
+from sdgruntime import errors
+from sdgruntime.cache import CacheNotSynced, KindOptions
 from sdgruntime.client import Client
 from sdgruntime.handler import EnqueueRequestsFromMapFunc
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
@@ -79,6 +81,11 @@ pod_moved = Funcs(update=lambda old, new: _pod_facts(old) != _pod_facts(new))
 only_deletes = Funcs(create=lambda _o: False, update=lambda _o, _n: False)
 
 
+def _foreign_facts(pod: Obj, env_table: Any) -> tuple[Any, ...]:
+    use = device_use(pod, env_table)
+    return (use.node, use.resources, use.env_vars) if use else ()
+
+
 def _node_facts(node: Obj) -> tuple[Any, ...]:
     meta, spec, status = (
         node.get("metadata") or {},
@@ -126,9 +133,12 @@ class SDG:
         cache.add_index(PODS, POD_GROUP_INDEX, index_by_group)
         cache.add_index(PODS, POD_NODE_INDEX, index_by_node)
         self._gauged: dict[str, set[str]] = {}
+        self._foreign_gauged: set[str] = set()
         self.claims = ClaimBook(mgr.client, settings.namespace, on_change=self._count_devices)
+        self.foreign = ForeignDevices(self.env_table, on_change=self._count_foreign)
         self._feed_claims()
         self._feed_capacity()
+        self._feed_foreign()
         cache.informer(SDG_KIND).add_handler(
             on_add=self._group_added,
             on_update=self._group_updated,
@@ -136,6 +146,13 @@ class SDG:
         )
 
         recorder = mgr.event_recorder("deviceshare-scheduler")
+        table = self.env_table
+        #: Pods outside any group that use devices, and changes to that.
+        foreign = Funcs(
+            create=lambda p: bool(_foreign_facts(p, table)),
+            update=lambda o, n: _foreign_facts(o, table) != _foreign_facts(n, table),
+            delete=lambda p: bool(_foreign_facts(p, table)),
+        )
         self.group_scheduler = GroupScheduler(
             mgr.client,
             cache,
@@ -143,6 +160,7 @@ class SDG:
             recorder,
             env_table=self.env_table,
             tracer_provider=tracer_provider,
+            foreign=self.foreign,
         )
         (
             mgr.controller("group-scheduler")
@@ -156,8 +174,16 @@ class SDG:
                 [only_deletes],
             )
             .watches(PODS, EnqueueRequestsFromMapFunc(self._group_of_pod), [pod_moved])
+            # Pods outside any group that use devices: groups on their node re-check,
+            # Pending groups retry when they go.
+            .watches(PODS, EnqueueRequestsFromMapFunc(self._groups_near_foreign_pod), [foreign])
             .with_options(max_concurrent_reconciles=settings.group_workers)
             .complete(self.group_scheduler)
+        )
+        (
+            mgr.controller("foreign-device-pods")
+            .for_(PODS, predicates=[foreign])
+            .complete(ForeignPodReporter(cache, recorder, self.env_table))
         )
         self.status_controller = StatusController(
             mgr.client, cache, mgr.event_recorder("deviceshare-controller")
@@ -210,6 +236,7 @@ class SDG:
     def _feed_capacity(self) -> None:
         def upsert(node: Obj) -> None:
             self.claims.set_capacity(node["metadata"]["name"], node_device_capacity(node))
+            self._count_foreign(node["metadata"]["name"])  # its shared label may have changed
 
         def delete(node: Obj) -> None:
             self.claims.remove_node(node["metadata"]["name"])
@@ -217,6 +244,28 @@ class SDG:
         self.manager.cache.informer(NODES).add_handler(
             on_add=upsert, on_update=lambda _o, n: upsert(n), on_delete=delete
         )
+
+    def _feed_foreign(self) -> None:
+        self.manager.cache.informer(PODS).add_handler(
+            on_add=self.foreign.observe,
+            on_update=lambda _old, pod: self.foreign.observe(pod),
+            on_delete=self.foreign.forget,
+        )
+
+    def _count_foreign(self, node: str) -> None:
+        """``sdg_foreign_device_pods{node}``, for shared nodes only (elsewhere the device
+        plugin's pods are the norm)."""
+        try:
+            shared = is_shared(self.manager.cache.get(NODES, node, copy=False))
+        except (errors.NotFound, CacheNotSynced):
+            shared = False
+        count = self.foreign.counts(node) if shared else 0
+        if count:
+            sdg_metrics.FOREIGN_DEVICE_PODS.labels(node).set(count)
+            self._foreign_gauged.add(node)
+        elif node in self._foreign_gauged:
+            self._foreign_gauged.discard(node)
+            sdg_metrics.FOREIGN_DEVICE_PODS.remove(node)
 
     def _count_devices(self, node: str) -> None:
         tracker = self.claims.tracker
@@ -279,6 +328,15 @@ class SDG:
         record = self.claims.records.get(node or "")
         for name in record.claims if record else ():
             yield Request(name)  # groups named there: a claim left on the wrong node
+
+    def _groups_near_foreign_pod(self, pod: Obj) -> Iterable[Request]:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or not _foreign_facts(pod, self.env_table):
+            return
+        yield from self._pending_groups()
+        for g in self._groups():
+            if (g.get("status") or {}).get("nodeName") == node:
+                yield Request(g["metadata"]["name"])
 
     @staticmethod
     def _group_of_pod(pod: Obj) -> Iterable[Request]:

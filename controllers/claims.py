@@ -20,11 +20,19 @@ pods use), and tentative reservations of decisions in flight. Sources that disag
 the disputed IDs for everyone (holder ``!conflict:...``); a malformed record blocks its
 whole node. So a view that is wrong can only make SDG hand out less, never twice; and the
 write itself re-checks the record it fences on.
+
+A record is identified by its ConfigMap's *name*, never by a field inside it: a labelled
+ConfigMap whose name is not ``record_name(data.node)`` (a decoy, or a record whose
+contents were edited to name another node) is malformed and blocks every node it names,
+so it can never act as a second fence. Each claim carries the claiming group's UID
+(``data.uids``), so a group deleted and recreated under the same name is a different
+claimant: it never inherits the old claim.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,14 +56,52 @@ RECORD_LABEL = "deviceshare.io/claims"
 RECORD_LABEL_VALUE = "node"
 DATA_NODE = "node"
 DATA_CLAIMS = "claims"
+DATA_UIDS = "uids"
+RECORD_PREFIX = "sdg-claims."
 
 
 def record_name(node: str) -> str:
     """``sdg-claims.<node>``; a hash keeps names of very long node names within 253 chars."""
-    name = f"sdg-claims.{node}"
+    name = f"{RECORD_PREFIX}{node}"
     if len(name) <= 253:
         return name
-    return f"sdg-claims.{hashlib.sha256(node.encode()).hexdigest()[:40]}"
+    return f"{RECORD_PREFIX}{hashlib.sha256(node.encode()).hexdigest()[:40]}"
+
+
+def nodes_named_by(cm: Mapping[str, Any]) -> tuple[str | None, set[str]]:
+    """(the node whose record ``cm`` is, if its name and contents agree; every node it
+    names by its name or by ``data.node``)."""
+    name = str((cm.get("metadata") or {}).get("name") or "")
+    data = cm.get("data") or {}
+    claimed = data.get(DATA_NODE) if isinstance(data, Mapping) else None
+    named: set[str] = set()
+    if isinstance(claimed, str) and claimed:
+        named.add(claimed)
+    suffix = name[len(RECORD_PREFIX) :] if name.startswith(RECORD_PREFIX) else ""
+    if suffix and record_name(suffix) == name:
+        named.add(suffix)
+    if isinstance(claimed, str) and claimed and record_name(claimed) == name:
+        return claimed, named
+    return None, named
+
+
+def decode_uids(text: str | None, claims: Mapping[str, Any]) -> dict[str, str]:
+    """``data.uids``: group -> UID of the claiming group. Absent (a record written before
+    UIDs were recorded) is no UIDs; a UID for a group without a claim is malformed."""
+    if text is None or not str(text).strip():
+        return {}
+    try:
+        raw: Any = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{DATA_UIDS} is not JSON: {err}") from None
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in raw.items()
+    ):
+        raise ValueError(f"{DATA_UIDS} must be a JSON object of group -> UID")
+    stray = sorted(set(raw) - set(claims))
+    if stray:
+        raise ValueError(f"{DATA_UIDS} names groups without a claim: {stray[:5]}")
+    return dict(raw)
 
 
 def resource_version(obj: Mapping[str, Any]) -> int:
@@ -73,6 +119,8 @@ class Record:
     node: str
     claims: dict[str, Devices] = field(default_factory=dict)
     obj: dict[str, Any] | None = None  # the ConfigMap; None while it does not exist
+    #: group -> UID of the group that made the claim ("" for claims recorded without one).
+    uids: dict[str, str] = field(default_factory=dict)
 
     @property
     def resource_version(self) -> int:
@@ -102,8 +150,10 @@ class ClaimBook:
         #: Per node, every held ID under a holder name ``<group>@<node>`` (or a blocker).
         self.tracker = tracker or DeviceTracker()
         self.records: dict[str, Record] = {}
-        #: Nodes whose record is malformed -> why.
-        self.broken: dict[str, str] = {}
+        #: Per node, the malformed ConfigMaps that name it: ConfigMap name -> why.
+        self._malformed: dict[str, dict[str, str]] = {}
+        #: ConfigMap name -> (resourceVersion, nodes it named) as last observed.
+        self._seen: dict[str, tuple[int, set[str]]] = {}
         #: Bound groups' statuses: group -> (node, devices).
         self.statuses: dict[str, tuple[str, Devices]] = {}
         #: Decisions in flight (reserved, record write pending): group -> (node, devices).
@@ -112,42 +162,81 @@ class ClaimBook:
         self.conflicts: dict[str, list[str]] = {}
 
     # --- mirroring: records ------------------------------------------------------------
+    @property
+    def broken(self) -> dict[str, str]:
+        """Nodes whose record is malformed (or disputed by a decoy) -> why; nothing on
+        such a node is given out until a human repairs or deletes the ConfigMap."""
+        return {n: "; ".join(sorted(why.values())) for n, why in self._malformed.items() if why}
+
     def observe(self, cm: Mapping[str, Any]) -> str | None:
         """Take a ConfigMap seen by the informer or returned by a write; returns its node
-        when the view changed. An older resourceVersion than the one held is ignored, so
-        a late informer event cannot undo our own newer write."""
+        (when it is a genuine record) after the view changed. An older resourceVersion
+        than the one held is ignored, so a late informer event cannot undo our own newer
+        write."""
+        name = str((cm.get("metadata") or {}).get("name") or "")
+        version = resource_version(cm)
+        seen = self._seen.get(name)
+        if seen is not None and version <= seen[0]:
+            return None
+        node, named = nodes_named_by(cm)
+        touched = self._drop_observation(name) | named
+        self._seen[name] = (version, named)
+        ref = f"claim record {self.namespace}/{name}"
+        if node is None:
+            why = (
+                f"ConfigMap {self.namespace}/{name} is labelled "
+                f"{RECORD_LABEL}={RECORD_LABEL_VALUE} but is not the record of the node it "
+                f"names (records are named {RECORD_PREFIX}<node> and name that node in "
+                f"data.{DATA_NODE}); delete it"
+            )
+            log.error("%s", why)
+            for n in named:
+                self._malformed.setdefault(n, {})[name] = why
+            for n in touched:
+                self._mirror(n)
+            return None
         data = cm.get("data") or {}
-        node = data.get(DATA_NODE)
-        if not node:
-            return None
-        held = self.records.get(node)
-        if (
-            held is not None
-            and held.obj is not None
-            and resource_version(cm) <= held.resource_version
-        ):
-            return None
         try:
             claims = decode_claims(data.get(DATA_CLAIMS, ""))
-            self.broken.pop(node, None)
+            uids = decode_uids(data.get(DATA_UIDS), claims)
         except ValueError as err:
-            log.error("claim record %s is malformed: %s", record_name(node), err)
-            self.broken[node] = f"claim record {self.namespace}/{record_name(node)}: {err}"
-            claims = {}
-        self.records[node] = Record(node, claims, dict(cm))
-        self._mirror(node)
+            log.error("%s is malformed: %s", ref, err)
+            self._malformed.setdefault(node, {})[name] = f"{ref}: {err}"
+            claims, uids = {}, {}
+        self.records[node] = Record(node, claims, dict(cm), uids)
+        for n in touched:
+            self._mirror(n)
         return node
 
     def forget(self, cm: Mapping[str, Any]) -> str | None:
-        """The ConfigMap was deleted (by a human): its node's claims are gone from the view
-        (bound groups' statuses still hold their devices until the records are restored)."""
-        node = (cm.get("data") or {}).get(DATA_NODE)
-        if not node or node not in self.records:
+        """The ConfigMap was deleted (by a human): a genuine record's claims are gone from
+        the view (bound groups' statuses still hold their devices until the records are
+        restored); a decoy's blocks are lifted."""
+        name = str((cm.get("metadata") or {}).get("name") or "")
+        if name not in self._seen:
             return None
-        del self.records[node]
-        self.broken.pop(node, None)
-        self._mirror(node)
-        return node
+        touched = self._drop_observation(name)
+        del self._seen[name]
+        gone = None
+        for node in list(touched):
+            record = self.records.get(node)
+            if record is not None and record.obj is not None and record_name(node) == name:
+                del self.records[node]
+                gone = node
+        for node in touched:
+            self._mirror(node)
+        return gone
+
+    def _drop_observation(self, name: str) -> set[str]:
+        """Forget what ConfigMap ``name`` said about its nodes; returns those nodes."""
+        _version, nodes = self._seen.get(name, (0, set()))
+        for node in nodes:
+            why = self._malformed.get(node)
+            if why is not None:
+                why.pop(name, None)
+                if not why:
+                    del self._malformed[node]
+        return set(nodes)
 
     # --- mirroring: bound groups' statuses, capacity, reservations --------------------
     def observe_group(self, group: Mapping[str, Any]) -> None:
@@ -194,13 +283,19 @@ class ClaimBook:
         ``unreserve`` (after the record write succeeded or failed)."""
         picked: Devices = {}
         for res in sorted(request):
-            free = self.tracker.free_ids(node, res)
+            free = self.tracker.lowest_free(node, res, request[res])
             if len(free) < request[res]:
                 raise InsufficientDevices(node, res, len(free), request[res])
-            picked[res] = free[: request[res]]
+            picked[res] = free
         self.reserved[group] = (node, picked)
         self._mirror(node)
         return picked
+
+    def hold(self, group: str, node: str, devices: Devices) -> None:
+        """Hold ``devices`` for ``group`` in memory only (a restore whose record write
+        failed): nobody else is given them until ``unreserve``."""
+        self.reserved[group] = (node, {r: list(i) for r, i in devices.items()})
+        self._mirror(node)
 
     def unreserve(self, group: str) -> None:
         old = self.reserved.pop(group, None)
@@ -232,7 +327,7 @@ class ClaimBook:
                 holder = "!conflict:" + ",".join(sorted(groups))
                 disputes.append(f"{res} {i}: held by {', '.join(sorted(groups))}")
             holders.setdefault(holder, {}).setdefault(res, []).append(i)
-        if node in self.broken:
+        if node in self._malformed:
             # Nothing on a node with an unreadable record is free: block every ID.
             for res in self.tracker.capacities(node):
                 taken = {i for d in holders.values() for i in d.get(res, [])}
@@ -261,8 +356,18 @@ class ClaimBook:
                 return node, record.claims[group]
         return None
 
+    def claim_on(self, node: str, group: str) -> Devices | None:
+        """``group``'s claim in ``node``'s record (None: the record names it not)."""
+        record = self.records.get(node)
+        return record.claims.get(group) if record else None
+
     def nodes_claiming(self, group: str) -> list[str]:
         return sorted(n for n, r in self.records.items() if group in r.claims)
+
+    def uid_of(self, node: str, group: str) -> str:
+        """The UID recorded with ``group``'s claim on ``node`` ("" when none was)."""
+        record = self.records.get(node)
+        return record.uids.get(group, "") if record else ""
 
     def held_by_others(self, group: str, node: str, devices: Mapping[str, list[int]]) -> list[str]:
         """Who else (records or bound statuses) holds any of ``devices`` on ``node``."""
@@ -276,22 +381,26 @@ class ClaimBook:
                     continue
                 if _overlaps(held, devices):
                     others.add(other)
-        if node in self.broken:
+        if node in self._malformed:
             others.add(f"(malformed record of node {node})")
         return sorted(others)
 
     # --- fenced writes ---------------------------------------------------------------
-    async def write(self, node: str, group: str, devices: Devices | None) -> None:
-        """Set (or, with ``devices=None``, remove) ``group``'s claim in ``node``'s record.
+    async def write(self, node: str, group: str, devices: Devices | None, uid: str = "") -> None:
+        """Set (or, with ``devices=None``, remove) ``group``'s claim in ``node``'s record,
+        recording ``uid`` (the claiming group's) with it.
 
         Conditional on the record's resourceVersion (or on its absence, for a create).
         Raises ``errors.Conflict`` after refreshing the view when someone else wrote first:
-        the caller re-decides from the fresh view; it never retries blindly.
+        the caller re-decides from the fresh view; it never retries blindly. Removing a
+        claim is the caller's decision to make on a live read of the group (see
+        ``GroupScheduler``); this method only fences the write.
         """
-        if node in self.broken:
+        if node in self._malformed:
             raise ClaimRecordBroken(self.broken[node])
         record = self.records.get(node) or Record(node)
         claims = {g: d for g, d in record.claims.items() if g != group}
+        uids = {g: u for g, u in record.uids.items() if g != group}
         if devices is not None:
             overlap = [g for g, held in claims.items() if _overlaps(held, devices)]
             if overlap:
@@ -302,9 +411,13 @@ class ClaimBook:
                     f"node {node}: {devices} overlap the claims of {sorted(overlap)}", code=409
                 )
             claims[group] = devices
-        if claims == record.claims:
+            if uid:
+                uids[group] = uid
+        if claims == record.claims and uids == record.uids:
             return
         body = {DATA_NODE: node, DATA_CLAIMS: encode_claims(claims)}
+        if uids:
+            body[DATA_UIDS] = json.dumps(uids, separators=(",", ":"), sort_keys=True)
         try:
             if record.obj is None:
                 cm = {
@@ -329,13 +442,14 @@ class ClaimBook:
         self.observe(written)
 
     async def refresh(self, node: str) -> None:
-        """Read a node's record from the API server (after a conflict)."""
+        """Read a node's record from the API server by its name (after a conflict)."""
+        name = record_name(node)
         try:
-            cm = await self.client.get(CONFIGMAPS, record_name(node), self.namespace)
+            cm = await self.client.get(CONFIGMAPS, name, self.namespace)
         except errors.NotFound:
-            if node in self.records:
+            self.forget({"metadata": {"name": name}})
+            if node in self.records:  # known only from our own writes so far
                 del self.records[node]
-                self.broken.pop(node, None)
                 self._mirror(node)
             return
         self.observe(cm)

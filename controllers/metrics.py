@@ -55,3 +55,10 @@ BIND_LATENCY = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+FOREIGN_DEVICE_PODS = Gauge(
+    "sdg_foreign_device_pods",
+    "Pods outside any group that use devices (device plugin request or a device env var "
+    "set by hand), per node; while any run, SDG places no new group of that resource there",
+    ["node"],
+    registry=REGISTRY,
+)

@@ -6,83 +6,176 @@ restored from the env our webhook injected into their bound pods. (Bound pods wh
 disagrees with their group are reported by the GroupScheduler on every reconcile.)
 Whatever disagrees is reported on the group (condition + Warning Event), never settled
 by a second allocation.
+
+Group by group: a group whose record cannot be written (quota, conflict, an admission
+policy) is reported on that group (``Ready=False, reason RecoveryFailed``) and retried by
+its own reconcile with backoff, while every other group is placed and finalized. Devices
+restored from pods whose record write failed are held in memory meanwhile, so no other
+group is given them.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
-from api.constants import CONDITION_READY, PHASE_BOUND, SDG_KIND
+from api.constants import PHASE_BOUND, REASON_RECOVERY_CONFLICT, SDG_KIND
 from api.pods import devices_from_env, pod_key
-from api.v1alpha1 import parse_ids
-
-if TYPE_CHECKING:
-    from controllers.groupscheduler import GroupScheduler
+from api.v1alpha1 import selected_devices
+from controllers.claims import ClaimBook, ClaimRecordBroken
+from controllers.groupstatus import Problem, describe, with_ready_problem
+from controllers.groupwriter import GroupWriter
+from controllers.release import ClaimReleaser, bound_pods
+from controllers.tracker import Devices
+from sdgruntime import errors
+from sdgruntime.cache import Cache
+from sdgruntime.events import EventRecorder
 
 log = logging.getLogger(__name__)
 
+REASON_RECOVERY_FAILED = "RecoveryFailed"
 
-async def recover(gs: GroupScheduler) -> None:
-    groups = {g["metadata"]["name"]: g for g in gs.cache.list(SDG_KIND)}
-    # 1. Records of groups that no longer exist hold devices for nobody.
-    for node, record in list(gs.claims.records.items()):
-        for name in list(record.claims):
-            if name not in groups:
-                log.warning("recovery: releasing devices of deleted group %s on %s", name, node)
-                await gs.claims.write(node, name, None)
-    # 2. Bound groups whose record lost them get it back (or a conflict condition).
-    for name, group in groups.items():
-        status = group.get("status") or {}
-        if status.get("phase") != PHASE_BOUND or not status.get("nodeName"):
-            continue
+Obj = dict[str, Any]
+
+
+class Recovery:
+    """Runs the start-up pass once, and retries, per group, what could not be written."""
+
+    def __init__(
+        self,
+        cache: Cache,
+        claims: ClaimBook,
+        writer: GroupWriter,
+        releaser: ClaimReleaser,
+        recorder: EventRecorder,
+        env_table: Mapping[str, str],
+    ) -> None:
+        self.cache = cache
+        self.claims = claims
+        self.writer = writer
+        self.releaser = releaser
+        self.recorder = recorder
+        self.env_table = env_table
+        #: Groups whose recovery could not be written yet -> why.
+        self.failed: dict[str, str] = {}
+
+    async def run(self) -> None:
+        """The start-up pass (caches are synced: controllers start after sync)."""
+        groups = {g["metadata"]["name"]: g for g in self.cache.list(SDG_KIND)}
+        # 1. Claims of groups that no longer exist (or were recreated) hold devices for
+        #    nobody: released after a live read. A failure is retried by the reconcile of
+        #    that name (the record's watch event enqueues every name it holds).
+        for name in sorted({n for r in self.claims.records.values() for n in r.claims}):
+            group = groups.get(name)
+            uid = (group or {}).get("metadata", {}).get("uid")
+            if group is not None and all(
+                self.claims.uid_of(node, name) in ("", uid)
+                for node in self.claims.nodes_claiming(name)
+            ):
+                continue
+            try:
+                await self.releaser.release_stale(name)
+            except (errors.ApiError, ClaimRecordBroken) as err:
+                log.error("recovery: cannot release stale claims of %s yet: %s", name, err)
+        # 2 and 3, group by group.
+        for group in groups.values():
+            await self.recover_group(group)
+
+    async def recover_group(self, group: Obj) -> bool:
+        """Recover one group; False when a write failed (reported, to be retried)."""
+        name = group["metadata"]["name"]
         try:
-            devices = {r: parse_ids(i) for r, i in (status.get("selectedDevices") or {}).items()}
-        except ValueError:
-            continue
-        where = gs.claims.claim_of(name)
-        if where == (status["nodeName"], devices):
-            continue
-        problem = await gs._restore_record(name, status["nodeName"], devices, where)
-        if problem:
-            await _report(gs, group, problem)
-    # 3. Groups that lost their status: their bound pods say where and what they got.
-    for name, group in groups.items():
+            problem = await self._recover(group)
+        except (errors.ApiError, ClaimRecordBroken) as err:
+            if isinstance(err, errors.NotFound):
+                self.failed.pop(name, None)
+                return True
+            why = f"recovery could not write the claim record yet ({err}); retrying"
+            self.failed[name] = why
+            log.error("recovery: group %s: %s", name, why)
+            await self._report(group, (REASON_RECOVERY_FAILED, why))
+            return False
+        if self.failed.pop(name, None) is not None:
+            self.claims.unreserve(name)
+        if problem is not None:
+            await self._report(group, (REASON_RECOVERY_CONFLICT, problem))
+        return True
+
+    async def _recover(self, group: Obj) -> str | None:
         status = group.get("status") or {}
-        if status.get("phase") == PHASE_BOUND or gs.claims.claim_of(name) is not None:
-            continue
+        if status.get("phase") == PHASE_BOUND and status.get("nodeName"):
+            return await self._restore_bound(group)
+        if self.claims.claim_of(group["metadata"]["name"]) is None:
+            return await self._restore_from_pods(group)
+        return None
+
+    async def _restore_bound(self, group: Obj) -> str | None:
+        """A bound group whose record lost it gets it back (or a conflict is reported)."""
+        name, uid = group["metadata"]["name"], group["metadata"].get("uid", "")
+        node = group["status"]["nodeName"]
+        try:
+            devices = selected_devices(group)
+        except ValueError:
+            return None  # reported as InvalidStatus by the group scheduler
+        if self.claims.claim_of(name) == (node, devices) and self.claims.uid_of(node, name) == uid:
+            return None
+        return await restore_record(self.claims, name, uid, node, devices)
+
+    async def _restore_from_pods(self, group: Obj) -> str | None:
+        """A group that lost its status: its bound pods say where and what they got."""
+        name, uid = group["metadata"]["name"], group["metadata"].get("uid", "")
         resources = (group.get("spec") or {}).get("resources") or {}
         seen: dict[tuple[str, str], list[str]] = {}
-        for pod in gs.bound_pods(name):
+        found: dict[tuple[str, str], Devices] = {}
+        for pod in bound_pods(self.cache, name):
             node = pod["spec"]["nodeName"]
-            devices = devices_from_env(pod, resources, gs.env_table)
+            devices = devices_from_env(pod, resources, self.env_table)
             if devices is None:
                 continue
-            key = (node, repr(sorted(devices.items())))
+            key = (node, describe(devices))
             seen.setdefault(key, []).append(pod_key(pod))
-            seen_devices = devices
+            found[key] = devices
         if not seen:
-            continue
+            return None
         if len(seen) > 1:
-            await _report(
-                gs,
-                group,
+            return (
                 f"its running pods disagree on node/devices ({sorted(seen)}); "
-                "delete the pods or the group to resolve",
+                "delete the pods or the group to resolve"
             )
-            continue
-        ((node, _),) = seen
-        others = gs.claims.held_by_others(name, node, seen_devices)
+        ((key, devices),) = found.items()
+        node = key[0]
+        others = self.claims.held_by_others(name, node, devices)
         if others:
-            await _report(
-                gs, group, f"its pods on {node} use devices now held by {', '.join(others)}"
-            )
-            continue
-        log.warning("recovery: restoring group %s to %s %s from its pods", name, node, seen_devices)
-        await gs.claims.write(node, name, seen_devices)
+            return f"its pods on {node} use devices now held by {', '.join(others)}"
+        log.warning("recovery: restoring group %s to %s %s from its pods", name, node, devices)
+        self.claims.hold(name, node, devices)
+        await self.claims.write(node, name, devices, uid=uid)
+        self.claims.unreserve(name)
+        return None
+
+    async def _report(self, group: Obj, problem: Problem) -> None:
+        """Ready=False on the group and a Warning Event; a failing status write is logged
+        (the group's retry reports again)."""
+        log.error("recovery: group %s: %s", group["metadata"]["name"], problem[1])
+        try:
+            await self.writer.status(group, with_ready_problem(group, problem))
+        except errors.ApiError as err:
+            log.error("recovery: cannot report on %s: %s", group["metadata"]["name"], err)
+        self.recorder.emit(group, "Warning", problem[0], problem[1])
 
 
-async def _report(gs: GroupScheduler, group: dict[str, Any], problem: str) -> None:
-    log.error("recovery: group %s: %s", group["metadata"]["name"], problem)
-    await gs._set_conditions(group, (CONDITION_READY, "False", "RecoveryConflict", problem))
-    gs.recorder.emit(group, "Warning", "RecoveryConflict", problem)
+async def restore_record(
+    claims: ClaimBook, name: str, uid: str, node: str, devices: Devices
+) -> str | None:
+    """Write a bound group's status into ``node``'s record; returns a problem instead when
+    a record or another bound status gives those devices to someone else. (A claim of the
+    group left on another node is the releaser's to judge, on a live read.)"""
+    others = claims.held_by_others(name, node, devices)
+    if others:
+        return (
+            f"status says node {node} devices {describe(devices)}, but {', '.join(others)} "
+            "hold(s) them too; delete and recreate this group"
+        )
+    await claims.write(node, name, devices, uid=uid)
+    return None

@@ -1,0 +1,242 @@
+"""Devices used outside the books: pods that use vendor devices without being in a group.
+
+A pod that is not in a group but sets a vendor device env var itself (``all`` included)
+or requests the vendor resource through the device plugin sees devices SDG did not hand
+out, and SDG cannot know which. On a node where such pods run, no new group gets that
+resource (a wrong view may hand out less, never twice), and groups already bound there
+are reported (``Ready=False, reason ForeignDevicePods``). The pod itself gets a Warning
+Event (``ForeignPodReporter``).
+
+``device_use`` is pure; ``ForeignDevices`` mirrors the pod cache, fed synchronously by
+the pod informer, so placement reads it in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from api.constants import (
+    GROUP_ANNOTATION,
+    NODE_MODE_LABEL,
+    NODE_MODE_SHARED,
+    REASON_FOREIGN_DEVICE_PODS,
+)
+from api.envvars import env_var_for
+from api.pods import is_active, pod_key
+from controllers.groupstatus import listed
+from sdgruntime import errors
+from sdgruntime.cache import Cache
+from sdgruntime.events import EventRecorder
+from sdgruntime.kinds import NODES, PODS
+from sdgruntime.reconcile import Request, Result
+
+log = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+
+#: Values of a device env var that make no device visible (NVIDIA's ``void``/``none``;
+#: empty is unset). Anything else (IDs, UUIDs, ``all``) may reach devices.
+NO_DEVICE_VALUES = frozenset({"", "void", "none"})
+_CONTAINER_KINDS = ("initContainers", "containers", "ephemeralContainers")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUse:
+    """What one pod outside any group uses on its node."""
+
+    pod: str  # namespace/name
+    node: str
+    #: Device resources it requests (limits or requests).
+    resources: frozenset[str]
+    #: Device env vars it sets itself (the resource is whatever the env table maps to it).
+    env_vars: frozenset[str]
+
+    def affects(self, resource: str, env_table: Mapping[str, str]) -> bool:
+        """Whether this pod may see devices of ``resource``."""
+        return resource in self.resources or env_var_for(resource, env_table) in self.env_vars
+
+    def how(self) -> str:
+        parts = [f"requests {r}" for r in sorted(self.resources)]
+        parts += [f"sets {v}" for v in sorted(self.env_vars)]
+        return ", ".join(parts)
+
+
+def device_use(pod: Obj, env_table: Mapping[str, str]) -> DeviceUse | None:
+    """The devices a pod outside any group uses on its node, or None.
+
+    None for pods in a group (the annotation, even empty: the webhook judged those), pods
+    not bound to a node yet, finished pods, and pods that use no device.
+    """
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    if GROUP_ANNOTATION in (meta.get("annotations") or {}):
+        return None
+    node = spec.get("nodeName")
+    if not node or not isinstance(node, str) or not is_active(pod):
+        return None
+    device_vars = set(env_table.values())
+    resources: set[str] = set()
+    env_vars: set[str] = set()
+
+    def requested(section_owner: Obj) -> None:
+        for section in ("limits", "requests"):
+            for res in (section_owner.get("resources") or {}).get(section) or {}:
+                if env_var_for(res, env_table) is not None:
+                    resources.add(res)
+
+    requested(spec)
+    for kind in _CONTAINER_KINDS:
+        for container in spec.get(kind) or ():
+            requested(container)
+            for entry in container.get("env") or ():
+                name = entry.get("name")
+                if name not in device_vars:
+                    continue
+                value = entry.get("value")
+                # valueFrom (a ConfigMap, a field) may say anything: count it as a use.
+                if entry.get("valueFrom") or str(value or "").strip().lower() not in (
+                    NO_DEVICE_VALUES
+                ):
+                    env_vars.add(name)
+    if not resources and not env_vars:
+        return None
+    return DeviceUse(pod_key(pod), node, frozenset(resources), frozenset(env_vars))
+
+
+def is_shared(node: Obj | None) -> bool:
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(NODE_MODE_LABEL) == NODE_MODE_SHARED
+
+
+class ForeignDevices:
+    """Per node, the pods outside any group that use devices (a mirror of the pod cache).
+
+    Bounded by the number of such pods; entries go when the pods end or are deleted.
+    """
+
+    def __init__(
+        self, env_table: Mapping[str, str], on_change: Callable[[str], None] | None = None
+    ) -> None:
+        self.env_table = env_table
+        #: Called with a node's name when its foreign pods change (metrics).
+        self.on_change = on_change
+        self._by_node: dict[str, dict[str, DeviceUse]] = {}
+        self._node_of: dict[str, str] = {}
+
+    def observe(self, pod: Obj) -> None:
+        key = pod_key(pod)
+        use = device_use(pod, self.env_table)
+        old_node = self._node_of.get(key)
+        old = self._by_node.get(old_node, {}).get(key) if old_node else None
+        if use == old:
+            return
+        if old_node is not None:
+            self._drop(key, old_node)
+        if use is not None:
+            self._by_node.setdefault(use.node, {})[key] = use
+            self._node_of[key] = use.node
+        for node in {n for n in (old_node, use.node if use else None) if n}:
+            self._changed(node)
+
+    def forget(self, pod: Obj) -> None:
+        key = pod_key(pod)
+        node = self._node_of.get(key)
+        if node is not None:
+            self._drop(key, node)
+            self._changed(node)
+
+    def _drop(self, key: str, node: str) -> None:
+        del self._node_of[key]
+        pods = self._by_node[node]
+        del pods[key]
+        if not pods:
+            del self._by_node[node]
+
+    def _changed(self, node: str) -> None:
+        if self.on_change is not None:
+            self.on_change(node)
+
+    # --- reading ---------------------------------------------------------------------
+    def on(self, node: str) -> list[DeviceUse]:
+        """The node's foreign device users, sorted by pod."""
+        return sorted(self._by_node.get(node, {}).values(), key=lambda u: u.pod)
+
+    def affecting(self, node: str, resources: Iterable[str]) -> list[DeviceUse]:
+        wanted = list(resources)
+        return [u for u in self.on(node) if any(u.affects(r, self.env_table) for r in wanted)]
+
+    def blocked(self, resources: Iterable[str]) -> dict[str, dict[str, str]]:
+        """For placement: node -> resource -> why, for every node where a requested
+        resource is used outside the books (O(nodes with such pods))."""
+        wanted = sorted(resources)
+        out: dict[str, dict[str, str]] = {}
+        for node, pods in self._by_node.items():
+            for res in wanted:
+                if any(u.affects(res, self.env_table) for u in pods.values()):
+                    out.setdefault(node, {})[res] = (
+                        f"have {res} in use by pods outside any group "
+                        "(sdg explain lists them; keep shared nodes tainted)"
+                    )
+        return out
+
+    def problem(self, node: str, resources: Iterable[str]) -> tuple[str, str] | None:
+        """The ForeignDevicePods message for a group bound to ``node``, if any."""
+        users = self.affecting(node, resources)
+        if not users:
+            return None
+        pods = [f"{u.pod} ({u.how()})" for u in users]
+        return (
+            REASON_FOREIGN_DEVICE_PODS,
+            f"pods outside any group use the devices of node {node}: {listed(pods)}; SDG "
+            "cannot know which devices they see, so no new pod joins this group. Delete "
+            "those pods or move them off the node; keep shared nodes exclusive with "
+            f"kubectl taint node {node} {NODE_MODE_LABEL}={NODE_MODE_SHARED}:NoSchedule",
+        )
+
+    def counts(self, node: str) -> int:
+        return len(self._by_node.get(node, {}))
+
+
+class ForeignPodReporter:
+    """Reconciler for pods that use devices outside any group on a shared node: one
+    Warning Event per pod, saying what to do."""
+
+    def __init__(self, cache: Cache, recorder: EventRecorder, env_table: Mapping[str, str]):
+        self.cache = cache
+        self.recorder = recorder
+        self.env_table = env_table
+        #: pod key -> UID of the pod already warned (bounded: dropped when the pod goes).
+        self._warned: dict[str, str] = {}
+
+    async def reconcile(self, request: Request) -> Result | None:
+        key = f"{request.namespace}/{request.name}"
+        try:
+            pod = self.cache.get(PODS, request.name, request.namespace, copy=False)
+        except errors.NotFound:
+            self._warned.pop(key, None)
+            return None
+        use = device_use(pod, self.env_table)
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if use is None:
+            self._warned.pop(key, None)
+            return None
+        try:
+            node = self.cache.get(NODES, use.node, copy=False)
+        except errors.NotFound:
+            node = None
+        if not is_shared(node) or self._warned.get(key) == uid:
+            return None
+        self._warned[key] = uid
+        self.recorder.emit(
+            pod,
+            "Warning",
+            "ForeignDevicePod",
+            f"this pod {use.how()} on shared node {use.node} without a SharedDeviceGroup: "
+            "SDG cannot know which devices it sees, so it hands out no more of them there "
+            "and flags the groups bound to the node. Join a group (annotation "
+            f"{GROUP_ANNOTATION}) or run it on a node without {NODE_MODE_LABEL}={NODE_MODE_SHARED}",
+        )
+        log.warning("pod %s uses devices outside any group on node %s", key, use.node)
+        return None

@@ -1,0 +1,65 @@
+"""Every write the group scheduler and recovery make to a SharedDeviceGroup, in one place.
+
+It remembers the resourceVersion of its own last write per group until the cache shows
+it: a reconcile on an older cached copy would only earn a 409, so ``behind`` tells the
+caller to wait for the watch event that brings the newer object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from api.constants import SDG_KIND
+from controllers.claims import resource_version
+from sdgruntime import errors
+from sdgruntime.client import Client
+
+Obj = dict[str, Any]
+
+
+class GroupWriter:
+    """Conditional writes of groups' status and finalizers, remembering what it wrote."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        #: group -> resourceVersion of our last write, until the cache shows it.
+        self._written: dict[str, int] = {}
+
+    def behind(self, group: Mapping[str, Any]) -> bool:
+        """Whether ``group`` (a cached copy) is older than our own last write to it."""
+        name = group["metadata"]["name"]
+        expected = self._written.get(name)
+        if expected is None:
+            return False
+        if resource_version(group) < expected:
+            return True
+        del self._written[name]
+        return False
+
+    def forget(self, name: str) -> None:
+        self._written.pop(name, None)
+
+    async def live(self, name: str) -> Obj | None:
+        """The group as the API server has it now (None: it does not exist)."""
+        try:
+            return await self.client.get(SDG_KIND, name)
+        except errors.NotFound:
+            return None
+
+    async def status(self, group: Mapping[str, Any], status: Mapping[str, Any]) -> Obj | None:
+        """Write ``status`` conditionally on ``group``'s resourceVersion; no write when it
+        is unchanged. Raises Conflict (someone wrote first) and NotFound."""
+        if dict(status) == (group.get("status") or {}):
+            return None
+        written = await self.client.update_status(SDG_KIND, {**group, "status": dict(status)})
+        self._written[group["metadata"]["name"]] = resource_version(written)
+        return written
+
+    async def finalizers(self, group: Mapping[str, Any], finalizers: list[str]) -> Obj:
+        """Set the finalizer list with a merge patch conditional on the version we read."""
+        meta = group["metadata"]
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        written = await self.client.patch(SDG_KIND, meta["name"], patch)
+        self._written[meta["name"]] = resource_version(written)
+        return written

@@ -1,0 +1,112 @@
+"""Giving devices back: the one place that decides to remove a claim from a record.
+
+Adding a claim is fenced by the record's resourceVersion; removing one is a decision that
+frees devices, so it is made on a *live* read of the group (its UID checked against the
+one recorded with the claim), never on a cache that may lag:
+
+- no group of that name exists, or one with another UID (deleted and recreated): the
+  claim is an orphan;
+- the group is Bound elsewhere: a claim on another node is left over from a lost race;
+- the group is Pending and the claim cannot be adopted (its spec changed, the node no
+  longer fits): the claim is given back and the group placed afresh.
+
+A claim is never removed while active pods of that group name are bound to its node: they
+may be using the devices right now (a finalizer removed by hand, an old incarnation).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from api.constants import PHASE_BOUND
+from api.pods import POD_GROUP_INDEX, is_active
+from controllers.claims import ClaimBook
+from controllers.groupwriter import GroupWriter
+from sdgruntime.cache import Cache
+from sdgruntime.kinds import PODS
+
+log = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+
+
+def bound_pods(cache: Cache, name: str) -> list[Obj]:
+    """Active pods naming group ``name`` that are bound to a node (cache, read-only)."""
+    return [
+        p
+        for p in cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False)
+        if is_active(p) and (p.get("spec") or {}).get("nodeName")
+    ]
+
+
+def should_release(live: Obj | None, node: str, claim_uid: str, *, adoptable: bool = False) -> bool:
+    """Whether the claim of group ``live``'s name on ``node`` (recorded with
+    ``claim_uid``, "" if none was) is stale, judged on a live read (pure; the caller
+    still keeps it while pods of that name run on the node)."""
+    if live is None:
+        return True
+    uid = (live.get("metadata") or {}).get("uid") or ""
+    if claim_uid and claim_uid != uid:
+        return True  # an earlier group of the same name made it
+    status = live.get("status") or {}
+    if status.get("phase") == PHASE_BOUND and status.get("nodeName"):
+        return status["nodeName"] != node
+    return not adoptable
+
+
+class ClaimReleaser:
+    """Removes claims only after ``should_release`` agrees on a live read."""
+
+    def __init__(self, claims: ClaimBook, writer: GroupWriter, cache: Cache) -> None:
+        self.claims = claims
+        self.writer = writer
+        self.cache = cache
+
+    async def release_stale(
+        self, name: str, *, adoptable_on: str | None = None, live: Obj | None = None
+    ) -> Obj | None:
+        """Remove every claim of ``name`` that a live read shows to be stale; returns the
+        live group (None if it does not exist). ``adoptable_on`` names the node whose
+        claim a Pending group may still adopt."""
+        nodes = self.claims.nodes_claiming(name)
+        if live is None:
+            live = await self.writer.live(name)
+        if not nodes:
+            return live
+        running = {(p.get("spec") or {}).get("nodeName") for p in bound_pods(self.cache, name)}
+        for node in nodes:
+            stale = should_release(
+                live,
+                node,
+                self.claims.uid_of(node, name),
+                adoptable=node == adoptable_on,
+            )
+            if stale and node in running:
+                log.warning(
+                    "keeping the stale claim of %s on node %s: pods of that name run there",
+                    name,
+                    node,
+                )
+            elif stale:
+                log.info("releasing the claim of %s on node %s (live read)", name, node)
+                await self.claims.write(node, name, None)
+        return live
+
+    async def release_deleted(self, group: Obj) -> bool:
+        """A group being deleted whose pods are gone: give back all of its claims, after a
+        live read confirms it is that same group, still being deleted. Returns whether the
+        finalizer may go."""
+        name = group["metadata"]["name"]
+        live = await self.writer.live(name)
+        if live is None or live["metadata"].get("uid") != group["metadata"].get("uid"):
+            return False  # gone already, or recreated: its reconcile will judge
+        if not live["metadata"].get("deletionTimestamp"):
+            return False
+        for node in self.claims.nodes_claiming(name):
+            claim_uid = self.claims.uid_of(node, name)
+            if claim_uid and claim_uid != live["metadata"].get("uid"):
+                continue  # an earlier group's claim: the orphan path judges it
+            await self.claims.write(node, name, None)
+        return True
