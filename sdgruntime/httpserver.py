@@ -9,13 +9,22 @@ timeouts and error answers.
 Behaviour worth knowing:
 
 - keep-alive and pipelining are supported (h11 handles the framing);
-- a request body larger than ``max_body_bytes`` gets 413 (from ``Content-Length``
-  before reading the body, or while reading a chunked body), headers larger than
-  ``max_header_bytes`` get 431, malformed requests get 400; after such an error the
-  connection is closed *gracefully* (half-close, then the rest of the request is read
-  and discarded for a moment) so the client reads the answer instead of a reset;
+- every input is bounded, and every refusal says why in a text body: a request body
+  larger than ``max_body_bytes`` gets 413 (from ``Content-Length`` before reading the
+  body, or while reading a chunked body), headers larger than ``max_header_bytes`` get
+  431, malformed requests get 400; after such an error the connection is closed
+  *gracefully* (half-close, then the rest of the request is read and discarded for a
+  moment) so the client reads the answer instead of a reset;
+- at most ``max_connections`` connections are served at once; one more gets an
+  immediate 503 ``too many connections (limit N)`` and is closed (over TLS after the
+  handshake, so the client can read it; at most ``_MAX_REFUSING`` such answers are in
+  progress, connections beyond those are closed unanswered);
+- request bodies being read or served hold at most ``max_buffered_bytes`` in total
+  (``None``: only the per-request cap); a request that would go over gets 503;
 - a client that starts a request but does not finish it within ``request_timeout``
-  gets 408; an idle keep-alive connection is closed after ``idle_timeout``;
+  gets 408; a TLS handshake or a response send that takes longer is dropped; a
+  connection that sends nothing is closed after ``request_timeout``, an idle
+  keep-alive connection after ``idle_timeout``;
 - a handler that raises gets 500, one that outlives ``handler_timeout`` gets 503;
 - with ``ssl_context_provider`` each new connection is wrapped with the context the
   provider returns *at that moment*, so a rotated certificate takes effect for new
@@ -50,6 +59,12 @@ _LINGER_SECONDS = 2.0
 _ACCEPT_BACKOFF_MIN = 0.005
 _ACCEPT_BACKOFF_MAX = 1.0
 _LINGER_MAX_BYTES = 64 * 1024 * 1024
+# Refusing a connection over the cap costs a task, a TLS handshake and a linger: bound
+# those too, and keep them short.
+_MAX_REFUSING = 32
+_REFUSE_SECONDS = 5.0
+_REFUSAL_LOG_INTERVAL = 10.0  # a flood of refusals is one warning per interval
+DEFAULT_MAX_CONNECTIONS = 256
 _NETWORK_ERRORS = (
     anyio.BrokenResourceError,
     anyio.ClosedResourceError,
@@ -100,7 +115,9 @@ class Response:
     def json(
         cls, obj: Any, status: int = 200, headers: Mapping[str, str] | None = None
     ) -> Response:
-        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+        # ASCII escapes: a string with a lone surrogate (a valid JSON escape, so it can
+        # arrive in any request) must not make encoding the answer fail.
+        body = json.dumps(obj, separators=(",", ":")).encode()
         return cls(status, {"content-type": "application/json", **(headers or {})}, body)
 
 
@@ -161,8 +178,17 @@ class HTTPServer:
         request_timeout: float = 30.0,
         idle_timeout: float = 120.0,
         handler_timeout: float | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_buffered_bytes: int | None = None,
         name: str = "http",
     ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        if max_buffered_bytes is not None and max_buffered_bytes < max_body_bytes:
+            raise ValueError(
+                f"max_buffered_bytes ({max_buffered_bytes}) is below max_body_bytes "
+                f"({max_body_bytes}): a request of the allowed size could never be read"
+            )
         self.host = host
         self.router = routes if isinstance(routes, Router) else Router(routes)
         self.ssl_context_provider = ssl_context_provider
@@ -173,10 +199,27 @@ class HTTPServer:
         # closes idle connections and never writes a request onto a socket we closed.
         self.idle_timeout = idle_timeout
         self.handler_timeout = handler_timeout
+        self.max_connections = max_connections
+        self.max_buffered_bytes = max_buffered_bytes
         self.name = name
         self._requested_port = port
         self._port: int | None = None
         self._listening = False
+        self._active = 0  # connections being served
+        self._refusing = 0  # connections being answered 503 over the cap
+        self._buffered = 0  # body bytes of requests being read or served
+        self._refused = 0  # connections refused since the last warning
+        self._refusal_logged = float("-inf")
+
+    @property
+    def connections(self) -> int:
+        """Connections being served now (not counting ones being refused)."""
+        return self._active
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Request body bytes held now, across connections."""
+        return self._buffered
 
     @property
     def port(self) -> int:
@@ -232,7 +275,28 @@ class HTTPServer:
                 backoff = min(backoff * 2, _ACCEPT_BACKOFF_MAX)
                 continue
             backoff = _ACCEPT_BACKOFF_MIN
-            connections.start_soon(self._on_connection, stream)
+            if self._active < self.max_connections:
+                self._active += 1  # counted here, so the next accept sees it
+                connections.start_soon(self._on_connection, stream)
+            elif self._refusing < _MAX_REFUSING:
+                self._refusing += 1
+                connections.start_soon(self._refuse, stream)
+            else:
+                self._warn_refused()
+                await stream.aclose()
+
+    def _warn_refused(self) -> None:
+        self._refused += 1
+        now = anyio.current_time()
+        if now - self._refusal_logged >= _REFUSAL_LOG_INTERVAL:
+            log.warning(
+                "%s server: refused %d connection(s): %d open (limit %d)",
+                self.name,
+                self._refused,
+                self._active,
+                self.max_connections,
+            )
+            self._refused, self._refusal_logged = 0, now
 
     # --- one connection ------------------------------------------------------------
 
@@ -241,23 +305,57 @@ class HTTPServer:
         take the server down."""
         peer = raw.extra(SocketAttribute.remote_address, None)
         client = (peer[0], peer[1]) if isinstance(peer, tuple) else None
-        async with raw:
-            try:
+        try:
+            async with raw:
+                try:
+                    stream: anyio.abc.ByteStream = raw
+                    if self.ssl_context_provider is not None:
+                        wrapped = await self._handshake(raw, client)
+                        if wrapped is None:
+                            return
+                        stream = wrapped
+                    await self._serve_connection(raw, stream, client)
+                except _NETWORK_ERRORS as exc:
+                    log.debug("%s connection from %s ended: %r", self.name, client, exc)
+                except Exception:
+                    log.exception("%s connection from %s failed", self.name, client)
+        finally:
+            self._active -= 1
+
+    async def _refuse(self, raw: anyio.abc.SocketStream) -> None:
+        """Answers a connection over ``max_connections`` with 503 and closes it, within
+        ``_REFUSE_SECONDS`` (plus the linger). The answer goes out before the request is
+        read (the linger then reads and discards it), so a refusal buffers nothing."""
+        message = f"too many connections (limit {self.max_connections})\n".encode()
+        answer = (
+            b"HTTP/1.1 503 Service Unavailable\r\n"
+            b"content-type: text/plain; charset=utf-8\r\n"
+            b"content-length: " + str(len(message)).encode() + b"\r\n"
+            b"retry-after: 1\r\nconnection: close\r\n\r\n" + message
+        )
+        self._warn_refused()
+        try:
+            async with raw:
                 stream: anyio.abc.ByteStream = raw
-                if self.ssl_context_provider is not None:
-                    wrapped = await self._handshake(raw, client)
-                    if wrapped is None:
-                        return
-                    stream = wrapped
-                await self._serve_connection(raw, stream, client)
-            except _NETWORK_ERRORS as exc:
-                log.debug("%s connection from %s ended: %r", self.name, client, exc)
-            except Exception:
-                log.exception("%s connection from %s failed", self.name, client)
+                with anyio.move_on_after(_REFUSE_SECONDS):
+                    if self.ssl_context_provider is not None:
+                        wrapped = await self._handshake(raw, None)
+                        if wrapped is None:
+                            return
+                        stream = wrapped
+                    with contextlib.suppress(*_NETWORK_ERRORS):
+                        await stream.send(answer)
+                await self._linger(raw)
+        except Exception:
+            log.exception("%s server: refusing a connection failed", self.name)
+        finally:
+            self._refusing -= 1
 
     async def _handshake(
         self, raw: anyio.abc.SocketStream, client: tuple[str, int] | None
     ) -> TLSStream | None:
+        """The TLS stream, or ``None`` if the handshake failed or took longer than
+        ``request_timeout``."""
         assert self.ssl_context_provider is not None
         try:
             context = self.ssl_context_provider()
@@ -293,9 +391,12 @@ class HTTPServer:
                 return
             if request is None:
                 return
-            response = await self._dispatch(request)
-            if not await self._send_response(conn, stream, request, response):
-                return
+            try:
+                response = await self._dispatch(request)
+                if not await self._send_response(conn, stream, request, response):
+                    return
+            finally:
+                self._buffered -= len(request.body)  # taken by _read_request
             conn.start_next_cycle()
             first = False
 
@@ -306,9 +407,29 @@ class HTTPServer:
         client: tuple[str, int] | None,
         first: bool,
     ) -> Request | None:
-        """Reads one whole request; ``None`` means the client went away or stayed idle."""
-        head: h11.Request | None = None
+        """Reads one whole request; ``None`` means the client went away or stayed idle.
+
+        The body's bytes count in ``_buffered`` from the moment they are read; on a
+        returned request the caller gives them back, otherwise this does."""
         body = bytearray()
+        try:
+            request = await self._read_into(conn, stream, client, first, body)
+        except BaseException:
+            self._buffered -= len(body)
+            raise
+        if request is None:
+            self._buffered -= len(body)
+        return request
+
+    async def _read_into(
+        self,
+        conn: h11.Connection,
+        stream: anyio.abc.ByteStream,
+        client: tuple[str, int] | None,
+        first: bool,
+        body: bytearray,
+    ) -> Request | None:
+        head: h11.Request | None = None
         started = bool(conn.trailing_data[0])  # a pipelined request is already buffered
         wait = self.request_timeout if started or first else self.idle_timeout
         with anyio.CancelScope(deadline=anyio.current_time() + wait) as scope:
@@ -316,6 +437,8 @@ class HTTPServer:
                 try:
                     event = conn.next_event()
                 except h11.RemoteProtocolError as exc:
+                    if exc.error_status_hint == 431:  # a head still incomplete at the cap
+                        raise _Reject(431, self._headers_too_large()) from None
                     raise _Reject(exc.error_status_hint, f"bad request: {exc}") from None
                 if event is h11.NEED_DATA:
                     if conn.they_are_waiting_for_100_continue:
@@ -335,7 +458,7 @@ class HTTPServer:
                     # h11 bounds only heads that arrive in pieces; bound whole ones too.
                     size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
                     if size > self.max_header_bytes:
-                        raise _Reject(431, "request header fields too large")
+                        raise _Reject(431, self._headers_too_large())
                     length = _content_length(event.headers)
                     if length is not None and length > self.max_body_bytes:
                         raise _Reject(
@@ -343,20 +466,39 @@ class HTTPServer:
                             f"request body of {length} bytes exceeds the limit of "
                             f"{self.max_body_bytes} bytes",
                         )
+                    if length is not None and not self._fits(length):
+                        raise self._busy()
                 elif isinstance(event, h11.Data):
                     body += event.data
+                    self._buffered += len(event.data)
                     if len(body) > self.max_body_bytes:
                         raise _Reject(
                             413, f"request body exceeds the limit of {self.max_body_bytes} bytes"
                         )
+                    if not self._fits(0):
+                        raise self._busy()
                 elif isinstance(event, h11.EndOfMessage):
                     assert head is not None
                     return _make_request(head, bytes(body), client)
                 else:  # ConnectionClosed (or PAUSED, which cannot happen here)
                     return None
         if scope.cancelled_caught and started:
-            raise _Reject(408, "request timeout")
+            raise _Reject(408, f"request not received within {self.request_timeout:g}s")
         return None
+
+    def _fits(self, more: int) -> bool:
+        limit = self.max_buffered_bytes
+        return limit is None or self._buffered + more <= limit
+
+    def _busy(self) -> _Reject:
+        return _Reject(
+            503,
+            f"server busy: request bodies in progress would hold over "
+            f"{self.max_buffered_bytes} bytes; retry later",
+        )
+
+    def _headers_too_large(self) -> str:
+        return f"request header fields exceed the limit of {self.max_header_bytes} bytes"
 
     async def _dispatch(self, request: Request) -> Response:
         handler = self.router.resolve(request.path)

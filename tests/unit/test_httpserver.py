@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -213,14 +213,16 @@ async def test_malformed_request_gets_400_and_the_server_goes_on() -> None:
             assert (await client.get("/echo")).status_code == 200
 
 
-async def test_oversized_headers_get_431() -> None:
+async def test_oversized_headers_get_431_whole_or_still_arriving() -> None:
+    big = b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192
     async with running(make_server(max_header_bytes=4096)) as srv:
-        stream = await srv.connect()
-        async with stream:
-            await stream.send(
-                b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192 + b"\r\n\r\n"
-            )
-            assert (await RawReader(stream).response()).status == 431
+        for head in (big + b"\r\n\r\n", big):  # complete, and with no end in sight
+            stream = await srv.connect()
+            async with stream:
+                await stream.send(head)
+                resp = await RawReader(stream).response()
+                assert resp.status == 431
+                assert resp.body == b"request header fields exceed the limit of 4096 bytes\n"
 
 
 async def test_request_not_finished_in_time_gets_408_and_is_closed() -> None:
@@ -229,8 +231,105 @@ async def test_request_not_finished_in_time_gets_408_and_is_closed() -> None:
         async with stream:
             await stream.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
             reader = RawReader(stream)
-            assert (await reader.response()).status == 408
+            resp = await reader.response()
+            assert resp.status == 408
+            assert resp.body == b"request not received within 0.2s\n"
             assert await reader.closed()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(5):
+        while not condition():  # noqa: ASYNC110 - polls the server's counters
+            await anyio.sleep(0.01)
+
+
+async def test_connections_over_the_limit_get_503_and_open_ones_keep_working() -> None:
+    server = make_server(max_connections=2)
+    get = b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"
+    async with running(server) as srv, AsyncExitStack() as stack:
+        held = []
+        for _ in range(2):
+            stream = await stack.enter_async_context(await srv.connect())
+            await stream.send(get)
+            reader = RawReader(stream)
+            assert (await reader.response()).status == 200  # kept alive: still counted
+            held.append((stream, reader))
+        assert server.connections == 2
+
+        async with await srv.connect() as extra:
+            await extra.send(get)
+            reader = RawReader(extra)
+            refused = await reader.response()
+            assert refused.status == 503
+            assert refused.body == b"too many connections (limit 2)\n"
+            assert refused.headers["connection"] == "close"
+            assert await reader.closed()
+        async with srv.client() as client:  # as a real client sees it
+            r = await client.get("/echo")
+            assert r.status_code == 503 and r.text == "too many connections (limit 2)\n"
+
+        for stream, reader in held:  # the open connections are served as before
+            await stream.send(get)
+            assert (await reader.response()).status == 200
+        await held[0][0].aclose()
+        await _until(lambda: server.connections == 1)
+        async with srv.client() as client:
+            assert (await client.get("/echo")).status_code == 200
+
+
+async def test_bodies_in_progress_are_capped_in_total_with_503() -> None:
+    server = make_server(max_body_bytes=1000, max_buffered_bytes=1500)
+    async with running(server) as srv, await srv.connect() as slow:
+        # One upload of 1000 bytes stops after 900: those stay buffered.
+        await slow.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        await slow.send(b"s" * 900)
+        await _until(lambda: server.buffered_bytes == 900)
+
+        async with srv.client() as client:
+            declared = await client.post("/echo", content=b"d" * 1000)  # refused up front
+            assert declared.status_code == 503
+            assert "server busy" in declared.text and "1500 bytes" in declared.text
+
+            async def chunks() -> AsyncIterator[bytes]:
+                for _ in range(7):
+                    yield b"c" * 100
+
+            chunked = await client.post("/echo", content=chunks())  # refused once over
+            assert chunked.status_code == 503 and "server busy" in chunked.text
+            assert (await client.post("/echo", content=b"k" * 500)).status_code == 200  # fits
+
+            await slow.send(b"s" * 100)
+            answer = await RawReader(slow).response()
+            assert answer.status == 200 and b'"body":"' + b"s" * 1000 in answer.body
+            await _until(lambda: server.buffered_bytes == 0)  # given back after answering
+            assert (await client.post("/echo", content=b"d" * 1000)).status_code == 200
+    assert server.buffered_bytes == 0
+
+
+async def test_refused_and_failed_requests_give_their_buffered_bytes_back() -> None:
+    server = make_server(max_body_bytes=1000, max_buffered_bytes=1000, request_timeout=0.2)
+    async with running(server) as srv:
+        async with srv.client() as client:
+            assert (await client.post("/echo", content=b"x" * 1001)).status_code == 413
+            assert (await client.post("/boom", content=b"x" * 10)).status_code == 500
+        async with await srv.connect() as stream:  # times out holding 500 bytes
+            await stream.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 999\r\n\r\n")
+            await stream.send(b"t" * 500)
+            assert (await RawReader(stream).response()).status == 408
+        async with await srv.connect() as stream:  # goes away holding 500 bytes
+            await stream.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 999\r\n\r\n")
+            await stream.send(b"t" * 500)
+            await _until(lambda: server.buffered_bytes == 500)
+        await _until(lambda: server.buffered_bytes == 0)
+        async with srv.client() as client:  # the whole budget is available again
+            assert (await client.post("/echo", content=b"y" * 1000)).status_code == 200
+
+
+def test_limits_that_could_never_serve_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_connections"):
+        make_server(max_connections=0)
+    with pytest.raises(ValueError, match="max_buffered_bytes"):
+        make_server(max_body_bytes=1000, max_buffered_bytes=999)
 
 
 async def test_silent_and_idle_connections_are_closed_without_an_answer() -> None:
