@@ -51,7 +51,7 @@ from sdgruntime.kinds import Kind
 from sdgruntime.leaderelection import LeaderElectionLost, LeaderElector, check_durations
 from sdgruntime.probes import Check, MetricsServer, ProbeServer
 from sdgruntime.webhook import WebhookServer
-from sdgruntime.webhook.server import DEFAULT_CERT_DIR
+from sdgruntime.webhook.server import DEFAULT_CERT_DIR, DEFAULT_MAX_CONNECTIONS
 
 __all__ = ["LeaderElectionLost", "Manager", "ManagerOptions", "Runnable"]
 
@@ -76,6 +76,8 @@ class ManagerOptions(BaseModel):
     webhook_host: str | None = None  # all interfaces
     webhook_port: int = 9443
     webhook_cert_dir: str = str(DEFAULT_CERT_DIR)
+    # over it, a new connection gets 503 "too many connections" (WebhookServer)
+    webhook_max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1)
 
     leader_election: bool = False
     leader_election_id: str = ""
@@ -240,6 +242,7 @@ class Manager:
                 self.options.webhook_host,
                 self.options.webhook_port,
                 self.options.webhook_cert_dir,
+                max_connections=self.options.webhook_max_connections,
             )
         return self._webhook_server
 

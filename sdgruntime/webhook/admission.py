@@ -10,8 +10,19 @@ anywhere in a handler.
 
 ``Webhook.review`` turns request bytes into the response AdmissionReview: a handler
 that raises becomes ``allowed: false`` with code 500 ``internal error: ...``, one that
-takes too long becomes a denial with code 504 that says so; a request that is not a
-valid AdmissionReview raises ``ReviewError`` (an HTTP 4xx, never a crash).
+takes too long becomes a denial with code 504 that says so. A request that is not a
+readable AdmissionReview raises ``ReviewError`` (HTTP 400 with the reason, never a
+crash), and so does a handler that fails *reading* the object (``TypeError``,
+``AttributeError``, ``KeyError``, ``IndexError`` or ``ValueError``: ``metadata.annotations``
+a list, ``spec.containers`` a string), as ``ObjectUnreadable``.
+
+What "readable" means is checked once, in ``parse_review``, against the Go types of
+``admission.k8s.io/v1`` (``null`` counts as absent, as for Go's decoder): strict UTF-8
+JSON with finite numbers, nested at most ``MAX_DEPTH`` levels; ``request`` an object
+with a non-empty string ``uid``, ``kind``/``resource`` objects of strings, ``operation``
+one of CREATE/UPDATE/DELETE/CONNECT, strings where the API has strings, ``userInfo`` a
+UserInfo, ``object``/``oldObject``/``options`` objects, ``dryRun`` a bool. So a handler
+sees only well-typed envelope fields; the object's own fields are the handler's to read.
 """
 
 from __future__ import annotations
@@ -19,8 +30,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import anyio
@@ -31,6 +45,22 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+#: How deep a request body may nest (the review is level 1, so its object has 98).
+#: Kubernetes objects are shallow: a Pod's deepest path (node affinity match expression
+#: values) is about 10 levels, and CRDs have structural schemas. Bounding it far below
+#: Python's recursion limit means no handler walking the object (copy, diff, its own
+#: recursion) can hit a RecursionError, and the check itself is one iterative pass.
+MAX_DEPTH = 100
+#: Exceptions a handler raises when the object is not what the API would send: the
+#: request is unreadable (HTTP 400), not a failure of ours (500).
+READ_ERRORS: tuple[type[Exception], ...] = (
+    TypeError,
+    AttributeError,
+    KeyError,
+    IndexError,
+    ValueError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +133,8 @@ class AdmissionResponse:
             response["status"] = status
         if self.allowed and self.patch:
             response["patchType"] = "JSONPatch"
-            encoded = json.dumps(self.patch, separators=(",", ":"), ensure_ascii=False)
+            # ASCII: a string with a lone surrogate (valid in a JSON escape) cannot fail to encode
+            encoded = json.dumps(self.patch, separators=(",", ":"))
             response["patch"] = base64.b64encode(encoded.encode()).decode("ascii")
         if self.warnings:
             response["warnings"] = list(self.warnings)
@@ -187,6 +218,18 @@ class ReviewError(Exception):
         self.message = message
 
 
+class ObjectUnreadable(ReviewError):
+    """The handler could not read the object it was given (HTTP 400). ``where`` is the
+    source line that raised, for the log: a malformed object and a handler bug look the
+    same from here, and the line tells them apart."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(400, f"the object could not be read: {_error_text(error)}")
+        frames = traceback.extract_tb(error.__traceback__)
+        last = frames[-1] if frames else None
+        self.where = f"{Path(last.filename).name}:{last.lineno} in {last.name}" if last else "?"
+
+
 class Webhook:
     """One admission endpoint: decodes the review, runs the handler with a deadline,
     and encodes the verdict."""
@@ -224,8 +267,11 @@ class Webhook:
 
     async def _decide(self, request: AdmissionRequest, deadline: float) -> AdmissionResponse:
         try:
-            with anyio.move_on_after(deadline) as scope:
-                response = await self.handler(request)
+            try:
+                with anyio.move_on_after(deadline) as scope:
+                    response = await self.handler(request)
+            except READ_ERRORS as exc:
+                raise ObjectUnreadable(exc) from None
             if scope.cancelled_caught:
                 log.warning(
                     "webhook %s: timed out after %.3gs on %s",
@@ -246,6 +292,15 @@ class Webhook:
                 raise TypeError("a validating webhook may not return a patch")
         except Denied as exc:
             return denied(exc.message, exc.code, exc.reason)
+        except ObjectUnreadable as exc:
+            log.warning(
+                "webhook %s: %s (at %s) on %s",
+                self.name,
+                exc.message,
+                exc.where,
+                _describe(request),
+            )
+            raise
         except Exception as exc:
             log.exception("webhook %s: handler failed on %s", self.name, _describe(request))
             return errored(500, f"internal error: {type(exc).__name__}: {exc}")
@@ -254,30 +309,167 @@ class Webhook:
         return response
 
 
-def parse_review(body: bytes) -> AdmissionRequest:
-    """Decodes and checks a request AdmissionReview; raises ``ReviewError(400)``."""
+def parse_review(body: bytes, *, max_depth: int = MAX_DEPTH) -> AdmissionRequest:
+    """Decodes and checks a request AdmissionReview (module doc); raises
+    ``ReviewError(400)`` with the first problem found."""
     if not body:
         raise ReviewError(400, "request body is empty")
     try:
-        review = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        # Strict UTF-8 first: json.loads(bytes) would also take UTF-16/32 and pass
+        # encoded surrogates through.
+        review = json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ReviewError(400, f"request body nests deeper than {max_depth} levels") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the two hooks
         raise ReviewError(400, f"request body is not JSON: {exc}") from None
+    if _deeper_than(review, max_depth):
+        raise ReviewError(400, f"request body nests deeper than {max_depth} levels")
     if not isinstance(review, dict):
-        raise ReviewError(400, "request body is not a JSON object")
+        raise ReviewError(400, f"request body is a JSON {_type(review)}, not an object")
     api_version, kind = review.get("apiVersion"), review.get("kind")
     if kind != KIND or api_version != API_VERSION:
         raise ReviewError(
-            400, f"expected {API_VERSION} {KIND}, got apiVersion={api_version!r} kind={kind!r}"
+            400,
+            f"expected {API_VERSION} {KIND}, got apiVersion={_show(api_version)} "
+            f"kind={_show(kind)}",
         )
     request = review.get("request")
-    if not isinstance(request, dict):
+    if request is None:
         raise ReviewError(400, "AdmissionReview has no request")
-    if not isinstance(request.get("uid"), str) or not request["uid"]:
-        raise ReviewError(400, "AdmissionReview request has no uid")
-    for key in ("object", "oldObject"):
-        if request.get(key) is not None and not isinstance(request[key], dict):
-            raise ReviewError(400, f"AdmissionReview request.{key} is not an object")
-    return AdmissionRequest.from_dict(request)
+    if not isinstance(request, dict):
+        raise ReviewError(400, f"AdmissionReview request is a {_type(request)}, not an object")
+    return AdmissionRequest.from_dict(_checked(request))
+
+
+_GVK = ("group", "version", "kind")
+_GVR = ("group", "version", "resource")
+_STRINGS = ("subResource", "requestSubResource", "name", "namespace")
+_OBJECTS = ("object", "oldObject", "options")
+
+
+def _checked(request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` with its envelope fields checked, ``kind``/``resource`` normalised to
+    their three strings; raises ``ReviewError(400)``."""
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise _bad("uid", "a non-empty string", uid)
+    checked = dict(request)
+    for key, fields, required in (
+        ("kind", _GVK, True),
+        ("resource", _GVR, True),
+        ("requestKind", _GVK, False),
+        ("requestResource", _GVR, False),
+    ):
+        value = request.get(key)
+        if value is None and not required:
+            continue
+        if not isinstance(value, dict):
+            raise _bad(key, f"an object of {'/'.join(fields)}", value)
+        for name in fields:
+            if not _null_or(value.get(name), str):
+                raise _bad(f"{key}.{name}", "a string", value[name])
+        checked[key] = {name: value.get(name) or "" for name in fields}
+    operation = request.get("operation")
+    if operation not in OPERATIONS:
+        raise _bad("operation", f"one of {', '.join(OPERATIONS)}", operation)
+    for key in _STRINGS:
+        if not _null_or(request.get(key), str):
+            raise _bad(key, "a string", request[key])
+    for key in _OBJECTS:
+        if not _null_or(request.get(key), dict):
+            raise _bad(key, "an object or null", request[key])
+    if not _null_or(request.get("dryRun"), bool):
+        raise _bad("dryRun", "a bool", request["dryRun"])
+    _check_user_info(request.get("userInfo"))
+    return checked
+
+
+def _check_user_info(user: Any) -> None:
+    """authentication/v1 UserInfo: ``username``/``uid`` strings, ``groups`` a list of
+    strings, ``extra`` a map of lists of strings."""
+    if user is None:
+        return
+    if not isinstance(user, dict):
+        raise _bad("userInfo", "an object", user)
+    for key in ("username", "uid"):
+        if not _null_or(user.get(key), str):
+            raise _bad(f"userInfo.{key}", "a string", user[key])
+    if not _strings(user.get("groups")):
+        raise _bad("userInfo.groups", "a list of strings", user["groups"])
+    extra = user.get("extra")
+    if not _null_or(extra, dict):
+        raise _bad("userInfo.extra", "an object", extra)
+    for key, values in (extra or {}).items():
+        if not _strings(values):
+            raise _bad(f"userInfo.extra[{_show(key)}]", "a list of strings", values)
+
+
+def _null_or(value: Any, kind: type) -> bool:
+    """``null`` is absent (Go's decoder leaves the zero value); otherwise ``kind``."""
+    return value is None or isinstance(value, kind)
+
+
+def _strings(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+
+
+def _bad(field: str, expected: str, got: Any) -> ReviewError:
+    return ReviewError(400, f"AdmissionReview request.{field} must be {expected}, got {_show(got)}")
+
+
+def _show(value: Any) -> str:
+    """A short rendering of a received value for a reason: strings and scalars quoted
+    (cut at 40 characters), containers by type only."""
+    if isinstance(value, dict | list):
+        return f"a JSON {_type(value)}"
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _type(value: Any) -> str:
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return "string" if isinstance(value, str) else "null"
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels (iterative: one pass, level by
+    level, so the check itself cannot recurse)."""
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below: list[Any] = []
+        for container in level:
+            items = container.values() if isinstance(container, dict) else container
+            below.extend(v for v in items if isinstance(v, dict | list))
+        level = below
+    return False
+
+
+def _error_text(error: Exception) -> str:
+    """``Type: message``, cut to a short reason (a KeyError's message is the key)."""
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _describe(request: AdmissionRequest) -> str:

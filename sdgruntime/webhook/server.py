@@ -5,10 +5,23 @@ As controller-runtime's ``webhook.Server``: serving certificates come from
 Secret) and are re-read when their content changes, so cert-manager renewals need no
 restart. Each registered path is one ``Webhook``.
 
-HTTP answers: a reviewed request is always HTTP 200 with the verdict in the
-AdmissionReview (denials and handler failures included, as the API server expects);
-only requests that are not reviews get HTTP errors: 405 (not POST), 415 (not JSON),
-400 (not an AdmissionReview v1 with a request uid), 413 (body over ``max_body_bytes``).
+HTTP answers: a reviewed request is HTTP 200 with the verdict in the AdmissionReview
+(denials, timeouts and handler failures included, as the API server expects). Requests
+that cannot be reviewed get an HTTP error with the reason in the body (a ``metav1.Status``
+for the ones below 413, text for the rest), never a 500 and never a traceback:
+
+- 405: not POST; 415: not ``application/json``;
+- 400: not a readable AdmissionReview v1 (``parse_review``: not UTF-8 JSON, nested over
+  ``MAX_DEPTH``, a field of the wrong type, no uid, an unknown operation...), or the
+  handler could not read the object (it raised ``TypeError``, ``AttributeError``,
+  ``KeyError``, ``IndexError`` or ``ValueError``; logged as one WARNING line with the
+  path and the source line). Any other exception from a handler stays a 200 denial with
+  code 500 ``internal error``. The API server treats a non-200 answer as a failed call
+  (``failurePolicy`` decides), which is right: it never sends such reviews itself;
+- 413: body over ``max_body_bytes``; 431: headers over 64 KiB; 408: the request not
+  received within ``request_timeout``;
+- 503: over ``max_connections`` open connections, or request bodies in progress over
+  ``max_buffered_bytes`` in total.
 
 Deadline: the API server appends ``?timeout=10s`` (the webhook's ``timeoutSeconds``) to
 the URL and gives up after it, applying the ``failurePolicy`` with an opaque error. We
@@ -35,7 +48,14 @@ import anyio.abc
 
 from sdgruntime import metrics
 from sdgruntime.httpserver import Handler, HTTPServer, Request, Response, Router
-from sdgruntime.webhook.admission import AdmissionHandler, Mutator, ReviewError, Validator, Webhook
+from sdgruntime.webhook.admission import (
+    AdmissionHandler,
+    Mutator,
+    ObjectUnreadable,
+    ReviewError,
+    Validator,
+    Webhook,
+)
 from sdgruntime.webhook.certs import CertWatcher
 
 log = logging.getLogger(__name__)
@@ -45,6 +65,16 @@ DEFAULT_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # controller-r
 # most ~1.5 MiB in etcd and 3 MiB in an API request, so 7 MiB (controller-runtime's
 # limit) fits any real review with JSON overhead and still bounds memory.
 DEFAULT_MAX_BODY_BYTES = 7 * 1024 * 1024
+# The API server keeps a pool of keep-alive connections per webhook host (client-go's
+# MaxIdleConnsPerHost is 25) and opens more only for concurrent requests; SDG's clusters
+# have one to three API servers, so real use stays well below 100. An open connection
+# costs a few tens of KiB (TLS + parser state), so 256 idle ones are a few MiB, and a
+# flood cannot use up the process's file descriptors (1024 by default).
+DEFAULT_MAX_CONNECTIONS = 256
+# Body bytes held at once across connections: four reviews of the largest allowed size,
+# thousands of real ones (a Pod review is 5-50 KiB). Without it, 256 connections x 7 MiB
+# could buffer 1.75 GiB in a manager limited to 512 MiB.
+DEFAULT_MAX_BUFFERED_BYTES = 4 * DEFAULT_MAX_BODY_BYTES
 _APISERVER_DEADLINE_SHARE = 0.9
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -68,6 +98,8 @@ class WebhookServer:
         *,
         request_timeout: float = 10.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_buffered_bytes: int | None = None,
         cert_check_interval: float = 2.0,
         ssl_context_provider: Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
@@ -84,6 +116,12 @@ class WebhookServer:
             port,
             self._router,
             max_body_bytes=max_body_bytes,
+            max_connections=max_connections,
+            max_buffered_bytes=(
+                max(DEFAULT_MAX_BUFFERED_BYTES, max_body_bytes)
+                if max_buffered_bytes is None
+                else max_buffered_bytes
+            ),
             # Reading a review and sending the verdict must fit in the API server's
             # deadline too; the handler itself is bounded by the Webhook.
             request_timeout=request_timeout,
@@ -164,9 +202,13 @@ class WebhookServer:
                 max_seconds=deadline * _APISERVER_DEADLINE_SHARE if deadline else None,
             )
         except ReviewError as exc:
-            log.info(
-                "webhook %s: bad request from %s: %s", webhook.name, request.client, exc.message
-            )
+            if not isinstance(exc, ObjectUnreadable):  # that one was logged with its source
+                log.info(
+                    "webhook %s: bad request from %s: %s",
+                    webhook.name,
+                    request.client,
+                    exc.message,
+                )
             return _status_response(exc.status, "BadRequest", exc.message)
         return Response.json(review)
 

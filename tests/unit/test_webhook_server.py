@@ -33,6 +33,7 @@ from sdgruntime.webhook import (
     patch_ops,
     patched,
 )
+from sdgruntime.webhook.admission import ReviewError, parse_review
 from sdgruntime.webhook.jsonpatch import diff, escape, json_equal
 
 # --- certificates -------------------------------------------------------------------
@@ -145,7 +146,7 @@ class PatchingValidator:
 
 
 async def raises(request: AdmissionRequest) -> AdmissionResponse:
-    raise KeyError("spec")
+    raise RuntimeError("database on fire")
 
 
 async def denies_deep_inside(request: AdmissionRequest) -> AdmissionResponse:
@@ -344,7 +345,7 @@ async def test_failing_handlers_deny_with_500_and_timeouts_say_so(
         assert (await srv.post("/mutate", review())).json()["response"]["allowed"] is True
     assert crash["allowed"] is False
     assert crash["status"]["code"] == 500
-    assert crash["status"]["message"].startswith("internal error: KeyError")
+    assert crash["status"]["message"] == "internal error: RuntimeError: database on fire"
     assert bad_validator["allowed"] is False and bad_validator["status"]["code"] == 500
     assert "may not return a patch" in bad_validator["status"]["message"]
     for timed_out in (slow, announced):
@@ -522,22 +523,209 @@ def test_api_server_timeout_parameter_is_read_as_a_go_duration(
     assert _go_duration(text) == seconds
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("resource", ["pods", ["pods"], 7])
-async def test_a_malformed_resource_still_gets_the_handlers_verdict(resource: Any) -> None:
-    """Describing the request for a log line must not turn a verdict into a crash."""
-    from sdgruntime.webhook.admission import Webhook
-
-    async def deny(request: AdmissionRequest) -> AdmissionResponse:
-        return denied("no pods today")
-
-    async def crash(request: AdmissionRequest) -> AdmissionResponse:
-        raise KeyError("spec")
-
+def _with(path: str, value: Any) -> bytes:
+    """A valid review with ``request.<path>`` (dotted) set to ``value``."""
     body = review()
-    body["request"]["resource"] = resource
-    raw = json.dumps(body).encode()
-    answer = (await Webhook(deny).review(raw))["response"]
-    assert answer["allowed"] is False and answer["status"]["message"] == "no pods today"
-    answer = (await Webhook(crash).review(raw))["response"]
-    assert answer["status"]["code"] == 500 and "KeyError" in answer["status"]["message"]
+    *parents, last = path.split(".")
+    target = body["request"]
+    for key in parents:
+        target = target.setdefault(key, {})
+    target[last] = value
+    return json.dumps(body).encode()
+
+
+def _without(key: str) -> bytes:
+    body = review()
+    del body["request"][key]
+    return json.dumps(body).encode()
+
+
+_DEEP = "[" * 100_000  # truncated, even: json gives up long before the end
+_PREFIX = '{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":'
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"", "empty"),
+        (b"\xff\xfe{}", "not JSON"),
+        (json.dumps(review()).encode("utf-16"), "not JSON"),
+        (b'{"a": "\xed\xa0\x80"}', "not JSON"),  # an encoded surrogate is not UTF-8
+        (json.dumps(review())[:-7].encode(), "not JSON"),
+        (b'{"a": NaN}', "not JSON"),
+        (b'{"a": 1e999}', "out of range"),
+        (b"1" * 5000, "not JSON"),  # beyond Python's int digits limit
+        ((_PREFIX + _DEEP).encode(), "nests deeper than 100 levels"),
+        ((_PREFIX + "[" * 600 + "]" * 600 + "}").encode(), "nests deeper than 100 levels"),
+        (_with("object", {"a": json.loads("[" * 98 + "]" * 98)}), "nests deeper"),
+        (b"[]", "JSON array, not an object"),
+        (b'"review"', "JSON string, not an object"),
+        (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}', "has no request"),
+        (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":[]}', "array"),
+        (json.dumps(review() | {"apiVersion": ["v1"]}).encode(), "apiVersion=a JSON array"),
+        (_without("uid"), "request.uid must be a non-empty string"),
+        (_with("uid", ""), "request.uid must be a non-empty string"),
+        (_with("uid", 42), "request.uid must be a non-empty string, got 42"),
+        (_without("kind"), "request.kind must be an object"),
+        (_with("kind", "Pod"), 'request.kind must be an object of group/version/kind, got "Pod"'),
+        (_with("kind.kind", ["Pod"]), "request.kind.kind must be a string, got a JSON array"),
+        (_with("kind.version", 0), "request.kind.version must be a string, got 0"),
+        (_with("resource", ["pods"]), "request.resource must be an object"),
+        (_with("resource", 7), "request.resource must be an object"),
+        (_with("resource.resource", {}), "request.resource.resource must be a string"),
+        (_with("requestKind", "Pod"), "request.requestKind must be an object"),
+        (_with("requestResource.group", 1), "request.requestResource.group must be a string"),
+        (_without("operation"), "request.operation must be one of CREATE, UPDATE"),
+        (_with("operation", "create"), 'got "create"'),
+        (_with("operation", "X" * 1000), "..."),  # the reason stays short
+        (_with("operation", ["CREATE"]), "request.operation must be one of"),
+        (_with("name", 7), "request.name must be a string"),
+        (_with("namespace", False), "request.namespace must be a string"),
+        (_with("subResource", []), "request.subResource must be a string"),
+        (_with("object", "pod"), "request.object must be an object or null"),
+        (_with("object", []), "request.object must be an object or null"),
+        (_with("oldObject", 0), "request.oldObject must be an object or null"),
+        (_with("options", "x"), "request.options must be an object or null"),
+        (_with("dryRun", "true"), "request.dryRun must be a bool"),
+        (_with("dryRun", 0), "request.dryRun must be a bool, got 0"),
+        (_with("userInfo", "alice"), "request.userInfo must be an object"),
+        (_with("userInfo.username", ["alice"]), "request.userInfo.username must be a string"),
+        (_with("userInfo.uid", 5), "request.userInfo.uid must be a string"),
+        (_with("userInfo.groups", "admins"), "request.userInfo.groups must be a list of strings"),
+        (_with("userInfo.groups", [1]), "request.userInfo.groups must be a list of strings"),
+        (_with("userInfo.extra", []), "request.userInfo.extra must be an object"),
+        (_with("userInfo.extra", {"k": "v"}), 'request.userInfo.extra["k"] must be a list'),
+    ],
+)
+def test_an_unreadable_review_is_refused_with_its_reason(body: bytes, reason: str) -> None:
+    with pytest.raises(ReviewError) as info:
+        parse_review(body)
+    assert info.value.status == 400
+    assert reason in info.value.message
+    assert len(info.value.message) < 200
+
+
+def test_reviews_as_go_encodes_them_are_readable() -> None:
+    """``null`` and absent optional fields (Go's zero values), unknown fields and the
+    deepest allowed object pass; ``kind``/``resource`` come out as their three strings."""
+    body = review(pod())
+    request = body["request"]
+    for key in ("name", "namespace", "subResource", "oldObject", "options", "dryRun"):
+        request[key] = None
+    request["userInfo"] = {"username": "u", "groups": None, "extra": {"scopes": None}}
+    request["kind"] = {"kind": "Pod", "version": None, "future": 1}
+    request["requestKind"] = None
+    request["someFutureField"] = {"x": [1]}
+    request["object"]["deep"] = json.loads("[" * 96 + "]" * 96)  # review depth 100
+    parsed = parse_review(json.dumps(body).encode())
+    assert parsed.kind == {"group": "", "version": "", "kind": "Pod"}
+    assert parsed.resource == {"group": "", "version": "v1", "resource": "pods"}
+    assert (parsed.name, parsed.namespace, parsed.dry_run, parsed.old_object) == (
+        "",
+        "",
+        False,
+        None,
+    )
+    assert parsed.raw["someFutureField"] == {"x": [1]}
+    del request["userInfo"]
+    del request["object"]  # a DELETE carries oldObject only
+    request["operation"] = "DELETE"
+    assert parse_review(json.dumps(body).encode()).object is None
+
+
+class ReadsLabels:
+    """A mutator that trusts the object's shape, as real ones do."""
+
+    async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
+        obj = request.copy_object()
+        team = obj["metadata"]["labels"].get("team")
+        for container in obj["spec"]["containers"]:
+            container.setdefault("env", []).append({"name": "TEAM", "value": team})
+        return patched(request.object, obj)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("obj", "error"),
+    [
+        ({"metadata": {"labels": ["team"]}, "spec": {}}, "AttributeError"),
+        ({"metadata": {"labels": {}}, "spec": {"containers": "c"}}, "AttributeError"),
+        ({"metadata": {"labels": {}}, "spec": {"containers": [1]}}, "AttributeError"),
+        ({"metadata": {"labels": {}}}, "KeyError: 'spec'"),
+        ({"metadata": [], "spec": {}}, "TypeError"),
+    ],
+)
+async def test_a_handler_that_cannot_read_the_object_answers_400_with_why(
+    cert_dir: SecretVolume, ca: CA, caplog: pytest.LogCaptureFixture, obj: Any, error: str
+) -> None:
+    server = make_server(cert_dir)
+    server.register("/reads-labels", ReadsLabels())
+    async with running(server, ca) as srv:
+        caplog.clear()
+        r = await srv.post("/reads-labels", review(obj))
+        assert r.status_code == 400
+        status = r.json()
+        assert status["kind"] == "Status" and status["code"] == 400
+        assert status["message"].startswith(f"the object could not be read: {error}")
+        warnings = [rec for rec in caplog.records if rec.levelname == "WARNING"]
+        assert len(warnings) == 1 and not any(rec.exc_info for rec in caplog.records)
+        line = warnings[0].getMessage()
+        assert "/reads-labels" in line and "in mutate" in line and "uid=uid-1" in line
+        good = pod(team="a")
+        assert (await srv.post("/reads-labels", review(good))).json()["response"]["allowed"]
+
+
+@pytest.mark.anyio
+async def test_strings_that_cannot_be_utf8_still_get_a_valid_answer(
+    cert_dir: SecretVolume, ca: CA
+) -> None:
+    """A lone surrogate is a valid JSON escape (json.dumps writes one for these strings):
+    echoing it in the uid or a patch must not break the answer."""
+    server = make_server(cert_dir)
+    server.register("/reads-labels", ReadsLabels())
+    body = json.dumps(review(pod(team="\ud83d"), uid="u\udc00")).encode()
+    async with running(server, ca) as srv, srv.client() as client:
+        as_json = {"content-type": "application/json"}
+        r = await client.post("/reads-labels", content=body, headers=as_json)
+    assert r.status_code == 200
+    response = json.loads(r.content)["response"]
+    assert response["uid"] == "u\udc00" and response["allowed"] is True
+    env = {
+        "op": "add",
+        "path": "/spec/containers/0/env",
+        "value": [{"name": "TEAM", "value": "\ud83d"}],
+    }
+    assert decode_patch(response) == [env]
+
+
+@pytest.mark.anyio
+async def test_connections_over_the_limit_get_503_over_tls(cert_dir: SecretVolume, ca: CA) -> None:
+    async with running(make_server(cert_dir, max_connections=2), ca) as srv:
+        async with srv.client() as first, srv.client() as second:
+            for client in (first, second):  # two kept-alive connections
+                assert (await client.post("/validate", json=review())).status_code == 200
+            async with srv.client() as third:
+                r = await third.post("/validate", json=review())
+                assert r.status_code == 503
+                assert r.text == "too many connections (limit 2)\n"
+                assert r.headers["retry-after"] == "1"
+            for client in (first, second):
+                assert (await client.post("/validate", json=review())).status_code == 200
+        with anyio.fail_after(5):  # both closed: room again
+            while srv.server._http.connections:  # noqa: ASYNC110 - polls a counter
+                await anyio.sleep(0.01)
+        assert (await srv.post("/validate", review())).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_a_client_that_never_completes_the_handshake_is_dropped(
+    cert_dir: SecretVolume, ca: CA
+) -> None:
+    async with running(make_server(cert_dir, request_timeout=0.3), ca) as srv:
+        with anyio.fail_after(5):
+            async with await anyio.connect_tcp("127.0.0.1", srv.server.port) as stream:
+                await stream.send(b"\x16\x03\x01")  # the start of a ClientHello, no more
+                with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                    await stream.receive()
+        assert srv.server._http.connections == 0
+        assert (await srv.post("/validate", review())).status_code == 200
