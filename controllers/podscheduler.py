@@ -24,6 +24,7 @@ from api.constants import DEFAULT_ENV_TABLE, PHASE_BOUND, SCHEDULER_NAME, SDG_KI
 from api.pods import POD_NODE_INDEX, devices_from_env, pod_group
 from api.v1alpha1 import selected_devices
 from controllers import metrics as sdg_metrics
+from controllers.groupstatus import conflict_of
 from controllers.podfit import pod_fits_node
 from sdgruntime import errors
 from sdgruntime.cache import Cache
@@ -140,6 +141,20 @@ class PodScheduler:
             group = self.cache.get(SDG_KIND, group_name)
         except errors.NotFound:
             return f"SharedDeviceGroup {group_name!r} not found", None
+        if (group.get("metadata") or {}).get("deletionTimestamp"):
+            return (
+                f"SharedDeviceGroup {group_name!r} is being deleted; its pods are not bound. "
+                "Delete this pod (or recreate the group and then the pod)",
+                None,
+            )
+        conflict = conflict_of(group)
+        if conflict is not None:
+            reason, message = conflict
+            return (
+                f"SharedDeviceGroup {group_name!r} is not Ready ({reason}: {message}); no pod "
+                "is bound into it until that is resolved",
+                None,
+            )
         status = group.get("status") or {}
         if status.get("phase") != PHASE_BOUND or not status.get("nodeName"):
             cond = find_condition(status.get("conditions"), "Scheduled") or {}
