@@ -1,0 +1,109 @@
+"""The claim book's view of records: identified by name, claims with UIDs; and the live-read
+decision that gives claims back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from controllers.claims import ClaimBook, record_name
+from controllers.release import should_release
+
+GPU = "nvidia.com/gpu"
+
+
+def cm(name: str, node: str | None, claims: dict[str, Any], rv: int = 1, uids: Any = None) -> dict:
+    data: dict[str, str] = {"claims": json.dumps(claims)}
+    if node is not None:
+        data["node"] = node
+    if uids is not None:
+        data["uids"] = uids if isinstance(uids, str) else json.dumps(uids)
+    return {"metadata": {"name": name, "resourceVersion": str(rv)}, "data": data}
+
+
+def book(*nodes: tuple[str, int]) -> ClaimBook:
+    b = ClaimBook(None, "ns")  # type: ignore[arg-type]  # reads only: no client needed
+    for node, gpus in nodes:
+        b.set_capacity(node, {GPU: gpus})
+    return b
+
+
+def test_a_genuine_record_is_mirrored_with_its_uids() -> None:
+    b = book(("n0", 4))
+    assert b.observe(cm(record_name("n0"), "n0", {"a": {GPU: "0,1"}}, uids={"a": "uid-a"})) == "n0"
+    assert b.claim_on("n0", "a") == {GPU: [0, 1]} and b.uid_of("n0", "a") == "uid-a"
+    assert b.tracker.free("n0", GPU) == 2 and b.broken == {}
+
+
+def test_a_record_without_uids_is_legacy_not_malformed() -> None:
+    b = book(("n0", 4))
+    b.observe(cm(record_name("n0"), "n0", {"a": {GPU: "0"}}))
+    assert b.uid_of("n0", "a") == "" and b.broken == {}
+
+
+@pytest.mark.parametrize("uids", ['{"a": 1}', "[", '{"ghost": "u"}'])
+def test_malformed_uids_make_the_record_malformed(uids: str) -> None:
+    b = book(("n0", 4))
+    b.observe(cm(record_name("n0"), "n0", {"a": {GPU: "0"}}, uids=uids))
+    assert "n0" in b.broken and b.tracker.free("n0", GPU) == 0
+
+
+def test_a_labelled_decoy_blocks_the_node_it_names_and_is_no_second_fence() -> None:
+    b = book(("n0", 4))
+    b.observe(cm(record_name("n0"), "n0", {"a": {GPU: "0"}}))
+    assert b.observe(cm("decoy", "n0", {}, rv=5)) is None
+    assert b.claim_on("n0", "a") == {GPU: [0]}  # the real record still stands
+    assert "decoy" in b.broken["n0"] and b.tracker.free("n0", GPU) == 0
+    b.forget(cm("decoy", "n0", {}))
+    assert b.broken == {} and b.tracker.free("n0", GPU) == 3 and b.claim_on("n0", "a") == {GPU: [0]}
+
+
+def test_a_record_whose_contents_name_another_node_blocks_both_and_frees_nothing() -> None:
+    b = book(("n0", 2), ("n1", 2))
+    b.observe(cm(record_name("n1"), "n1", {"b": {GPU: "0"}}))
+    b.observe(cm(record_name("n0"), "n1", {}))  # n0's record edited to describe n1
+    assert set(b.broken) == {"n0", "n1"}
+    assert b.claim_on("n1", "b") == {GPU: [0]}  # n1's own record is not replaced by it
+    assert b.tracker.free("n0", GPU) == 0 and b.tracker.free("n1", GPU) == 0
+    # Repaired in place: n0 is readable again, n1 no longer disputed.
+    b.observe(cm(record_name("n0"), "n0", {}, rv=2))
+    assert b.broken == {} and b.tracker.free("n0", GPU) == 2
+
+
+def test_deleting_a_genuine_record_forgets_it_and_older_versions_are_ignored() -> None:
+    b = book(("n0", 2))
+    b.observe(cm(record_name("n0"), "n0", {"a": {GPU: "0"}}, rv=3))
+    assert b.observe(cm(record_name("n0"), "n0", {}, rv=2)) is None  # a late event
+    assert b.claim_on("n0", "a") == {GPU: [0]}
+    assert b.forget(cm(record_name("n0"), "n0", {})) == "n0"
+    assert b.claim_on("n0", "a") is None and b.tracker.free("n0", GPU) == 2
+
+
+def group(uid: str = "u1", phase: str | None = None, node: str | None = None) -> dict:
+    status: dict[str, Any] = {}
+    if phase:
+        status["phase"] = phase
+    if node:
+        status["nodeName"] = node
+    return {"metadata": {"name": "g", "uid": uid}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("live", "node", "claim_uid", "adoptable", "release"),
+    [
+        (None, "n0", "u1", False, True),  # the group is gone
+        (group("u2"), "n0", "u1", True, True),  # recreated: an earlier g's claim
+        (group("u1", "Bound", "n0"), "n0", "u1", False, False),  # its own, bound there
+        (group("u1", "Bound", "n1"), "n0", "u1", False, True),  # bound elsewhere
+        (group("u1", "Bound", "n0"), "n0", "", False, False),  # legacy claim, bound there
+        (group("u1", "Pending"), "n0", "u1", True, False),  # to be adopted
+        (group("u1", "Pending"), "n0", "u1", False, True),  # not adoptable: re-place
+    ],
+    ids=["gone", "recreated", "own-bound", "bound-elsewhere", "legacy", "adoptable", "stale-spec"],
+)
+def test_should_release_on_a_live_read(
+    live: dict | None, node: str, claim_uid: str, adoptable: bool, release: bool
+) -> None:
+    assert should_release(live, node, claim_uid, adoptable=adoptable) is release
