@@ -15,11 +15,12 @@ conflicting inputs are reported, never merged.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from api.constants import MAX_DEVICES_PER_RESOURCE
 from api.v1alpha1 import format_ids, parse_ids
 from api.validation import is_resource_name
 
@@ -33,6 +34,7 @@ __all__ = [
     "decode_claims",
     "encode_claims",
     "format_ids",
+    "lowest_free_ids",
     "parse_ids",
 ]
 
@@ -103,6 +105,29 @@ class InsufficientDevices(AllocationError):
         super().__init__(f"node {node} has {free} free {resource} (need {need})")
 
 
+def _check_capacity(resource: str, total: object) -> None:
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise ValueError(f"capacity of {resource} must be a non-negative integer, got {total!r}")
+    if total > MAX_DEVICES_PER_RESOURCE:
+        raise ValueError(
+            f"capacity of {resource} is {total}, more than the {MAX_DEVICES_PER_RESOURCE} "
+            "devices SDG addresses per node"
+        )
+
+
+def lowest_free_ids(capacity: int, taken: Container[int], n: int) -> list[int]:
+    """The ``n`` lowest IDs in ``0..capacity-1`` not in ``taken`` (fewer if there are not
+    that many). Walks upwards and stops after ``n`` free ones, so it costs O(n + taken
+    below the last one returned), never O(capacity) for a small ``n``."""
+    out: list[int] = []
+    i = 0
+    while len(out) < n and i < capacity:
+        if i not in taken:
+            out.append(i)
+        i += 1
+    return out
+
+
 def _normalize(devices: Mapping[str, Iterable[int] | str]) -> dict[str, tuple[int, ...]]:
     """Validate a claim's devices: known shape, non-empty, no duplicate IDs."""
     if not devices:
@@ -136,13 +161,25 @@ class DeviceTracker:
         """Every device resource ``node`` offers, with its count."""
         return dict(self._capacity.get(node, {}))
 
-    def free_ids(self, node: str, resource: str) -> list[int]:
-        """Free IDs below capacity, lowest first."""
-        held = self._held.get(node, {}).get(resource, {})
-        return [i for i in range(self.capacity(node, resource)) if i not in held]
+    def lowest_free(self, node: str, resource: str, n: int) -> list[int]:
+        """The ``n`` lowest IDs below capacity that no group holds (fewer if there are
+        not that many), in O(n + held): only held IDs are ever skipped."""
+        return lowest_free_ids(
+            self.capacity(node, resource), self._held.get(node, {}).get(resource, {}), n
+        )
+
+    def free_ids(self, node: str, resource: str, limit: int | None = None) -> list[int]:
+        """Free IDs below capacity, lowest first; at most ``limit`` of them if given.
+
+        Without a limit this lists every free ID (bounded by the capacity, which
+        ``node_device_capacity`` caps); callers that need ``k`` IDs use ``lowest_free``.
+        """
+        return self.lowest_free(
+            node, resource, self.capacity(node, resource) if limit is None else limit
+        )
 
     def free(self, node: str, resource: str) -> int:
-        """How many IDs below capacity no group holds."""
+        """How many IDs below capacity no group holds, in O(held)."""
         cap = self.capacity(node, resource)
         held = self._held.get(node, {}).get(resource, {})
         return cap - sum(1 for i in held if i < cap)
@@ -178,9 +215,13 @@ class DeviceTracker:
     # --- capacity ----------------------------------------------------------------------
 
     def set_capacity(self, node: str, resource: str, total: int) -> list[Holding]:
-        """Set a node's device count; returns holdings now beyond it (they are kept)."""
-        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-            raise ValueError(f"capacity must be a non-negative integer, got {total!r}")
+        """Set a node's device count; returns holdings now beyond it (they are kept).
+
+        At most ``MAX_DEVICES_PER_RESOURCE``: ``node_device_capacity`` already offers
+        nothing for a larger count, and refusing it here keeps every per-device loop over
+        a capacity bounded whatever a caller feeds in.
+        """
+        _check_capacity(resource, total)
         per_node = self._capacity.setdefault(node, {})
         if total:
             per_node[resource] = total
@@ -194,8 +235,7 @@ class DeviceTracker:
     def set_node_capacity(self, node: str, capacities: Mapping[str, int]) -> list[Holding]:
         """Replace all of a node's capacities (resources not listed become 0)."""
         for res, total in capacities.items():
-            if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-                raise ValueError(f"capacity of {res} must be a non-negative integer")
+            _check_capacity(res, total)
         resources = set(self._capacity.get(node, {})) | set(capacities)
         resources |= set(self._held.get(node, {}))
         out: list[Holding] = []
@@ -231,11 +271,11 @@ class DeviceTracker:
             )
         picked: dict[str, tuple[int, ...]] = {}
         for res in sorted(request):
-            free = self.free_ids(node, res)
             need = request[res]
-            if len(free) < need:
-                raise InsufficientDevices(node, res, len(free), need)
-            picked[res] = tuple(free[:need])
+            free = self.free(node, res)
+            if free < need:  # checked first: a huge request must not walk the IDs
+                raise InsufficientDevices(node, res, free, need)
+            picked[res] = tuple(self.lowest_free(node, res, need))
         self._record(group, node, picked)
         return {res: list(ids) for res, ids in picked.items()}
 

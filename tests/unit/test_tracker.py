@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from api.constants import MAX_DEVICES_PER_RESOURCE
 from controllers.tracker import (
     AllocationError,
     Claim,
@@ -19,6 +20,7 @@ from controllers.tracker import (
     decode_claims,
     encode_claims,
     format_ids,
+    lowest_free_ids,
     parse_ids,
 )
 
@@ -173,6 +175,96 @@ def test_rebuild_accepts_claims_beyond_known_capacity() -> None:
     assert t.stranded() == [Holding("n1", GPU, 5, "a")]
     t.set_capacity("n1", GPU, 8)
     assert t.stranded() == [] and t.free("n1", GPU) == 7
+
+
+# --- bounded work: the per-node cap and the lazy free-ID search ------------------------
+
+
+class CountingSet(set[int]):
+    """A set that counts membership tests: the cost of a free-ID search."""
+
+    lookups = 0
+
+    def __contains__(self, item: object) -> bool:
+        self.lookups += 1
+        return super().__contains__(item)
+
+
+def test_capacity_above_the_cap_is_refused_and_changes_nothing() -> None:
+    t = tracker(n1={GPU: 2})
+    with pytest.raises(ValueError, match="more than the 1024 devices"):
+        t.set_capacity("n1", GPU, MAX_DEVICES_PER_RESOURCE + 1)
+    with pytest.raises(ValueError, match="more than the 1024 devices"):
+        t.set_node_capacity("n1", {NPU: 4, GPU: 10**9})
+    assert t.capacities("n1") == {GPU: 2}
+
+
+def test_a_full_1024_device_node() -> None:
+    t = tracker(n1={GPU: MAX_DEVICES_PER_RESOURCE})
+    assert t.allocate("all", "n1", {GPU: 1024}) == {GPU: list(range(1024))}
+    assert t.free("n1", GPU) == 0 and t.lowest_free("n1", GPU, 5) == []
+    with pytest.raises(InsufficientDevices, match="has 0 free"):
+        t.allocate("more", "n1", {GPU: 1})
+    t.release("all")
+    for i in range(0, 1024, 2):  # every even ID held by its own group
+        assert t.add_claim(f"g{i}", "n1", {GPU: [i]}) == []
+    assert t.free("n1", GPU) == 512
+    assert t.lowest_free("n1", GPU, 3) == [1, 3, 5]
+    assert t.free_ids("n1", GPU, limit=2) == [1, 3]
+    assert t.free_ids("n1", GPU) == list(range(1, 1024, 2))
+    assert t.allocate("odd", "n1", {GPU: 512})[GPU] == list(range(1, 1024, 2))
+    t.check_invariants()
+
+
+def test_a_huge_request_fails_fast_and_changes_nothing() -> None:
+    t = tracker(n1={GPU: 1024, NPU: 8})
+    with pytest.raises(InsufficientDevices) as err:
+        t.allocate("a", "n1", {NPU: 1, GPU: 10**9})
+    assert (err.value.free, err.value.need) == (1024, 10**9)
+    assert t.free_ids("n1", GPU, limit=10**9) == list(range(1024))  # bounded by capacity
+    assert t.claims_of("a") is None and t.free("n1", NPU) == 8
+
+
+def test_lowest_free_costs_need_plus_held_not_capacity() -> None:
+    taken = CountingSet(range(100))
+    assert lowest_free_ids(1024, taken, 3) == [100, 101, 102]
+    assert taken.lookups == 103
+    taken = CountingSet({5, 7})
+    assert lowest_free_ids(1024, taken, 0) == [] and taken.lookups == 0
+    assert lowest_free_ids(1024, taken, 2) == [0, 1] and taken.lookups == 2
+
+
+@given(
+    st.integers(0, MAX_DEVICES_PER_RESOURCE),
+    st.sets(st.integers(0, MAX_DEVICES_PER_RESOURCE + 200), max_size=1100),
+    st.integers(-1, MAX_DEVICES_PER_RESOURCE + 100),
+)
+def test_lowest_free_matches_the_naive_search(capacity: int, held: set[int], n: int) -> None:
+    taken = CountingSet(held)
+    got = lowest_free_ids(capacity, taken, n)
+    assert got == [i for i in range(capacity) if i not in held][: max(n, 0)]
+    assert taken.lookups <= max(n, 0) + len(held)
+
+
+@given(
+    st.integers(1, 64),
+    st.lists(st.integers(0, 80), max_size=60, unique=True),
+    st.integers(1, 70),
+)
+def test_tracker_free_search_agrees_with_its_counts(cap: int, held: list[int], need: int) -> None:
+    t = tracker(n1={GPU: cap})
+    for i in held:
+        assert t.add_claim(f"g{i}", "n1", {GPU: [i]}) == []
+    free = [i for i in range(cap) if i not in set(held)]
+    assert t.free("n1", GPU) == len(free)
+    assert t.free_ids("n1", GPU) == free
+    assert t.lowest_free("n1", GPU, need) == free[:need]
+    if len(free) >= need:
+        assert t.allocate("new", "n1", {GPU: need}) == {GPU: free[:need]}
+    else:
+        with pytest.raises(InsufficientDevices):
+            t.allocate("new", "n1", {GPU: need})
+    t.check_invariants()
 
 
 # --- codec ------------------------------------------------------------------------------
