@@ -2,6 +2,10 @@
 
 Parsed to ``fractions.Fraction`` so nothing is lost to floats: the scheduler's fit checks
 must agree with kube-scheduler to the milli-CPU and the byte.
+
+Inputs come from objects anyone may write (Node status, pod specs), so parsing is bounded:
+a string longer than ``MAX_QUANTITY_LENGTH`` or an exponent beyond ``MAX_EXPONENT`` is
+malformed, and no input builds an integer of more than a few hundred bits.
 """
 
 from __future__ import annotations
@@ -10,6 +14,13 @@ import math
 import re
 from fractions import Fraction
 from typing import Final
+
+#: Longer quantity strings are malformed. Kubernetes' canonical form of any quantity it
+#: stores is far shorter (an int64 mantissa and a suffix); the bound keeps a hostile
+#: string of a million digits from costing a quadratic-time integer conversion.
+MAX_QUANTITY_LENGTH: Final = 64
+#: ``1eN`` with ``|N|`` above this is malformed (``1e1000000000`` would be a gigabyte int).
+MAX_EXPONENT: Final = 64
 
 _BINARY: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL: Final = {
@@ -35,18 +46,23 @@ def parse_quantity(text: str | int | float) -> Fraction:
     if isinstance(text, bool):
         raise ValueError(f"not a quantity: {text!r}")
     if isinstance(text, int):
+        if abs(text) >= 10**MAX_QUANTITY_LENGTH:  # as absurd as a string that long
+            raise ValueError(f"quantity out of range: an integer of {text.bit_length()} bits")
         return Fraction(text)
     if isinstance(text, float):  # JSON numbers in hand-written objects
         return Fraction(str(text))
     if not isinstance(text, str):
         raise ValueError(f"not a quantity: {text!r}")
-    m = _QUANTITY.fullmatch(text.strip())
+    text = text.strip()
+    if len(text) > MAX_QUANTITY_LENGTH:
+        raise ValueError(f"quantity longer than {MAX_QUANTITY_LENGTH} characters: {text[:20]!r}...")
+    m = _QUANTITY.fullmatch(text)
     if m is None:
         raise ValueError(f"not a quantity: {text!r}")
     value = Fraction(m["num"])
     if m["exp"]:
         exp = int(m["exp"][1:])
-        if abs(exp) > 64:  # bounded so a hostile string cannot make a giant integer
+        if abs(exp) > MAX_EXPONENT:
             raise ValueError(f"quantity exponent out of range: {text!r}")
         value *= Fraction(10) ** exp
     elif m["suffix"] in _BINARY:

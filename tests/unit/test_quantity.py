@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controllers.quantity import format_units, parse_quantity, to_units
+from controllers.quantity import (
+    MAX_EXPONENT,
+    MAX_QUANTITY_LENGTH,
+    format_units,
+    parse_quantity,
+    to_units,
+)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +50,35 @@ def test_parse_quantity_is_exact(text: str, value: Fraction) -> None:
 def test_parse_quantity_rejects_malformed(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_quantity(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "1e1000000000",
+        "1e-1000000000",
+        f"1e{MAX_EXPONENT + 1}",
+        "1" * (MAX_QUANTITY_LENGTH + 1),
+        "9" * 10_000_000,  # would be a quadratic-time integer conversion
+        "0." + "0" * 1_000_000 + "1",
+        "1e" + "9" * 1_000_000,
+        10**MAX_QUANTITY_LENGTH,
+        -(10**5000),
+    ],
+    ids=lambda v: f"{type(v).__name__}-{len(v) if isinstance(v, str) else v.bit_length()}",
+)
+def test_parse_quantity_refuses_absurd_sizes(hostile: object) -> None:
+    with pytest.raises(ValueError):
+        parse_quantity(hostile)  # type: ignore[arg-type]
+
+
+def test_parse_quantity_bounds_still_admit_every_real_quantity() -> None:
+    assert parse_quantity(f"1e{MAX_EXPONENT}") == 10**MAX_EXPONENT
+    assert parse_quantity(f"1e-{MAX_EXPONENT}") == Fraction(1, 10**MAX_EXPONENT)
+    assert parse_quantity("9" * MAX_QUANTITY_LENGTH) == 10**MAX_QUANTITY_LENGTH - 1
+    assert parse_quantity(f"  {'1' * MAX_QUANTITY_LENGTH}  ") == int("1" * MAX_QUANTITY_LENGTH)
+    assert parse_quantity("8Ei") == 8 * 2**60 and parse_quantity("9223372036854775807") == 2**63 - 1
+    assert parse_quantity(10**MAX_QUANTITY_LENGTH - 1) == 10**MAX_QUANTITY_LENGTH - 1
 
 
 def test_to_units_rounds_up_like_kubernetes() -> None:
