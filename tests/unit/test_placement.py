@@ -8,12 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from api.constants import MAX_DEVICES_PER_RESOURCE, SHARED_TAINT_KEY, SHARED_TAINT_VALUE
 from controllers.placement import (
     PlacementDecision,
     filter_node,
     node_device_capacity,
     pending_message,
     place,
+    too_many_devices_reason,
+    unaddressable_devices,
 )
 from controllers.tracker import DeviceTracker
 
@@ -50,6 +53,9 @@ def node(
     if ready is not None:
         obj["status"]["conditions"] = [{"type": "Ready", "status": ready}]
     return obj
+
+
+CAP_REASON = f"advertise 1000000000 {GPU}, more than the 1024 devices SDG addresses per node"
 
 
 def tracker_for(nodes: list[dict[str, Any]]) -> DeviceTracker:
@@ -272,3 +278,165 @@ def test_choice_is_feasible_and_best_scored(
         best = max(d.scores.values())
         assert d.scores[d.node] == best
         assert d.node == min(n for n, s in d.scores.items() if s == best)
+
+
+# --- the per-node device cap --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("qty", "offered", "advertised"),
+    [
+        ("1024", 1024, None),
+        (str(MAX_DEVICES_PER_RESOURCE + 1), 0, MAX_DEVICES_PER_RESOURCE + 1),
+        ("1000000000", 0, 10**9),
+        ("1G", 0, 10**9),
+        ("1Ki", 1024, None),
+        ("2Ki", 0, 2048),
+        ("1E", 0, 10**18),
+        ("1e60", 0, 10**60),
+        ("1e1000000000", 0, None),  # malformed (exponent): offers nothing, nothing to explain
+        ("9" * 100_000, 0, None),  # malformed (length)
+    ],
+)
+def test_a_node_offers_no_more_than_the_cap(qty: str, offered: int, advertised: int | None) -> None:
+    n = node("x", allocatable={GPU: qty, NPU: "8"})
+    assert node_device_capacity(n) == {GPU: offered, NPU: 8}
+    assert unaddressable_devices(n) == ({GPU: advertised} if advertised else {})
+    t = tracker_for([n])
+    assert t.capacity("x", GPU) == offered  # the tracker never sees more than the cap
+
+
+def test_a_node_over_the_cap_is_filtered_with_the_reason() -> None:
+    huge = node("huge", allocatable={GPU: "1000000000"})
+    bytes_ = node("bytes", allocatable={GPU: "1G"})
+    small = node("small", allocatable={GPU: "1"})
+    nodes = [huge, bytes_, small]
+    assert too_many_devices_reason(GPU, 10**9) == CAP_REASON
+    for free in (tracker_for(nodes), {"huge": {}, "bytes": {}, "small": {GPU: 1}}):
+        assert filter_node(spec(), huge, free) == (CAP_REASON,)  # type: ignore[arg-type]
+        d = place(spec(), nodes, free)
+        assert d.node is None
+        assert d.reasons == {
+            "huge": (CAP_REASON,),
+            "bytes": (CAP_REASON,),
+            "small": (f"have 1 free {GPU} (need 2)",),
+        }
+        assert d.message() == (
+            f"0/3 nodes are available: 2 {CAP_REASON}, 1 have 1 free {GPU} (need 2)."
+        )
+
+
+def test_the_cap_filters_only_the_resource_over_it() -> None:
+    n = node("x", allocatable={GPU: "1000000000", NPU: "4"})
+    t = tracker_for([n])
+    assert place({"resources": {NPU: 2}}, [n], t).node == "x"
+    assert filter_node({"resources": {GPU: 1, NPU: 8}}, n, t) == (
+        f"have 4 free {NPU} (need 8)",  # resources in name order
+        CAP_REASON,
+    )
+    # A native resource is not a device, however much of it there is.
+    assert unaddressable_devices(node("y", allocatable={"memory": "1Ti"})) == {}
+
+
+def test_a_huge_request_is_judged_by_counts_only() -> None:
+    n = node("x", allocatable={GPU: "1024"})
+    d = place({"resources": {GPU: 10**9}}, [n], tracker_for([n]))
+    assert d.reasons == {"x": (f"have 1024 free {GPU} (need 1000000000)",)}
+    assert place({"resources": {GPU: 1024}}, [n], tracker_for([n])).free_after == {"x": 0}
+
+
+# --- the shared-node taint ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("effect", ["NoSchedule", "NoExecute"])
+def test_group_placement_tolerates_the_shared_node_taint(effect: str) -> None:
+    shared_taint = {"key": SHARED_TAINT_KEY, "value": SHARED_TAINT_VALUE, "effect": effect}
+    n = node("x", taints=[shared_taint])
+    assert filter_node(spec(), n, tracker_for([n])) == ()
+    other = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+    both = node("y", taints=[shared_taint, other])
+    assert filter_node(spec(), both, tracker_for([both])) == (
+        "have untolerated taint {dedicated: ml}",
+    )
+
+
+@pytest.mark.parametrize(
+    "taint",
+    [
+        {"key": SHARED_TAINT_KEY, "value": "exclusive", "effect": "NoSchedule"},
+        {"key": SHARED_TAINT_KEY, "effect": "NoExecute"},
+        {"key": "example.com/mode", "value": SHARED_TAINT_VALUE, "effect": "NoSchedule"},
+    ],
+)
+def test_only_the_exact_shared_taint_is_tolerated(taint: dict[str, str]) -> None:
+    n = node("x", taints=[taint])
+    assert filter_node(spec(), n, tracker_for([n])) == (
+        f"have untolerated taint {{{taint['key']}: {taint.get('value', '')}}}",
+    )
+
+
+# --- devices used outside SDG (``blocked``) ----------------------------------------------
+
+FOREIGN = f"have {GPU} used by pods outside any group"
+
+
+def test_a_blocked_resource_filters_the_node_with_the_callers_reason() -> None:
+    nodes = [node("a"), node("b", allocatable={GPU: "8"})]
+    t = tracker_for(nodes)
+    blocked = {"b": {GPU: FOREIGN}}
+    assert filter_node(spec(), nodes[1], t, blocked) == (FOREIGN,)
+    assert filter_node(spec(), nodes[0], t, blocked) == ()
+    d = place(spec("spread"), nodes, t, blocked)
+    assert d.node == "a" and d.reasons == {"b": (FOREIGN,)}
+    assert d.message() == f"1/2 nodes are available: 1 {FOREIGN}."
+
+
+def test_blocked_comes_before_the_free_count_and_after_the_node_checks() -> None:
+    full = node("full", allocatable={GPU: "2", NPU: "2"})
+    t = tracker_for([full])
+    t.allocate("other", "full", {GPU: 2})
+    s = {"resources": {GPU: 1, NPU: 4}}
+    blocked = {"full": {GPU: FOREIGN}}
+    # Blocked replaces "0 free" for that resource; other resources are still checked.
+    assert filter_node(s, full, t, blocked) == (f"have 2 free {NPU} (need 4)", FOREIGN)
+    # A node that does not offer the resource says so; a filtered node says why first.
+    lacking = node("lacking", allocatable={NPU: "4"})
+    assert filter_node(s, lacking, tracker_for([lacking]), {"lacking": {GPU: FOREIGN}}) == (
+        f"have no {GPU}",
+    )
+    cordoned = node("c", unschedulable=True)
+    assert filter_node(spec(), cordoned, tracker_for([cordoned]), {"c": {GPU: FOREIGN}}) == (
+        "unschedulable (cordoned)",
+    )
+
+
+def test_blocking_a_resource_the_group_does_not_ask_for_changes_nothing() -> None:
+    nodes = [node("a", allocatable={GPU: "4", NPU: "4"})]
+    t = tracker_for(nodes)
+    assert place(spec(), nodes, t, {"a": {NPU: "busy"}}) == place(spec(), nodes, t)
+    assert place(spec(), nodes, t, {}) == place(spec(), nodes, t, None)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.booleans()), max_size=8),
+    st.integers(1, 4),
+    st.sampled_from(["binpack", "spread"]),
+)
+def test_blocking_only_removes_the_blocked_nodes(
+    shapes: list[tuple[int, int, bool]], need: int, strategy: str
+) -> None:
+    nodes = [node(f"n{i}", allocatable={GPU: str(cap)}) for i, (cap, _, _) in enumerate(shapes)]
+    t = tracker_for(nodes)
+    for i, (cap, held, _) in enumerate(shapes):
+        if min(held, cap) > 0:
+            t.allocate(f"g{i}", f"n{i}", {GPU: min(held, cap)})
+    blocked = {f"n{i}": {GPU: FOREIGN} for i, (_, _, b) in enumerate(shapes) if b}
+    s = {"resources": {GPU: need}, "schedulingStrategy": strategy}
+    free, held_back = place(s, nodes, t), place(s, nodes, t, blocked)
+    assert held_back.scores == {n: v for n, v in free.scores.items() if n not in blocked}
+    assert held_back.node == next((n for n in free.ranked if n not in blocked), None)
+    for name in blocked:
+        if t.capacity(name, GPU) > 0:
+            assert held_back.reasons[name] == (FOREIGN,)
+        else:
+            assert held_back.reasons[name] == (f"have no {GPU}",)
