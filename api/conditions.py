@@ -2,15 +2,33 @@
 
 ``lastTransitionTime`` only moves when ``status`` changes, so ``kubectl wait`` and
 dashboards see real transitions, and rewriting the same condition is a no-op diff.
+Messages are cut to ``MAX_CONDITION_MESSAGE`` characters: a message built from many nodes
+or pods must never make the API server refuse the whole status write.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
+
+from api.constants import MAX_CONDITION_MESSAGE
 
 ConditionStatus = Literal["True", "False", "Unknown"]
+
+#: Ends a message that ``cap_message`` cut.
+TRUNCATED_MARKER: Final = "… (truncated)"
+
+
+def cap_message(message: str, limit: int = MAX_CONDITION_MESSAGE) -> str:
+    """``message`` if it has at most ``limit`` characters, else its start and
+    ``TRUNCATED_MARKER``, ``limit`` characters in all (the start says the most: a
+    kube-scheduler style message lists the largest groups of nodes first)."""
+    if len(message) <= limit:
+        return message
+    if limit <= len(TRUNCATED_MARKER):
+        return message[: max(limit, 0)]
+    return message[: limit - len(TRUNCATED_MARKER)] + TRUNCATED_MARKER
 
 
 def rfc3339(when: datetime | None = None) -> str:
@@ -45,8 +63,9 @@ def set_condition(
 ) -> list[dict[str, Any]]:
     """Return a new condition list with ``type_`` set (others kept, order kept).
 
-    ``now`` is injectable for deterministic tests; ``lastTransitionTime`` is kept from the
-    old condition when its status is unchanged.
+    ``message`` is capped (``cap_message``). ``now`` is injectable for deterministic
+    tests; ``lastTransitionTime`` is kept from the old condition when its status is
+    unchanged.
     """
     out: list[dict[str, Any]] = []
     replaced = False
@@ -80,7 +99,7 @@ def _make(
         "type": type_,
         "status": status,
         "reason": reason,
-        "message": message,
+        "message": cap_message(message),
         "lastTransitionTime": transition,
     }
     if observed_generation is not None:

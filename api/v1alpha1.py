@@ -7,7 +7,8 @@ the bottom, which never raise on a partially filled object.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -23,7 +24,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from api.conditions import rfc3339
-from api.constants import API_VERSION, KIND, PHASE_BOUND, PHASE_PENDING
+from api.constants import API_VERSION, KIND, MAX_ALLOCATED_PODS, PHASE_BOUND, PHASE_PENDING
 from api.validation import validate_spec
 
 Strategy = Literal["binpack", "spread"]
@@ -79,9 +80,10 @@ class SharedDeviceGroupStatus(_Model):
     node_name: str | None = None
     #: resource -> comma-separated device IDs, e.g. ``{"nvidia.com/gpu": "0,1"}``.
     selected_devices: dict[str, str] = Field(default_factory=dict)
-    #: ``namespace/name`` of the pods using the group, sorted.
-    allocated_pods: list[str] = Field(default_factory=list)
-    #: ``len(allocatedPods)``: a clean integer for the PODS printer column.
+    #: ``namespace/name`` of the pods using the group, sorted; the first
+    #: ``MAX_ALLOCATED_PODS`` of them (``pod_list_update``).
+    allocated_pods: list[str] = Field(default_factory=list, max_length=MAX_ALLOCATED_PODS)
+    #: How many pods use the group, exact (also beyond the list): the PODS printer column.
     pod_count: int = Field(default=0, ge=0)
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = Field(default=None, ge=0)
@@ -195,3 +197,58 @@ def selected_devices(group: Mapping[str, Any]) -> dict[str, list[int]]:
     """``status.selectedDevices`` parsed to ID lists. Raises ValueError when malformed."""
     raw = (group.get("status") or {}).get("selectedDevices") or {}
     return {res: parse_ids(ids) for res, ids in raw.items()}
+
+
+def group_pod_count(group: Mapping[str, Any]) -> int:
+    """How many pods use the group: ``status.podCount``, which stays exact when
+    ``allocatedPods`` is cut (never fewer than the pods listed)."""
+    status = group.get("status") or {}
+    count = status.get("podCount")
+    listed = len(status.get("allocatedPods") or ())
+    return max(count, listed) if isinstance(count, int) and not isinstance(count, bool) else listed
+
+
+def pods_truncated(group: Mapping[str, Any]) -> bool:
+    """True when ``status.allocatedPods`` lists fewer pods than use the group."""
+    return group_pod_count(group) > len((group.get("status") or {}).get("allocatedPods") or ())
+
+
+@dataclass(frozen=True, slots=True)
+class PodListUpdate:
+    """The next ``allocatedPods``/``podCount`` and what changed, for the status controller."""
+
+    #: The new ``status.allocatedPods``: the sorted first ``limit`` active pods.
+    listed: list[str]
+    #: The new ``status.podCount``: every active pod.
+    count: int
+    #: Pods known to be new, sorted (see ``pod_list_update``).
+    joined: list[str]
+    #: Pods listed before that are no longer active, sorted.
+    left: list[str]
+
+    @property
+    def truncated(self) -> bool:
+        return self.count > len(self.listed)
+
+
+def pod_list_update(
+    before: Sequence[str],
+    before_count: int,
+    active: Iterable[str],
+    limit: int = MAX_ALLOCATED_PODS,
+) -> PodListUpdate:
+    """``allocatedPods`` keeps the sorted first ``limit`` pod keys, so the object stays far
+    below etcd's size limit however many pods join; ``podCount`` stays exact.
+
+    A cut old list (``before_count`` above its length) does not say which pods sorting
+    after its last entry were there already, so only pods up to that entry are reported
+    as joined: events never claim a pod is new when it may not be.
+    """
+    keys = sorted(set(active))
+    previous = set(before)
+    horizon: str | None = None
+    if before_count > len(previous):
+        horizon = max(previous) if previous else ""
+    joined = [k for k in keys if k not in previous and (horizon is None or k <= horizon)]
+    left = sorted(previous.difference(keys))
+    return PodListUpdate(keys[:limit], len(keys), joined, left)

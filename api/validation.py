@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from api.constants import MAX_DEVICES_PER_RESOURCE
+
 DNS1123_LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 #: A DNS-1123 subdomain (object names, annotation/resource prefixes); at most 253 chars.
 DNS1123_SUBDOMAIN: Final = rf"{DNS1123_LABEL}(\.{DNS1123_LABEL})*"
@@ -36,6 +38,12 @@ _NAME_PART_RE = re.compile(QUALIFIED_NAME_PART)
 _LABEL_VALUE_RE = re.compile(LABEL_VALUE)
 
 STRATEGIES: Final = ("binpack", "spread")
+
+#: The CRD's message for a count above ``MAX_DEVICES_PER_RESOURCE`` (no node offers more).
+COUNT_TOO_LARGE: Final = (
+    f"device counts must be at most {MAX_DEVICES_PER_RESOURCE}, "
+    "the most devices of one resource SDG addresses per node"
+)
 
 
 def is_dns_subdomain(value: str) -> bool:
@@ -107,6 +115,8 @@ def validate_spec(spec: Any) -> list[str]:
                 errors.append(
                     f"spec.resources[{name}]: Invalid value: {count!r}: must be a positive integer"
                 )
+            elif count > MAX_DEVICES_PER_RESOURCE:
+                errors.append(f"spec.resources[{name}]: Invalid value: {count}: {COUNT_TOO_LARGE}")
     strategy = spec.get("schedulingStrategy", "binpack")
     if strategy not in STRATEGIES:
         errors.append(

@@ -2,18 +2,34 @@
 
 It writes only those two fields, with a JSON merge patch guarded by the group's UID, so it
 never races the group scheduler's conditional status writes over conditions or binding.
+``allocatedPods`` lists at most ``MAX_ALLOCATED_PODS`` pods (``api.v1alpha1.pod_list_update``)
+and ``podCount`` stays exact; PodsJoined/PodsLeft events name at most ``EVENT_PODS`` pods.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Final
+
 from api.constants import SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
+from api.v1alpha1 import pod_list_update
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import PODS
 from sdgruntime.reconcile import Request, Result
+
+#: Pods named in one PodsJoined/PodsLeft event; the rest are counted.
+EVENT_PODS: Final = 10
+
+
+def pods_text(keys: Sequence[str], limit: int = EVENT_PODS) -> str:
+    """``a, b and 3 more``: an event message that stays short however many pods moved."""
+    shown = ", ".join(keys[:limit])
+    more = len(keys) - limit
+    return f"{shown} and {more} more" if more > 0 else shown
 
 
 class StatusController:
@@ -30,28 +46,31 @@ class StatusController:
         except errors.NotFound:
             return None
         pods = self.cache.list(PODS, index=POD_GROUP_INDEX, value=request.name, copy=False)
-        active = sorted(pod_key(p) for p in pods if is_active(p))
         status = group.get("status") or {}
         before = list(status.get("allocatedPods") or [])
+        before_count = status.get("podCount", 0)
+        if not isinstance(before_count, int) or isinstance(before_count, bool):
+            before_count = len(before)
+        update = pod_list_update(before, before_count, (pod_key(p) for p in pods if is_active(p)))
         # A new group has neither field: that already says "no pods" (the scheduler's first
         # status write sets podCount 0), and writing it here would only make the
         # scheduler's conditional finalizer patch of the new group conflict.
-        if before == active and status.get("podCount", 0) == len(active):
+        if before == update.listed and status.get("podCount", 0) == update.count:
             return None
         patch = {
             "metadata": {"uid": group["metadata"]["uid"]},
-            "status": {"allocatedPods": active, "podCount": len(active)},
+            "status": {"allocatedPods": update.listed, "podCount": update.count},
         }
         try:
             updated = await self.client.patch(SDG_KIND, request.name, patch, subresource="status")
         except errors.NotFound:
             return None
-        joined = sorted(set(active) - set(before))
-        left = sorted(set(before) - set(active))
-        if joined:
+        if update.joined:
             self.recorder.emit(
-                updated, "Normal", "PodsJoined", f"pods joined: {', '.join(joined[:10])}"
+                updated, "Normal", "PodsJoined", f"pods joined: {pods_text(update.joined)}"
             )
-        if left:
-            self.recorder.emit(updated, "Normal", "PodsLeft", f"pods left: {', '.join(left[:10])}")
+        if update.left:
+            self.recorder.emit(
+                updated, "Normal", "PodsLeft", f"pods left: {pods_text(update.left)}"
+            )
         return None

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from api.constants import SDG_KIND
-from api.validation import validate_spec
+from api.constants import MAX_ALLOCATED_PODS, MAX_DEVICES_PER_RESOURCE, SDG_KIND
+from api.validation import COUNT_TOO_LARGE, validate_spec
 from sdgruntime.envtest.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -119,6 +119,11 @@ def test_status_is_a_subresource(api: httpx.Client, name: str) -> None:
             {"resources": {f"r{i}.io/gpu": 1 for i in range(17)}},
             ["must have at most 16 items"],
         ),
+        (
+            {"resources": {GPU: 5000}},
+            ["should be less than or equal to 1024", COUNT_TOO_LARGE],
+        ),
+        ({"resources": {GPU: 2**62}}, [COUNT_TOO_LARGE]),
     ],
 )
 def test_invalid_groups_are_rejected(
@@ -206,6 +211,8 @@ def test_kubectl_get_by_short_name(kubeconfig: str, api: httpx.Client, name: str
         {"resources": {GPU: 1}, "nodeSelector": {"a/b/c": "x"}},
         {"resources": {GPU: 1}, "nodeSelector": {"k": "v" * 64}},
         {"resources": {GPU: 1}, "nodeSelector": {"k": "-v"}},
+        {"resources": {GPU: MAX_DEVICES_PER_RESOURCE}},
+        {"resources": {GPU: MAX_DEVICES_PER_RESOURCE + 1}},
     ],
 )
 def test_python_validation_agrees_with_the_api_server(
@@ -213,3 +220,43 @@ def test_python_validation_agrees_with_the_api_server(
 ) -> None:
     accepted = create(api, sdg(name, spec)).status_code == 201
     assert accepted == (validate_spec(spec) == []), validate_spec(spec)
+
+
+def put_status(api: httpx.Client, name: str, status: dict[str, Any]) -> httpx.Response:
+    current = api.get(SDG_KIND.path(name=name)).json()
+    current["status"] = status
+    return api.put(SDG_KIND.path(name=name, subresource="status"), json=current)
+
+
+def condition(type_: str, message: str = "") -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": message,
+        "lastTransitionTime": "2025-01-01T00:00:00Z",
+    }
+
+
+def test_status_bounds_are_enforced(api: httpx.Client, name: str) -> None:
+    assert create(api, sdg(name, {"resources": {GPU: 2}})).status_code == 201
+    pods = [f"ns/p{i:04d}" for i in range(MAX_ALLOCATED_PODS)]
+    longest = f"{'n' * 63}/{'p' * 253}"
+    full = {"allocatedPods": [*pods[:-1], longest], "podCount": 5000}
+    assert put_status(api, name, full).status_code == 200
+    all_ids = ",".join(str(i) for i in range(MAX_DEVICES_PER_RESOURCE))
+    bound = {"phase": "Bound", "nodeName": "n1", "selectedDevices": {GPU: all_ids}}
+    assert put_status(api, name, bound).status_code == 200
+    message = "x" * 32768
+    r = put_status(api, name, {"conditions": [condition("Scheduled", message)]})
+    assert r.status_code == 200, r.text
+    for status, fragment in [
+        ({"allocatedPods": [*pods, "ns/one-more"]}, "must have at most 1000 items"),
+        ({"allocatedPods": [longest + "x"]}, "may not be more than 317"),
+        ({"conditions": [condition("Scheduled", message + "x")]}, "may not be more than 32768"),
+        ({"conditions": [condition(f"T{i}") for i in range(17)]}, "must have at most 16 items"),
+        ({"selectedDevices": {f"r{i}.io/gpu": "0" for i in range(17)}}, "at most 16 items"),
+    ]:
+        r = put_status(api, name, status)
+        assert r.status_code == 422, r.text
+        assert fragment in r.json()["message"], r.json()["message"]

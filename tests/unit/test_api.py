@@ -10,7 +10,13 @@ import yaml
 from pydantic import ValidationError
 
 from api import constants as c
-from api.conditions import find_condition, is_condition_true, set_condition
+from api.conditions import (
+    TRUNCATED_MARKER,
+    cap_message,
+    find_condition,
+    is_condition_true,
+    set_condition,
+)
 from api.envvars import env_var_for, parse_env_table
 from api.v1alpha1 import (
     SharedDeviceGroup,
@@ -18,14 +24,20 @@ from api.v1alpha1 import (
     SharedDeviceGroupStatus,
     format_ids,
     group_phase,
+    group_pod_count,
     group_resources,
     group_strategy,
     is_bound,
     parse_ids,
+    pod_list_update,
+    pods_truncated,
     selected_devices,
 )
 from api.validation import (
+    COUNT_TOO_LARGE,
     LABEL_KEY,
+    MAX_RESOURCES,
+    MAX_SUBDOMAIN_LEN,
     RESOURCE_NAME,
     is_dns_subdomain,
     is_label_key,
@@ -99,6 +111,7 @@ def test_spec_accepts_snake_case_names_in_python() -> None:
         ({"resources": {}}, "at least one device resource"),
         ({"resources": {"nvidia.com/gpu": 0}}, "positive integer"),
         ({"resources": {"nvidia.com/gpu": -1}}, "positive integer"),
+        ({"resources": {"nvidia.com/gpu": 1025}}, "at most 1024"),
         ({"resources": {"nvidia.com/gpu": True}}, "int"),
         ({"resources": {"nvidia.com/gpu": "2"}}, "int"),
         ({"resources": {"gpu": 1}}, "extended resource name"),
@@ -260,6 +273,18 @@ def test_set_condition_keeps_transition_time_while_status_unchanged() -> None:
     assert conds[0]["status"] == "False"  # inputs untouched
 
 
+def test_set_condition_caps_long_messages() -> None:
+    long = "0/5000 nodes are available: " + ", ".join(f"1 reason {i}" for i in range(5000))
+    (cond,) = set_condition(None, "Scheduled", "False", "Unschedulable", long, now="t")
+    assert len(cond["message"]) == c.MAX_CONDITION_MESSAGE
+    assert cond["message"].endswith(TRUNCATED_MARKER)
+    assert long.startswith(cond["message"].removesuffix(TRUNCATED_MARKER))
+    exact = "x" * c.MAX_CONDITION_MESSAGE
+    assert set_condition(None, "Ready", "True", "Ready", exact, now="t")[0]["message"] == exact
+    assert cap_message("short") == "short"
+    assert cap_message("abcdef", limit=3) == "abc"  # no room for the marker
+
+
 def test_set_condition_collapses_duplicate_types() -> None:
     dup = [{"type": "Ready", "status": "True"}, {"type": "Ready", "status": "False"}]
     out = set_condition(dup, "Ready", "True", "Ready", "", now="t")
@@ -319,6 +344,75 @@ def test_crd_patterns_compile_as_python_regexes() -> None:
         assert re.fullmatch(cond["reason"]["pattern"].strip("^$"), reason)
 
 
+def test_crd_bounds_agree_with_the_constants() -> None:
+    schema = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    resources = schema["properties"]["spec"]["properties"]["resources"]
+    assert resources["additionalProperties"]["maximum"] == c.MAX_DEVICES_PER_RESOURCE
+    assert resources["maxProperties"] == MAX_RESOURCES
+    by_message = {r["message"]: r["rule"] for r in resources["x-kubernetes-validations"]}
+    assert by_message[COUNT_TOO_LARGE] == f"self.all(k, self[k] <= {c.MAX_DEVICES_PER_RESOURCE})"
+    status = schema["properties"]["status"]["properties"]
+    assert status["allocatedPods"]["maxItems"] == c.MAX_ALLOCATED_PODS
+    # namespace/name: a namespace is a DNS label (63), a pod name a DNS subdomain (253).
+    assert status["allocatedPods"]["items"]["maxLength"] == 63 + 1 + MAX_SUBDOMAIN_LEN
+    assert status["selectedDevices"]["maxProperties"] == MAX_RESOURCES
+    all_ids = format_ids(range(c.MAX_DEVICES_PER_RESOURCE))
+    assert status["selectedDevices"]["additionalProperties"]["maxLength"] >= len(all_ids)
+    cond = status["conditions"]["items"]["properties"]
+    # metav1.Condition's own bounds; our messages are cut well below the API's limit.
+    assert cond["message"]["maxLength"] == 32768 >= c.MAX_CONDITION_MESSAGE
+    assert (cond["reason"]["minLength"], cond["reason"]["maxLength"]) == (1, 1024)
+    assert cond["type"]["maxLength"] == 316
+    assert cond["status"]["enum"] == ["True", "False", "Unknown"]
+
+
 def test_kustomization_lists_the_crd() -> None:
     kust = yaml.safe_load((CRD_PATH.parent / "kustomization.yaml").read_text())
     assert kust["resources"] == [CRD_PATH.name]
+
+
+# --- status.allocatedPods bounds ----------------------------------------------------------
+
+
+def test_pod_list_keeps_the_sorted_first_pods_and_an_exact_count() -> None:
+    active = [f"ns/p{i:04d}" for i in range(1500)][::-1]
+    update = pod_list_update([], 0, active)
+    assert update.listed == sorted(active)[: c.MAX_ALLOCATED_PODS]
+    assert update.count == 1500 and update.truncated
+    assert update.joined == sorted(active) and update.left == []
+    small = pod_list_update(["ns/a", "ns/b"], 2, ["ns/c", "ns/a", "ns/a"])
+    assert (small.listed, small.count, small.joined, small.left) == (
+        ["ns/a", "ns/c"],
+        2,
+        ["ns/c"],
+        ["ns/b"],
+    )
+    assert not small.truncated
+
+
+def test_pod_list_after_a_cut_list_reports_only_what_it_knows() -> None:
+    # Before: 5 pods, the first 3 listed. After: p0 gone, p1a new (sorts inside the old
+    # list), p9 sorts after it: it may have been there unlisted, so it is not "joined".
+    before = ["ns/p0", "ns/p1", "ns/p2"]
+    update = pod_list_update(before, 5, ["ns/p1", "ns/p1a", "ns/p2", "ns/p3", "ns/p9"], limit=3)
+    assert update.listed == ["ns/p1", "ns/p1a", "ns/p2"] and update.count == 5
+    assert update.joined == ["ns/p1a"] and update.left == ["ns/p0"]
+    # A count above an empty list says nothing about any pod.
+    assert pod_list_update([], 4, ["ns/a"]).joined == []
+
+
+def test_pod_count_readers() -> None:
+    listed = {"status": {"allocatedPods": ["ns/a", "ns/b"], "podCount": 1500}}
+    assert group_pod_count(listed) == 1500 and pods_truncated(listed)
+    exact = {"status": {"allocatedPods": ["ns/a"], "podCount": 1}}
+    assert group_pod_count(exact) == 1 and not pods_truncated(exact)
+    assert group_pod_count({"status": {"allocatedPods": ["ns/a"]}}) == 1
+    assert group_pod_count({}) == 0 and not pods_truncated({})
+
+
+def test_status_model_refuses_more_pods_than_the_crd() -> None:
+    pods = [f"ns/p{i}" for i in range(c.MAX_ALLOCATED_PODS + 1)]
+    with pytest.raises(ValidationError):
+        SharedDeviceGroupStatus(allocated_pods=pods, pod_count=len(pods))
+    ok = SharedDeviceGroupStatus(allocated_pods=pods[:-1], pod_count=len(pods))
+    assert ok.pod_count == c.MAX_ALLOCATED_PODS + 1
