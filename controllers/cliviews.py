@@ -19,6 +19,7 @@ from api.constants import (
     CONDITION_SCHEDULED,
     FINALIZER,
     GROUP_ANNOTATION,
+    MAX_DEVICES_PER_RESOURCE,
     NODE_MODE_LABEL,
     NODE_MODE_SHARED,
     SCHEDULER_NAME,
@@ -30,13 +31,20 @@ from api.v1alpha1 import (
     group_name,
     group_node,
     group_phase,
+    group_pod_count,
     group_resources,
     group_strategy,
     is_bound,
+    pods_truncated,
     selected_devices,
 )
 from controllers.claims import DATA_CLAIMS, DATA_NODE, record_name
-from controllers.placement import node_device_capacity, node_name, place
+from controllers.placement import (
+    node_device_capacity,
+    node_name,
+    place,
+    unaddressable_devices,
+)
 from controllers.podfit import pod_fits_node, tolerates
 from controllers.tracker import Devices, decode_claims
 
@@ -92,6 +100,13 @@ def _labels(obj: Obj) -> dict[str, str]:
 
 def _is_shared(node: Obj) -> bool:
     return _labels(node).get(NODE_MODE_LABEL) == NODE_MODE_SHARED
+
+
+def _too_many_text(res: str, count: int) -> str:
+    return (
+        f"advertises {count} {res}, more than the {MAX_DEVICES_PER_RESOURCE} devices SDG "
+        "addresses per node, so it offers none (not a device count)"
+    )
 
 
 def node_problems(node: Obj) -> list[str]:
@@ -245,6 +260,10 @@ def devices_view(nodes: Iterable[Obj], groups: Iterable[Obj], configmaps: Iterab
                     "groups keep their devices, new groups will not bind there"
                 )
             warnings += [f"node {node}: {p}" for p in node_problems(obj)]
+            warnings += [
+                f"node {node}: {_too_many_text(res, count)}"
+                for res, count in sorted(unaddressable_devices(obj).items())
+            ]
         resources = sorted(set(capacity) | view.resources_on(node))
         if not resources:
             rows.append((node, NONE, "-", "-", "-", "-"))
@@ -342,7 +361,7 @@ def _waiting_reason(pod: Obj) -> str:
     return ""
 
 
-def _pod_note(pod: Obj, group: Obj, allocated: set[str]) -> str:
+def _pod_note(pod: Obj, group: Obj, allocated: set[str], listed_until: str | None) -> str:
     spec = pod.get("spec") or {}
     node = spec.get("nodeName")
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
@@ -354,7 +373,8 @@ def _pod_note(pod: Obj, group: Obj, allocated: set[str]) -> str:
         return "waiting for deviceshare-scheduler"
     if is_bound(group) and node != group_node(group):
         return f"on {node}, not on the group's node {group_node(group)}"
-    if is_active(pod) and pod_key(pod) not in allocated:
+    key = pod_key(pod)
+    if is_active(pod) and key not in allocated and (listed_until is None or key < listed_until):
         return "not yet in status.allocatedPods"
     return _waiting_reason(pod)
 
@@ -396,8 +416,14 @@ def explain_group(
         else:
             problems += [f"node {node} is {p}" for p in node_problems(obj)]
             capacity = node_device_capacity(obj)
+            too_many = unaddressable_devices(obj)
             for res, ids in sorted(devices.items()):
-                if ids and max(ids) >= capacity.get(res, 0):
+                if ids and res in too_many:
+                    problems.append(
+                        f"node {node} {_too_many_text(res, too_many[res])}; the group holds "
+                        f"{res} {format_ids(ids)}"
+                    )
+                elif ids and max(ids) >= capacity.get(res, 0):
                     problems.append(
                         f"node {node} offers {capacity.get(res, 0)} {res} now; the group "
                         f"holds {res} {format_ids(ids)}"
@@ -416,8 +442,9 @@ def explain_group(
         ("Node Selector", ",".join(f"{k}={v}" for k, v in sorted(selector.items())) or NONE),
     ]
 
+    pod_count = group_pod_count(group)
     if meta.get("deletionTimestamp"):
-        active = len(allocated)
+        active = pod_count
         summary = (
             f"Being deleted: the finalizer {FINALIZER} holds it until its {active} pod(s) are "
             "gone; delete them to release the devices."
@@ -426,11 +453,14 @@ def explain_group(
         )
     elif is_bound(group):
         node, devices = view.statuses.get(name, (str(group_node(group)), {}))
-        summary = (
-            f"Bound to node {node} with {_devices_text(devices)}; {len(allocated)} pod(s) use it."
-        )
+        summary = f"Bound to node {node} with {_devices_text(devices)}; {pod_count} pod(s) use it."
     else:
         summary = f"Pending: {_scheduled_message(group)}"
+    if pods_truncated(group):
+        summary += (
+            f"\nstatus.allocatedPods lists the first {len(allocated)} of {pod_count} pods; "
+            "the table below lists every pod found."
+        )
     if problems:
         summary += "\nProblems:\n" + "\n".join(f"  {p}" for p in problems)
 
@@ -441,12 +471,14 @@ def explain_group(
     member_pods = sorted((p for p in pods if pod_group(p) == name), key=lambda p: pod_key(p))
     seen = {pod_key(p) for p in member_pods}
     allocated_set = set(allocated)
+    # A cut list names the first pods only: one sorting after its end is not "missing".
+    listed_until = max(allocated) if pods_truncated(group) and allocated else None
     rows = [
         (
             pod_key(p),
             (p.get("status") or {}).get("phase") or "Pending",
             (p.get("spec") or {}).get("nodeName") or NONE,
-            _pod_note(p, group, allocated_set),
+            _pod_note(p, group, allocated_set, listed_until),
         )
         for p in member_pods
     ]

@@ -664,3 +664,63 @@ def test_explain_pod_notices_the_webhook_never_ran() -> None:
         "NVIDIA_VISIBLE_DEVICES is unset, the group holds nvidia.com/gpu 0,1 (the pod webhook "
         "did not inject it: was it installed and reachable when the pod was created?)\n"
     ) in explain_pod(bare, GROUPS, NODES, PODS)
+
+
+# --- bounds: nodes over the device cap, cut pod lists -----------------------------------------
+
+HUGE_NODES = [
+    node("bytes-1", {GPU: 10**9}),
+    node("gpu-a", {GPU: 4}),
+    node("bytes-2", {GPU: 10**9}),
+]
+CAP = f"advertise 1000000000 {GPU}, more than the 1024 devices SDG addresses per node"
+
+
+def test_explain_pending_group_names_nodes_over_the_device_cap() -> None:
+    message = f"0/3 nodes are available: 2 {CAP}, 1 have 4 free {GPU} (need 8)."
+    pending = group(
+        "wide", {GPU: 8}, conditions=[cond("Scheduled", "False", "Unschedulable", message)]
+    )
+    text = explain_group("wide", [pending], HUGE_NODES, [], [])
+    assert f"\n\nPending: {message}\n" in text
+    assert (
+        f"""\
+Nodes now (0/3 fit):
+  NODE      FITS   REASON
+  bytes-1   no     {CAP}
+  bytes-2   no     {CAP}
+  gpu-a     no     have 4 free {GPU} (need 8)
+"""
+        in text
+    )
+
+
+def test_device_map_warns_about_nodes_over_the_device_cap() -> None:
+    held = group("grown", {GPU: 1}, node="bytes-1", devices={GPU: "0"})
+    text = devices_view(HUGE_NODES, [held], [record("bytes-1", {"grown": {GPU: "0"}})])
+    assert f"bytes-1   {GPU}   0    grown   missing" in text
+    assert "bytes-2" not in text.split("\n\n")[0]  # no row per "device" of a byte count
+    assert (
+        f"  node bytes-1: advertises 1000000000 {GPU}, more than the 1024 devices SDG "
+        "addresses per node, so it offers none (not a device count)\n"
+    ) in text
+    explained = explain_group("grown", [held], HUGE_NODES, [], [])
+    assert (
+        f"  node bytes-1 advertises 1000000000 {GPU}, more than the 1024 devices SDG addresses "
+        f"per node, so it offers none (not a device count); the group holds {GPU} 0\n"
+    ) in explained
+
+
+def test_explain_group_with_a_cut_pod_list_counts_every_pod() -> None:
+    listed = [f"ml/p{i:04d}" for i in range(1000)]
+    big = group("many", {GPU: 1}, node="gpu-a", devices={GPU: "2"}, pods=listed)
+    big["status"]["podCount"] = 1200
+    pods = [
+        pod("ml/p0000", "many", node="gpu-a", phase="Running"),
+        pod("ml/p0000a", "many", node="gpu-a", phase="Running"),  # sorts inside the list
+        pod("ml/p1100", "many", node="gpu-a", phase="Running"),  # beyond the list's end
+    ]
+    text = explain_group("many", [big], NODES, [record("gpu-a", {"many": {GPU: "2"}})], pods)
+    assert "; 1200 pod(s) use it.\nstatus.allocatedPods lists the first 1000 of 1200 pods" in text
+    assert "  ml/p0000a   Running   gpu-a   not yet in status.allocatedPods\n" in text
+    assert "  ml/p1100    Running   gpu-a\n" in text
