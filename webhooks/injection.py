@@ -1,8 +1,10 @@
-"""Pod mutation for SharedDeviceGroup members: the pure decision, no I/O.
+"""Pod mutation for SharedDeviceGroup members: the pure decisions, no I/O.
 
 Given the pod being created and its group, either a JSON patch (RFC 6902) that points
-every container at the group's devices and at our scheduler, or a denial whose message
-tells the user what to change. The admission handler does the lookups and wraps this.
+every container at the group's devices and at our scheduler and lets the pod onto tainted
+shared nodes, or a denial whose message tells the user what to change. The same for the
+ephemeral containers (``kubectl debug``) added to a group's pod. The admission handler
+does the lookups and wraps this.
 """
 
 from __future__ import annotations
@@ -14,18 +16,36 @@ from typing import Any
 
 from api.conditions import find_condition
 from api.constants import (
+    CONDITION_READY,
     CONDITION_SCHEDULED,
+    CONFLICT_REASONS,
     DEFAULT_ENV_TABLE,
     DEFAULT_SCHEDULER_NAME,
     DEVICE_ENV_FLAG,
     GROUP_ANNOTATION,
     PHASE_BOUND,
     SCHEDULER_NAME,
+    SHARED_TAINT_KEY,
+    SHARED_TAINT_VALUE,
 )
 from api.envvars import env_var_for
 from api.validation import is_dns_subdomain
 
 Obj = Mapping[str, Any]
+
+#: Lets group pods onto shared nodes tainted ``deviceshare.io/mode=shared:NoSchedule``,
+#: which keeps every other pod off them.
+SHARED_TOLERATION: Mapping[str, str] = {
+    "key": SHARED_TAINT_KEY,
+    "operator": "Equal",
+    "value": SHARED_TAINT_VALUE,
+    "effect": "NoSchedule",
+}
+_SHARED_TAINT = {"key": SHARED_TAINT_KEY, "value": SHARED_TAINT_VALUE, "effect": "NoSchedule"}
+
+#: Env vars an ephemeral container must copy from the pod's first container, whatever the
+#: env table says; the API server's policy (config/policy) checks the same names.
+DEVICE_ENV_SUFFIX = "_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,23 +172,70 @@ def _group_env(group: Obj, env_table: Mapping[str, str]) -> dict[str, str] | Den
     return env
 
 
-def _env_ops(kind: str, index: int, container: Obj, env: Mapping[str, str]) -> list[dict]:
+def _env_ops(kind: str, index: int, container: Obj, env: Mapping[str, Any]) -> list[dict]:
+    """Set each ``env`` var (a value, or a whole env entry) in one container: replace every
+    entry of that name (the kubelet lets the last one win), append the missing ones."""
     base = ("spec", kind, index, "env")
+    entries = {
+        var: dict(value) if isinstance(value, Mapping) else {"name": var, "value": value}
+        for var, value in env.items()
+    }
     existing = container.get("env")
     if not existing:
-        value = [{"name": k, "value": v} for k, v in env.items()]
         op = "replace" if existing is not None else "add"
-        return [{"op": op, "path": pointer(*base), "value": value}]
+        return [{"op": op, "path": pointer(*base), "value": list(entries.values())}]
     ops: list[dict[str, Any]] = []
-    for var, value in env.items():
-        entry = {"name": var, "value": value}
+    for var, entry in entries.items():
         positions = [i for i, e in enumerate(existing) if e.get("name") == var]
         if not positions:
             ops.append({"op": "add", "path": pointer(*base, "-"), "value": entry})
-        for i in positions:  # every duplicate: the kubelet lets the last one win
+        for i in positions:
             if existing[i] != entry:
                 ops.append({"op": "replace", "path": pointer(*base, i), "value": entry})
     return ops
+
+
+def tolerates_shared_taint(toleration: Obj) -> bool:
+    """Kubernetes' ToleratesTaint for the shared-node taint: an empty effect matches every
+    effect, an empty key with Exists every key, operator "" means Equal."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != _SHARED_TAINT["effect"]:
+        return False
+    key = toleration.get("key") or ""
+    if key and key != _SHARED_TAINT["key"]:
+        return False
+    op = toleration.get("operator") or "Equal"
+    if op == "Exists":
+        return True
+    return op == "Equal" and (toleration.get("value") or "") == _SHARED_TAINT["value"]
+
+
+def _toleration_ops(pod: Obj) -> list[dict[str, Any]]:
+    tolerations = (pod.get("spec") or {}).get("tolerations")
+    if any(tolerates_shared_taint(t) for t in tolerations or ()):
+        return []
+    if tolerations is None:
+        return [{"op": "add", "path": "/spec/tolerations", "value": [dict(SHARED_TOLERATION)]}]
+    return [{"op": "add", "path": "/spec/tolerations/-", "value": dict(SHARED_TOLERATION)}]
+
+
+def conflict_denial(name: str, group: Obj) -> Denial | None:
+    """Deny joining while the group's devices are disputed (``Ready=False`` with a conflict
+    reason): a new pod would run on devices another group or pod may also be using."""
+    status = group.get("status") or {}
+    ready = find_condition(status.get("conditions"), CONDITION_READY)
+    if not ready or ready.get("status") != "False":
+        return None
+    reason = ready.get("reason") or ""
+    if reason not in CONFLICT_REASONS:
+        return None
+    message = (ready.get("message") or "").rstrip()
+    message = message if not message or message.endswith(".") else message + "."
+    return Denial(
+        f"SharedDeviceGroup {name!r} takes no new pods while its devices are disputed: "
+        f"Ready=False, reason {reason}: {message or '(no message)'} Resolve that first "
+        f"(kubectl describe sdg {name}); pods can join again once the condition clears."
+    )
 
 
 def build_injection(
@@ -180,7 +247,9 @@ def build_injection(
     """Decide a pod CREATE: the patch to apply, or why it is denied.
 
     ``group`` is the SharedDeviceGroup the annotation names (None when it does not exist).
-    A pod without the annotation and not naming our scheduler gets an empty Patch.
+    A pod without the annotation and not naming our scheduler gets an empty Patch. The
+    patch is idempotent: applied to its own result it yields no operations (the webhook
+    is reinvoked after other mutating webhooks).
     """
     denial = check_annotation(pod, scheduler_name)
     if denial is not None:
@@ -196,6 +265,9 @@ def build_injection(
     meta = group.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return Denial(f"SharedDeviceGroup {name!r} is being deleted; new pods cannot join it")
+    conflict = conflict_denial(name, group)
+    if conflict is not None:
+        return conflict
     status = group.get("status") or {}
     if status.get("phase") != PHASE_BOUND or not status.get("nodeName"):
         cond = find_condition(status.get("conditions"), CONDITION_SCHEDULED)
@@ -230,9 +302,114 @@ def build_injection(
     ops: list[dict[str, Any]] = []
     for kind, i, c in _containers(pod):
         ops.extend(_env_ops(kind, i, c, env))
+    ops.extend(_toleration_ops(pod))
     if scheduler != scheduler_name:
         op = "add" if scheduler is None else "replace"
         ops.append({"op": op, "path": "/spec/schedulerName", "value": scheduler_name})
+    return Patch(ops)
+
+
+def _pod_ref(pod: Obj) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _added_ephemeral(pod: Obj, old_pod: Obj) -> list[tuple[int, Obj]]:
+    """The ephemeral containers this request adds (existing ones can never change)."""
+    before = {c.get("name") for c in (old_pod.get("spec") or {}).get("ephemeralContainers") or ()}
+    return [
+        (i, c)
+        for i, c in enumerate((pod.get("spec") or {}).get("ephemeralContainers") or ())
+        if c.get("name") not in before
+    ]
+
+
+def _stale_device_env(pod: Obj, env: Mapping[str, str]) -> str | None:
+    """Where the pod's containers do not carry the group's current device env, if anywhere."""
+    for kind, _i, c in _containers(pod):
+        entries = c.get("env") or []
+        what = "init container" if kind == "initContainers" else "container"
+        for var, value in env.items():
+            found = [e for e in entries if e.get("name") == var]
+            wrong = next((e for e in found if e != {"name": var, "value": value}), None)
+            if not found:
+                return f"{what} {c.get('name', '')!r} has no {var}, the group holds {value}"
+            if wrong is not None:
+                has = f"={wrong['value']}" if "value" in wrong else " from valueFrom"
+                return f"{what} {c.get('name', '')!r} has {var}{has}, the group holds {value}"
+    return None
+
+
+def build_ephemeral_injection(
+    pod: Obj,
+    old_pod: Obj,
+    group: Obj | None,
+    env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
+) -> Patch | Denial:
+    """Decide an UPDATE of ``pods/ephemeralcontainers`` (``kubectl debug``).
+
+    New ephemeral containers of a group's pod get exactly the device env the pod's
+    containers have: the group's env plus any other ``*_VISIBLE_DEVICES`` entry of the
+    first container (the API server's policy demands the same), replacing what the user
+    set for those names. Container images often name devices themselves (CUDA images:
+    ``NVIDIA_VISIBLE_DEVICES=all``), so without it a debug container would see every GPU.
+    Denied when the pod no longer runs on its group's devices, or when the new container
+    sets a device variable the pod does not have.
+    """
+    name = group_annotation(pod)
+    added = _added_ephemeral(pod, old_pod)
+    if not name or not added:
+        return Patch()
+    ref = _pod_ref(pod)
+    names = ", ".join(repr(c.get("name", "")) for _i, c in added)
+    if group is None:
+        return Denial(
+            f"SharedDeviceGroup {name!r} of pod {ref} not found, so ephemeral container "
+            f"{names} cannot be given the pod's devices; the pod runs outside any group's "
+            "books: delete it and create it again in an existing group"
+        )
+    status = group.get("status") or {}
+    if status.get("phase") != PHASE_BOUND:
+        return Denial(
+            f"SharedDeviceGroup {name!r} of pod {ref} is not Bound, so ephemeral container "
+            f"{names} cannot be given its devices; kubectl describe sdg {name} says why"
+        )
+    env = _group_env(group, env_table)
+    if isinstance(env, Denial):
+        return env
+    stale = _stale_device_env(pod, env)
+    if stale is not None:
+        return Denial(
+            f"pod {ref} does not run on the devices SharedDeviceGroup {name!r} holds now "
+            f"({stale}), so ephemeral container {names} cannot be given the pod's devices. "
+            f"Delete the pod and create it again to run on the group's devices "
+            f"(kubectl describe sdg {name})"
+        )
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    required: dict[str, Any] = {
+        e["name"]: e
+        for e in containers[0].get("env") or ()
+        if str(e.get("name", "")).endswith(DEVICE_ENV_SUFFIX)
+    }
+    required.update(env)
+    ops: list[dict[str, Any]] = []
+    for i, c in added:
+        extra = sorted(
+            {
+                str(e.get("name"))
+                for e in c.get("env") or ()
+                if str(e.get("name", "")).endswith(DEVICE_ENV_SUFFIX)
+                and e.get("name") not in required
+            }
+        )
+        if extra:
+            return Denial(
+                f"ephemeral container {c.get('name', '')!r} of pod {ref} sets "
+                f"{', '.join(extra)}, which the pod's containers do not set: it would see "
+                f"other devices than SharedDeviceGroup {name!r} holds. Remove "
+                f"{'it' if len(extra) == 1 else 'them'} from the ephemeral container"
+            )
+        ops.extend(_env_ops("ephemeralContainers", i, c, required))
     return Patch(ops)
 
 

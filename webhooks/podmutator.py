@@ -1,8 +1,9 @@
 """Mutating webhook for pods of a SharedDeviceGroup: inject the group's device env.
 
-It only reads: the group from the shared cache (a live GET when the cache has not seen
-it yet), waiting briefly for a group that was just created and is still being bound.
-The decision itself is pure (``webhooks.injection``).
+Pod CREATE, and UPDATE of ``pods/ephemeralcontainers`` (``kubectl debug``) of a group's
+pod. It only reads: the group from the shared cache (a live GET when the cache has not
+seen it yet), waiting briefly for a group that was just created and is still being bound.
+The decisions themselves are pure (``webhooks.injection``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from sdgruntime import errors
 from sdgruntime.cache import Cache, CacheNotSynced
 from sdgruntime.client import Client
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed, denied, patch_ops
-from webhooks.injection import Denial, build_injection, check_annotation, group_annotation
+from webhooks.injection import (
+    Denial,
+    build_ephemeral_injection,
+    build_injection,
+    check_annotation,
+    group_annotation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +50,8 @@ def _still_binding(group: Mapping[str, Any]) -> bool:
 
 
 class PodMutator:
-    """``/mutate-v1-pod``: devices env into every container, our schedulerName."""
+    """``/mutate-v1-pod``: devices env into every container (ephemeral ones too), our
+    schedulerName, the shared-node toleration."""
 
     def __init__(
         self,
@@ -61,7 +69,11 @@ class PodMutator:
 
     async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = request.object or {}
-        if request.operation != "CREATE" or request.kind.get("kind") != "Pod":
+        if request.kind.get("kind") != "Pod":
+            return allowed()
+        if request.operation == "UPDATE" and request.sub_resource == "ephemeralcontainers":
+            return await self._ephemeral(pod, request.old_object or {})
+        if request.operation != "CREATE" or request.sub_resource:
             return allowed()
         bad = check_annotation(pod, self.scheduler_name)
         if bad is not None:
@@ -69,6 +81,19 @@ class PodMutator:
         name = group_annotation(pod)
         group = await self._group(name) if name else None
         result = build_injection(pod, group, self.env_table, self.scheduler_name)
+        if isinstance(result, Denial):
+            return denied(result.message)
+        return patch_ops(result.operations)
+
+    async def _ephemeral(
+        self, pod: Mapping[str, Any], old_pod: Mapping[str, Any]
+    ) -> AdmissionResponse:
+        name = group_annotation(pod)
+        if not name:
+            return allowed()  # not a group's pod: its debug containers are not ours
+        # A member's group is Bound already: no waiting for the scheduler here.
+        group = await self._lookup(name)
+        result = build_ephemeral_injection(pod, old_pod, group, self.env_table)
         if isinstance(result, Denial):
             return denied(result.message)
         return patch_ops(result.operations)

@@ -1,4 +1,5 @@
-"""Pod env injection: the patch for a bound group, and every denial a user can hit."""
+"""Pod env injection: the patch for a bound group (env, scheduler, shared-node toleration),
+ephemeral containers of a group's pod, and every denial a user can hit."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from typing import Any
 
 import pytest
 
+from api.constants import CONFLICT_REASONS
 from api.envvars import parse_env_table
 from webhooks.injection import (
+    SHARED_TOLERATION,
     Denial,
     Patch,
     apply_operations,
+    build_ephemeral_injection,
     build_injection,
     check_annotation,
     escape_pointer,
@@ -102,6 +106,7 @@ def test_injects_env_into_every_container_and_sets_the_scheduler() -> None:
             "path": "/spec/containers/1/env",
             "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}],
         },
+        {"op": "add", "path": "/spec/tolerations", "value": [dict(SHARED_TOLERATION)]},
         {"op": "replace", "path": "/spec/schedulerName", "value": "deviceshare-scheduler"},
     ]
     out = apply_operations(p, result.operations)
@@ -170,8 +175,9 @@ def test_existing_env_gets_appended_and_empty_env_replaced() -> None:
 
 def test_already_correct_value_needs_no_env_operation() -> None:
     c = {"name": "a", "image": "x", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}]}
-    result = build_injection(pod(containers=[c], scheduler="deviceshare-scheduler"), group())
-    assert result == Patch([])
+    p = pod(containers=[c], scheduler="deviceshare-scheduler")
+    p["spec"]["tolerations"] = [dict(SHARED_TOLERATION)]
+    assert build_injection(p, group()) == Patch([])
 
 
 def test_several_resources_each_get_their_variable() -> None:
@@ -320,3 +326,255 @@ def test_pointer_escaping() -> None:
         apply_operations(doc, [{"op": "remove", "path": "/metadata"}])
     with pytest.raises(ValueError):
         apply_operations(doc, [{"op": "replace", "path": "/spec", "value": 1}])
+
+
+# --- the shared-node toleration -----------------------------------------------------------
+
+
+def test_toleration_is_added_so_group_pods_land_on_tainted_shared_nodes() -> None:
+    out = patched(pod(init=[{"name": "i", "image": "x"}]), group())
+    assert out["spec"]["tolerations"] == [
+        {
+            "key": "deviceshare.io/mode",
+            "operator": "Equal",
+            "value": "shared",
+            "effect": "NoSchedule",
+        }
+    ]
+
+
+def test_toleration_is_appended_to_the_pods_own() -> None:
+    own = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+    p = pod()
+    p["spec"]["tolerations"] = [own]
+    assert patched(p, group())["spec"]["tolerations"] == [own, dict(SHARED_TOLERATION)]
+    p["spec"]["tolerations"] = []
+    assert patched(p, group())["spec"]["tolerations"] == [dict(SHARED_TOLERATION)]
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [
+        {
+            "key": "deviceshare.io/mode",
+            "operator": "Equal",
+            "value": "shared",
+            "effect": "NoSchedule",
+        },
+        {"key": "deviceshare.io/mode", "value": "shared", "effect": "NoSchedule"},  # "" is Equal
+        {"key": "deviceshare.io/mode", "value": "shared"},  # every effect
+        {"key": "deviceshare.io/mode", "operator": "Exists", "effect": "NoSchedule"},
+        {"operator": "Exists"},  # tolerates everything
+    ],
+)
+def test_an_equivalent_toleration_is_kept_and_none_added(toleration: dict[str, str]) -> None:
+    p = pod()
+    p["spec"]["tolerations"] = [toleration]
+    result = build_injection(p, group())
+    assert isinstance(result, Patch)
+    assert not [op for op in result.operations if op["path"].startswith("/spec/tolerations")]
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [
+        {"key": "deviceshare.io/mode", "value": "shared", "effect": "NoExecute"},
+        {"key": "deviceshare.io/mode", "value": "other", "effect": "NoSchedule"},
+        {"key": "other", "operator": "Exists"},
+    ],
+)
+def test_a_toleration_for_something_else_does_not_count(toleration: dict[str, str]) -> None:
+    p = pod()
+    p["spec"]["tolerations"] = [toleration]
+    assert patched(p, group())["spec"]["tolerations"] == [toleration, dict(SHARED_TOLERATION)]
+
+
+def test_reinvocation_after_other_webhooks_adds_nothing_twice() -> None:
+    """The webhook runs again (reinvocationPolicy: IfNeeded) on its own output plus
+    whatever later webhooks added: only the newcomers get operations."""
+    p = pod(
+        containers=[{"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}]}],
+        init=[{"name": "i", "image": "x"}],
+    )
+    once = patched(p, group())
+    assert build_injection(once, group()) == Patch([])
+    once["spec"]["containers"].append({"name": "sidecar", "image": "x"})  # another webhook
+    result = build_injection(once, group())
+    assert isinstance(result, Patch)
+    assert result.operations == [
+        {
+            "op": "add",
+            "path": "/spec/containers/1/env",
+            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}],
+        }
+    ]
+    assert apply_operations(once, result.operations)["spec"]["tolerations"] == [
+        dict(SHARED_TOLERATION)
+    ]
+
+
+# --- conflicts --------------------------------------------------------------------------
+
+
+def conflicted(reason: str, status: str = "False", message: str = "") -> dict[str, Any]:
+    g = group()
+    g["status"]["conditions"] = [
+        {"type": "Scheduled", "status": "True", "reason": "Bound"},
+        {"type": "Ready", "status": status, "reason": reason, "message": message},
+    ]
+    return g
+
+
+@pytest.mark.parametrize("reason", sorted(CONFLICT_REASONS))
+def test_a_group_with_a_conflict_takes_no_new_pods(reason: str) -> None:
+    g = conflicted(reason, message="pods run with other devices: ns/rogue on n1; delete those pods")
+    msg = denial(pod(), g)
+    assert msg.startswith(
+        f"SharedDeviceGroup 'g' takes no new pods while its devices are disputed: "
+        f"Ready=False, reason {reason}: pods run with other devices: ns/rogue on n1; "
+        "delete those pods. Resolve that first (kubectl describe sdg g)"
+    )
+    assert "pods can join again once the condition clears" in msg
+
+
+@pytest.mark.parametrize(
+    ("reason", "status"),
+    [("NotReady", "False"), ("DevicesMissing", "False"), ("Ready", "True"), ("", "Unknown")],
+)
+def test_other_ready_states_do_not_block_joining(reason: str, status: str) -> None:
+    assert isinstance(build_injection(pod(), conflicted(reason, status)), Patch)
+
+
+# --- ephemeral containers (kubectl debug) -------------------------------------------------
+
+
+def member(
+    ephemeral: list[dict[str, Any]] | None = None,
+    env: list[dict[str, Any]] | None = None,
+    annotation: str | None = "g",
+) -> dict[str, Any]:
+    """A group's pod as admitted: injected env, plus ``ephemeral`` containers."""
+    c = {
+        "name": "app",
+        "image": "cuda",
+        "env": env or [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}],
+    }
+    p = pod(annotation=annotation, containers=[c])
+    if ephemeral is not None:
+        p["spec"]["ephemeralContainers"] = ephemeral
+    return p
+
+
+def debug(name: str = "dbg", env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "cuda", "targetContainerName": "app"}
+    if env is not None:
+        c["env"] = env
+    return c
+
+
+def ephemeral_patched(
+    old: dict[str, Any], new: dict[str, Any], g: dict[str, Any] | None, **kw: Any
+) -> dict[str, Any]:
+    result = build_ephemeral_injection(new, old, g, **kw)
+    assert isinstance(result, Patch), result
+    return apply_operations(new, result.operations)
+
+
+def ephemeral_denial(old: dict[str, Any], new: dict[str, Any], g: dict[str, Any] | None) -> str:
+    result = build_ephemeral_injection(new, old, g)
+    assert isinstance(result, Denial), result
+    return result.message
+
+
+def test_a_new_ephemeral_container_gets_the_groups_devices() -> None:
+    old = member()
+    out = ephemeral_patched(old, member([debug()]), group())
+    assert env_of(out["spec"]["ephemeralContainers"][0]) == {"NVIDIA_VISIBLE_DEVICES": "0,1"}
+    assert out["spec"]["containers"] == old["spec"]["containers"]
+
+
+def test_the_users_value_for_a_device_variable_is_replaced() -> None:
+    """CUDA images say NVIDIA_VISIBLE_DEVICES=all; a user may too (kubectl debug --env)."""
+    dbg = debug(
+        env=[{"name": "X", "value": "1"}, {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    )
+    out = ephemeral_patched(member(), member([dbg]), group())
+    assert out["spec"]["ephemeralContainers"][0]["env"] == [
+        {"name": "X", "value": "1"},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"},
+    ]
+
+
+def test_only_added_ephemeral_containers_are_touched() -> None:
+    """Existing ephemeral containers cannot change; one from before SDG stays as it is."""
+    before = debug("old")
+    out = ephemeral_patched(member([before]), member([before, debug("new")]), group())
+    assert "env" not in out["spec"]["ephemeralContainers"][0]
+    assert env_of(out["spec"]["ephemeralContainers"][1]) == {"NVIDIA_VISIBLE_DEVICES": "0,1"}
+    assert build_ephemeral_injection(member([before]), member([before]), group()) == Patch()
+
+
+def test_the_first_containers_other_device_variables_are_copied() -> None:
+    """The API server's policy wants every *_VISIBLE_DEVICES entry of the first container
+    (CUDA_VISIBLE_DEVICES picks among the visible GPUs): the debug container sees the same."""
+    env = [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"},
+        {"name": "CUDA_VISIBLE_DEVICES", "value": "1"},
+    ]
+    dbg = debug(env=[{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}])
+    out = ephemeral_patched(member(env=env), member([dbg], env=env), group())
+    assert env_of(out["spec"]["ephemeralContainers"][0]) == {
+        "CUDA_VISIBLE_DEVICES": "1",
+        "NVIDIA_VISIBLE_DEVICES": "0,1",
+    }
+
+
+def test_a_custom_device_variable_is_injected_too() -> None:
+    """A --device-env name without the _VISIBLE_DEVICES suffix: only the webhook covers it."""
+    table = parse_env_table(["intel.com/gpu=ZE_AFFINITY_MASK"])
+    g = group(resources={"intel.com/gpu": 1}, devices={"intel.com/gpu": "2"})
+    env = [{"name": "ZE_AFFINITY_MASK", "value": "2"}]
+    out = ephemeral_patched(member(env=env), member([debug()], env=env), g, env_table=table)
+    assert env_of(out["spec"]["ephemeralContainers"][0]) == {"ZE_AFFINITY_MASK": "2"}
+
+
+def test_ephemeral_injection_is_idempotent() -> None:
+    once = ephemeral_patched(member(), member([debug()]), group())
+    assert build_ephemeral_injection(once, member(), group()) == Patch([])
+
+
+def test_ephemeral_containers_of_other_pods_are_not_ours() -> None:
+    p = pod(annotation=None)
+    new = copy.deepcopy(p)
+    new["spec"]["ephemeralContainers"] = [debug()]
+    assert build_ephemeral_injection(new, p, None) == Patch()
+
+
+def test_a_pod_running_on_other_devices_than_its_group_holds_gets_no_debug_container() -> None:
+    env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "3"}]
+    msg = ephemeral_denial(member(env=env), member([debug()], env=env), group())
+    assert msg.startswith(
+        "pod ns/p does not run on the devices SharedDeviceGroup 'g' holds now (container "
+        "'app' has NVIDIA_VISIBLE_DEVICES=3, the group holds 0,1), so ephemeral container "
+        "'dbg' cannot be given the pod's devices. Delete the pod and create it again"
+    )
+    unset = [{"name": "A", "value": "1"}]
+    msg = ephemeral_denial(member(env=unset), member([debug()], env=unset), group())
+    assert "container 'app' has no NVIDIA_VISIBLE_DEVICES, the group holds 0,1" in msg
+
+
+def test_a_debug_container_asking_for_other_devices_is_denied() -> None:
+    dbg = debug(env=[{"name": "AMD_VISIBLE_DEVICES", "value": "all"}])
+    msg = ephemeral_denial(member(), member([dbg]), group())
+    assert msg.startswith(
+        "ephemeral container 'dbg' of pod ns/p sets AMD_VISIBLE_DEVICES, which the pod's "
+        "containers do not set"
+    )
+    assert "Remove it from the ephemeral container" in msg
+
+
+def test_a_debug_container_of_a_pod_whose_group_is_gone_or_unbound_is_denied() -> None:
+    assert "SharedDeviceGroup 'g' of pod ns/p not found" in ephemeral_denial(
+        member(), member([debug()]), None
+    )
+    assert "is not Bound" in ephemeral_denial(member(), member([debug()]), group(phase="Pending"))

@@ -1,4 +1,5 @@
-"""The pod webhook's group lookup: cache first, the API server when the cache cannot say."""
+"""The pod webhook: its group lookup (cache first, the API server when the cache cannot say)
+and which requests it judges."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from api.constants import SDG_KIND
 from sdgruntime import errors
 from sdgruntime.cache import CacheNotSynced
 from sdgruntime.kinds import Kind
+from sdgruntime.webhook import AdmissionRequest
 from webhooks.podmutator import PodMutator
 
 pytestmark = pytest.mark.anyio
@@ -51,3 +53,79 @@ async def test_unsynced_cache_while_waiting_keeps_the_live_answer() -> None:
     binding = {"metadata": {"name": "g"}, "status": {}}  # not decided yet: the webhook waits
     mutator = PodMutator(UnsyncedCache(), LiveClient({"g": binding}), binding_wait=0.1)  # type: ignore[arg-type]
     assert await mutator._group("g") == binding
+
+
+class GroupCache:
+    def __init__(self, groups: dict[str, dict[str, Any]]) -> None:
+        self.groups = groups
+        self.gets: list[str] = []
+
+    def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
+        self.gets.append(name)
+        if name not in self.groups:
+            raise errors.NotFound(f"{name} not found")
+        return self.groups[name]
+
+
+def review(
+    operation: str, pod: dict[str, Any], old: dict[str, Any] | None = None, sub: str = ""
+) -> AdmissionRequest:
+    return AdmissionRequest.from_dict(
+        {
+            "uid": "u",
+            "operation": operation,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": sub,
+            "namespace": "ns",
+            "name": "p",
+            "object": pod,
+            "oldObject": old,
+        }
+    )
+
+
+def group_pod(ephemeral: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [
+            {"name": "app", "image": "x", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}]}
+        ]
+    }
+    if ephemeral:
+        spec["ephemeralContainers"] = ephemeral
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "annotations": {"deviceshare.io/group": "g"}},
+        "spec": spec,
+    }
+
+
+async def test_kubectl_debug_on_a_group_pod_gets_the_device_env() -> None:
+    cache = GroupCache({"g": BOUND})
+    mutator = PodMutator(cache, LiveClient({}))  # type: ignore[arg-type]
+    new = group_pod([{"name": "dbg", "image": "cuda"}])
+    response = await mutator.mutate(review("UPDATE", new, group_pod(), "ephemeralcontainers"))
+    assert response.allowed
+    assert response.patch == [
+        {
+            "op": "add",
+            "path": "/spec/ephemeralContainers/0/env",
+            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}],
+        }
+    ]
+
+
+async def test_other_pod_updates_are_not_judged_by_the_webhook() -> None:
+    """Membership on UPDATE is the API server's policy (config/policy), not ours."""
+    cache = GroupCache({"g": BOUND})
+    mutator = PodMutator(cache, LiveClient({}))  # type: ignore[arg-type]
+    moved = group_pod()
+    moved["metadata"]["annotations"]["deviceshare.io/group"] = "other"
+    response = await mutator.mutate(review("UPDATE", moved, group_pod()))
+    assert response.allowed and not response.patch
+    response = await mutator.mutate(review("UPDATE", group_pod(), group_pod(), "status"))
+    assert response.allowed and not response.patch
+    plain = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": []}}
+    debugged = {**plain, "spec": {**plain["spec"], "ephemeralContainers": [{"name": "d"}]}}
+    response = await mutator.mutate(review("UPDATE", debugged, plain, "ephemeralcontainers"))
+    assert response.allowed and not response.patch
+    assert cache.gets == []  # none of these needed the group
