@@ -31,6 +31,8 @@ from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import NODES, PODS
+from sdgruntime.manager import Manager
+from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request, Result
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,21 @@ def device_use(pod: Obj, env_table: Mapping[str, str]) -> DeviceUse | None:
 def is_shared(node: Obj | None) -> bool:
     labels = ((node or {}).get("metadata") or {}).get("labels") or {}
     return labels.get(NODE_MODE_LABEL) == NODE_MODE_SHARED
+
+
+def foreign_facts(pod: Obj, env_table: Mapping[str, str]) -> tuple[Any, ...]:
+    """What a pod outside any group uses on its node (empty: nothing)."""
+    use = device_use(pod, env_table)
+    return (use.node, use.resources, use.env_vars) if use else ()
+
+
+def foreign_changed(env_table: Mapping[str, str]) -> Funcs:
+    """Pods outside any group that use devices: their creation, deletion and changes."""
+    return Funcs(
+        create=lambda p: bool(foreign_facts(p, env_table)),
+        update=lambda o, n: foreign_facts(o, env_table) != foreign_facts(n, env_table),
+        delete=lambda p: bool(foreign_facts(p, env_table)),
+    )
 
 
 class ForeignDevices:
@@ -240,3 +257,12 @@ class ForeignPodReporter:
         )
         log.warning("pod %s uses devices outside any group on node %s", key, use.node)
         return None
+
+
+def setup(mgr: Manager, reporter: ForeignPodReporter) -> None:
+    """Register the reporter: woken by pods outside any group that use devices."""
+    (
+        mgr.controller("foreign-device-pods")
+        .for_(PODS, predicates=[foreign_changed(reporter.env_table)])
+        .complete(reporter)
+    )

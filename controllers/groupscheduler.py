@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import anyio
@@ -38,8 +38,8 @@ from api.constants import (
 from api.pods import POD_GROUP_INDEX, devices_from_env, is_active, pod_key
 from api.v1alpha1 import format_ids, selected_devices
 from controllers import metrics as sdg_metrics
-from controllers.claims import ClaimBook
-from controllers.foreign import ForeignDevices
+from controllers.claims import ClaimBook, nodes_named_by
+from controllers.foreign import ForeignDevices, foreign_changed, foreign_facts
 from controllers.groupstatus import (
     Problem,
     bound_status,
@@ -53,11 +53,21 @@ from controllers.placement import filter_node, place
 from controllers.recovery import Recovery, restore_record
 from controllers.release import ClaimReleaser, bound_pods
 from controllers.tracker import Devices, DeviceTracker
+from controllers.watches import (
+    group_of_pod,
+    groups_on,
+    node_changed,
+    only_deletes,
+    pending_groups,
+    pod_moved,
+)
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
-from sdgruntime.kinds import NODES, PODS
+from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
+from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
+from sdgruntime.manager import Manager
 from sdgruntime.reconcile import Request, Result
 
 log = logging.getLogger(__name__)
@@ -378,3 +388,43 @@ class GroupScheduler:
             return self.cache.get(NODES, name)
         except errors.NotFound:
             return None
+
+
+def setup(mgr: Manager, scheduler: GroupScheduler, *, workers: int = 1) -> None:
+    """Register the group scheduler with everything that can change a group's decision."""
+    cache, claims, table = mgr.cache, scheduler.claims, scheduler.env_table
+
+    def for_node(node: Mapping[str, Any]) -> Iterator[Request]:
+        """A node changed: Pending groups may fit now; bound groups re-check health."""
+        yield from pending_groups(cache)
+        yield from groups_on(cache, [node["metadata"]["name"]])
+
+    def for_record(cm: Mapping[str, Any]) -> Iterator[Request]:
+        """A record changed: devices may be free, a claim may await adoption, bound groups
+        on its node re-check that it still holds them (written back, or the conflict
+        reported), and groups it names may hold a claim on the wrong node."""
+        _node, named = nodes_named_by(cm)
+        yield from pending_groups(cache)
+        yield from groups_on(cache, named)
+        for node in named:
+            record = claims.records.get(node)
+            yield from (Request(name) for name in (record.claims if record else ()))
+
+    def near_foreign_pod(pod: Mapping[str, Any]) -> Iterator[Request]:
+        """Pods outside any group on a node: groups there re-check; Pending groups retry."""
+        if foreign_facts(pod, table):
+            yield from pending_groups(cache)
+            yield from groups_on(cache, [(pod.get("spec") or {}).get("nodeName")])
+
+    (
+        mgr.controller("group-scheduler")
+        .for_(SDG_KIND)
+        .watches(NODES, MapTo(for_node), [node_changed])
+        .watches(CONFIGMAPS, MapTo(for_record))
+        # A deleted group's status held its devices until now: Pending groups retry.
+        .watches(SDG_KIND, MapTo(lambda _gone: pending_groups(cache)), [only_deletes])
+        .watches(PODS, MapTo(group_of_pod), [pod_moved])
+        .watches(PODS, MapTo(near_foreign_pod), [foreign_changed(table)])
+        .with_options(max_concurrent_reconciles=workers)
+        .complete(scheduler)
+    )

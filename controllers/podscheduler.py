@@ -10,10 +10,11 @@ to one node pipeline with bounded concurrency (the controller's worker count).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import anyio
@@ -26,11 +27,15 @@ from api.v1alpha1 import selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.groupstatus import conflict_of
 from controllers.podfit import pod_fits_node
+from controllers.watches import groups_on, node_changed, pods_of_group
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
+from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
 from sdgruntime.kinds import NODES, PODS
+from sdgruntime.manager import Manager
+from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request, Result
 
 log = logging.getLogger(__name__)
@@ -235,3 +240,45 @@ class PodScheduler:
             self.recorder.emit(pod, "Warning", "FailedScheduling", message)
         # Rate-limited retry: the node may free up; node/group/pod events also re-trigger.
         return Result(requeue=True)
+
+
+def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:
+    """Register the pod scheduler: its own pods, and what can let a pending one fit."""
+    cache, name = mgr.cache, scheduler.scheduler_name
+
+    def pending_pods_of(group: Mapping[str, Any]) -> Iterator[Request]:
+        for pod in pods_of_group(cache, group["metadata"]["name"]):
+            if wants_scheduling(pod, name):
+                yield Request(pod["metadata"]["name"], pod["metadata"]["namespace"])
+
+    def groups_bound_to(node: str | None) -> Iterator[Mapping[str, Any]]:
+        for request in groups_on(cache, [node]):
+            with contextlib.suppress(errors.NotFound):
+                yield cache.get(SDG_KIND, request.name, copy=False)
+
+    def pending_pods_on_node(node: Mapping[str, Any]) -> Iterator[Request]:
+        for group in groups_bound_to(node["metadata"]["name"]):
+            yield from pending_pods_of(group)
+
+    def after_pod_left(pod: Mapping[str, Any]) -> Iterator[Request]:
+        """A pod on a node ended or went away: its CPU/memory/ports are free again."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if node and (pod["metadata"].get("deletionTimestamp") or phase in ("Succeeded", "Failed")):
+            for group in groups_bound_to(node):
+                yield from pending_pods_of(group)
+
+    ours = Funcs(
+        create=lambda p: wants_scheduling(p, name),
+        update=lambda _old, new: wants_scheduling(new, name),
+        delete=lambda _obj: False,
+    )
+    (
+        mgr.controller("pod-scheduler")
+        .for_(PODS, predicates=[ours])
+        .watches(SDG_KIND, MapTo(pending_pods_of))
+        .watches(NODES, MapTo(pending_pods_on_node), [node_changed])
+        .watches(PODS, MapTo(after_pod_left))
+        .with_options(max_concurrent_reconciles=workers)
+        .complete(scheduler)
+    )
