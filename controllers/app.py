@@ -18,7 +18,7 @@ from opentelemetry import trace
 
 from api.constants import SDG_KIND
 from api.pods import POD_GROUP_INDEX, POD_NODE_INDEX, index_by_group, index_by_node
-from controllers import foreign, groupscheduler, podscheduler
+from controllers import foreign, groupscheduler, podscheduler, statuscontroller
 from controllers import metrics as sdg_metrics
 from controllers.claims import RECORD_LABEL, RECORD_LABEL_VALUE, ClaimBook
 from controllers.foreign import ForeignDevices, ForeignPodReporter, is_shared
@@ -27,11 +27,9 @@ from controllers.placement import node_device_capacity
 from controllers.podscheduler import PodScheduler
 from controllers.settings import Settings
 from controllers.statuscontroller import StatusController
-from controllers.watches import group_of_pod, pod_moved
 from sdgruntime import errors
 from sdgruntime.cache import CacheNotSynced, KindOptions
 from sdgruntime.client import Client
-from sdgruntime.handler import EnqueueRequestsFromMapFunc
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
 from sdgruntime.manager import Manager, ManagerOptions
 from sdgruntime.webhook import WebhookServer
@@ -116,13 +114,7 @@ class SDG:
         self.status_controller = StatusController(
             mgr.client, cache, mgr.event_recorder("deviceshare-controller")
         )
-        (
-            mgr.controller("group-status")
-            .for_(SDG_KIND)
-            .watches(PODS, EnqueueRequestsFromMapFunc(group_of_pod), [pod_moved])
-            .with_options(max_concurrent_reconciles=2)
-            .complete(self.status_controller)
-        )
+        statuscontroller.setup(mgr, self.status_controller)
         self.pod_scheduler = PodScheduler(
             mgr.client,
             cache,

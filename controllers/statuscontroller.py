@@ -14,11 +14,14 @@ from typing import Final
 from api.constants import SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.v1alpha1 import pod_list_update
+from controllers.watches import group_of_pod, pod_moved
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
+from sdgruntime.handler import EnqueueRequestsFromMapFunc
 from sdgruntime.kinds import PODS
+from sdgruntime.manager import Manager
 from sdgruntime.reconcile import Request, Result
 
 #: Pods named in one PodsJoined/PodsLeft event; the rest are counted.
@@ -74,3 +77,15 @@ class StatusController:
                 updated, "Normal", "PodsLeft", f"pods left: {pods_text(update.left)}"
             )
         return None
+
+
+def setup(mgr: Manager, controller: StatusController, *, workers: int = 2) -> None:
+    """Register the status controller: woken by its groups and their pods' comings and
+    goings (status-only pod churn changes nothing it writes)."""
+    (
+        mgr.controller("group-status")
+        .for_(SDG_KIND)
+        .watches(PODS, EnqueueRequestsFromMapFunc(group_of_pod), [pod_moved])
+        .with_options(max_concurrent_reconciles=workers)
+        .complete(controller)
+    )
