@@ -225,9 +225,10 @@ class ObjectUnreadable(ReviewError):
 
     def __init__(self, error: Exception) -> None:
         super().__init__(400, f"the object could not be read: {_error_text(error)}")
-        frames = traceback.extract_tb(error.__traceback__)
-        last = frames[-1] if frames else None
-        self.where = f"{Path(last.filename).name}:{last.lineno} in {last.name}" if last else "?"
+        self.where = "?"
+        for frame, line in traceback.walk_tb(error.__traceback__):  # to the innermost
+            code = frame.f_code
+            self.where = f"{Path(code.co_filename).name}:{line} in {code.co_name}"
 
 
 class Webhook:
@@ -473,8 +474,9 @@ def _error_text(error: Exception) -> str:
 
 
 def _describe(request: AdmissionRequest) -> str:
-    """``CREATE pods ns/name uid=...`` for logs. Only ``uid`` has been checked, so any other
-    field may have any JSON type: describing a malformed request must not raise."""
+    """``CREATE pods ns/name uid=...`` for logs. ``parse_review`` checked the fields, but an
+    ``AdmissionRequest`` can also be made by hand (``from_dict`` checks nothing), and
+    describing one for a log line must never raise."""
     try:
         res = request.resource
         resource = res.get("resource", "?") if isinstance(res, Mapping) else "?"

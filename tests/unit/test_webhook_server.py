@@ -729,3 +729,26 @@ async def test_a_client_that_never_completes_the_handshake_is_dropped(
                     await stream.receive()
         assert srv.server._http.connections == 0
         assert (await srv.post("/validate", review())).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_the_manager_option_sets_the_connection_limit(cert_dir: SecretVolume, ca: CA) -> None:
+    from pydantic import ValidationError
+
+    from sdgruntime.manager import Manager, ManagerOptions
+
+    with pytest.raises(ValidationError):
+        ManagerOptions(webhook_max_connections=0)
+    options = ManagerOptions(
+        webhook_host="127.0.0.1",
+        webhook_port=0,
+        webhook_cert_dir=str(cert_dir.root),
+        webhook_max_connections=1,
+    )
+    server = Manager(client=object(), options=options).webhook_server  # type: ignore[arg-type]
+    server.register("/validate", NoDelete())
+    async with running(server, ca) as srv, srv.client() as first:
+        assert (await first.post("/validate", json=review())).status_code == 200
+        async with srv.client() as second:
+            r = await second.post("/validate", json=review())
+        assert r.status_code == 503 and r.text == "too many connections (limit 1)\n"
