@@ -181,3 +181,53 @@ async def test_api_server_calls_our_webhooks(
             for obj in _configs(namespace):
                 control_plane.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
             tg.cancel_scope.cancel()
+
+
+async def allow_all(request: AdmissionRequest) -> AdmissionResponse:
+    return allowed()
+
+
+class NeedsAnOwner:
+    """A validator that trusts ``spec.labels`` to have an owner: objects without one are
+    what a handler meets when an object is not what it expects."""
+
+    async def validate(self, request: AdmissionRequest) -> AdmissionResponse:
+        owner = ((request.object or {}).get("spec") or {})["labels"]["team/owner"]
+        return allowed() if owner else denied("no owner")
+
+
+async def test_an_object_the_handler_cannot_read_fails_the_call_with_our_reason(
+    control_plane: ControlPlane, client: Client, namespace: str
+) -> None:
+    """The webhook answers HTTP 400; the API server (failurePolicy Fail) refuses the
+    request and passes our reason on to the client."""
+    path = control_plane.work_dir / "gadget-crd.yaml"
+    path.write_text(yaml.safe_dump(CRD))
+    control_plane.install_crds([path])
+    port = free_port()
+    server = WebhookServer("127.0.0.1", port, control_plane.webhook_cert_dir())
+    server.register("/mutate-gadget", allow_all)
+    server.register("/validate-gadget", NeedsAnOwner())
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        control_plane.install_webhooks(_configs(namespace), port)
+        try:
+            gadget = {"apiVersion": GADGETS.api_version, "kind": "Gadget", "spec": {"size": 1}}
+            with pytest.raises(errors.ApiError) as info:
+                await client.create(GADGETS, {**gadget, "metadata": {"name": "g1"}}, namespace)
+            assert 'failed calling webhook "vgadget.webhooktest.example.com"' in (
+                info.value.message
+            )
+            assert "the object could not be read: KeyError: 'labels'" in info.value.message, (
+                info.value.message
+            )
+            # the server goes on deciding the objects its handler can read
+            owned = {**gadget["spec"], "labels": {"team/owner": "a"}}
+            created = await client.create(
+                GADGETS, {**gadget, "metadata": {"name": "g2"}, "spec": owned}, namespace
+            )
+            assert created["metadata"]["name"] == "g2"
+        finally:
+            for obj in _configs(namespace):
+                control_plane.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+            tg.cancel_scope.cancel()
