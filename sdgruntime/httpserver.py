@@ -238,6 +238,8 @@ class HTTPServer:
         listener = await anyio.create_tcp_listener(
             local_host=self.host, local_port=self._requested_port
         )
+        # A connection task cancelled before it ran never counted itself out: start clean.
+        self._active = self._refusing = self._buffered = 0
         try:
             async with listener, anyio.create_task_group() as connections:
                 self._port = listener.extra(SocketAttribute.local_port)
