@@ -2,8 +2,8 @@
 
 The dry-run tests (test_kustomize.py) check every overlay; this one stores the default
 install, checks what the server kept, and removes what could affect other tests (the
-webhook configurations point at a Service with no endpoints here). The CRD, RBAC and the
-namespace stay: they are the same objects the e2e tests install.
+webhook configurations point at a Service with no endpoints here). The CRD, RBAC, the
+admission policies and the namespace stay: they are the same objects the e2e tests install.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def test_apply_k_config_default_is_stored(control_plane: ControlPlane) -> None:
             "Role",
             "RoleBinding",
             "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         )
     ]
     try:
@@ -102,6 +104,17 @@ def test_apply_k_config_default_is_stored(control_plane: ControlPlane) -> None:
             "customresourcedefinition.apiextensions.k8s.io/shareddevicegroups.deviceshare.io"
             in (names)
         )
+        # Stored as written: the API server compiled every CEL expression on the way in.
+        for name in ("deviceshare-group-membership", "deviceshare-ephemeral-container-devices"):
+            policy = yaml.safe_load(
+                kubectl(kc, "get", "validatingadmissionpolicy", name, "-o", "yaml")
+            )
+            assert "namespace" not in policy["metadata"]
+            assert policy["spec"]["failurePolicy"] == "Fail"
+            binding = yaml.safe_load(
+                kubectl(kc, "get", "validatingadmissionpolicybinding", name, "-o", "yaml")
+            )
+            assert binding["spec"]["policyName"] == name
         role = yaml.safe_load(
             kubectl(kc, "get", "clusterrole", "deviceshare-manager-role", "-o", "yaml")
         )
