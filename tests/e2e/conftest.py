@@ -1,4 +1,5 @@
-"""End-to-end fixtures: RBAC installed once; every test starts from an empty cluster."""
+"""End-to-end fixtures: RBAC and the admission policies installed once; every test starts
+from an empty cluster."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import pytest
 
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
-from tests.e2e.harness import install_rbac, reset_cluster
+from tests.e2e.harness import install_policies, install_rbac, reset_cluster
 
 
 @pytest.fixture(scope="session")
 def sdg_rbac(control_plane: ControlPlane) -> ControlPlane:
     install_rbac(control_plane)
+    install_policies(control_plane)
     return control_plane
 
 

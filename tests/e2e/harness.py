@@ -1,10 +1,12 @@
 """Runs SDG in-process against the real local API server, as a cluster would run it:
 under the ServiceAccount identity and RBAC of ``config/rbac``, with the API server calling
-our webhooks over TLS (``config/webhook`` rewritten to a loopback URL)."""
+our webhooks over TLS (``config/webhook`` rewritten to a loopback URL) and enforcing the
+admission policies of ``config/policy`` itself."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ SA_GROUPS = [
 ]
 GPU = "nvidia.com/gpu"
 SHARED = {"deviceshare.io/mode": "shared"}
+MEMBERSHIP_POLICY = "deviceshare-group-membership"
 
 
 def install_rbac(
@@ -45,6 +48,36 @@ def install_rbac(
             obj = {**obj, "rules": [r for r in obj["rules"] if not drop_rule(r)]}
             # apply replaces the rules list the field manager owns
         cp.apply(obj)
+
+
+def install_policies(cp: ControlPlane, timeout: float = 30.0) -> None:
+    """config/policy, applied as stored and waited for: the API server starts enforcing a
+    policy a moment after storing it. The membership policy goes last and a dry-run
+    annotation of a probe pod waits for it; the API server watches policies and bindings
+    in order, so the earlier ones are in force by then too."""
+    docs = load_manifests([ROOT / "config" / "policy"])
+    for obj in sorted(docs, key=lambda d: d["metadata"]["name"] == MEMBERSHIP_POLICY):
+        cp.apply(obj)
+    pods = "/api/v1/namespaces/default/pods"
+    probe = pod("policy-probe", None)
+    r = cp.http.post(pods, json=probe)
+    assert r.status_code in (201, 409), r.text
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            r = cp.http.patch(
+                f"{pods}/policy-probe",
+                params={"dryRun": "All"},
+                json={"metadata": {"annotations": {"deviceshare.io/group": "probe"}}},
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
+            if r.status_code == 403 and MEMBERSHIP_POLICY in r.text:
+                return
+            assert r.status_code == 200, r.text
+            assert time.monotonic() < deadline, f"{MEMBERSHIP_POLICY} not enforced"
+            time.sleep(0.1)
+    finally:
+        cp.http.delete(f"{pods}/policy-probe", params={"gracePeriodSeconds": 0})
 
 
 def manager_kubeconfig(cp: ControlPlane) -> str:
