@@ -257,6 +257,9 @@ async def test_without_the_webhook_the_policy_demands_the_exact_device_env(
         await client.create(SDG_KIND, group("g", {GPU: 2}))
         await wait_bound(client, "g")
         await client.create(PODS, pod("member", "g"), namespace)
+        busy = pod("busy", "g")
+        busy["spec"]["containers"][0]["env"] = [{"name": f"V{i}", "value": "x"} for i in range(500)]
+        await client.create(PODS, busy, namespace)
     remove_webhooks(cluster)
     await client.create(PODS, pod("plain", None), namespace)
 
@@ -288,6 +291,12 @@ async def test_without_the_webhook_the_policy_demands_the_exact_device_env(
 
     plain = await add_ephemeral(client, "plain", namespace, debugger("dbg"))
     assert ephemeral_env(plain, "dbg") == {}
+
+    # Large envs stay within the API server's CEL cost budget.
+    many = [{"name": f"W{i}", "value": "x"} for i in range(500)] + exact[:1]
+    busy = await add_ephemeral(client, "busy", namespace, debugger("dbg", many))
+    assert ephemeral_env(busy, "dbg")["NVIDIA_VISIBLE_DEVICES"] == "0,1"
+    await refused(add_ephemeral(client, "busy", namespace, debugger("dbg2", many[:-1])), EPHEMERAL)
 
 
 async def test_group_pods_tolerate_the_shared_taint_and_land_on_a_tainted_node(
