@@ -1,0 +1,253 @@
+"""What devices a node really has: per resource, each device SDG may hand out, with a
+stable ID and, where known, its UUID and health.
+
+From the best source the cluster has, per node and resource:
+
+1. **DRA ResourceSlices** (``resource.k8s.io/v1``) published for the node by a driver
+   SDG knows (``gpu.nvidia.com`` -> ``nvidia.com/gpu``, ...): each device's ``index``
+   attribute is its ID (what ``nvidia-smi`` numbers it), ``uuid`` its UUID; a device
+   with a NoSchedule/NoExecute taint is unhealthy; a device that left the slice is gone.
+2. **A node annotation** ``deviceshare.io/devices.<resource with / as _>`` written by an
+   operator's DaemonSet or by hand, e.g. ``deviceshare.io/devices.nvidia.com_gpu:
+   "GPU-aaa,GPU-bbb"`` (IDs are the positions) or ``"0=GPU-aaa,3=GPU-ddd:unhealthy"``.
+3. **The count** in ``status.allocatable``: IDs ``0..N-1``, guessed (allocatable counts
+   only healthy devices, so which one failed cannot be known).
+
+Pure: plain decoded JSON in, ``Offer`` per resource out. Every loop is bounded by
+``MAX_DEVICES_PER_RESOURCE`` (and a slice's own 128-device limit), whatever a node or a
+driver publishes; anything beyond is reported, never iterated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final
+
+from api.constants import MAX_DEVICES_PER_RESOURCE
+from controllers.placement import node_device_capacity
+
+Obj = Mapping[str, Any]
+
+SOURCE_SLICE: Final = "ResourceSlice"
+SOURCE_ANNOTATION: Final = "annotation"
+SOURCE_COUNT: Final = "count"
+
+#: DRA driver -> the device resource its devices count as (``--dra-driver`` extends it).
+DEFAULT_DRA_DRIVERS: Final = MappingProxyType(
+    {"gpu.nvidia.com": "nvidia.com/gpu", "gpu.amd.com": "amd.com/gpu"}
+)
+ANNOTATION_PREFIX: Final = "deviceshare.io/devices."
+UNHEALTHY_SUFFIX: Final = ":unhealthy"
+_UNHEALTHY_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+#: Device ``type`` attributes that are whole devices (NVIDIA's driver also publishes MIG
+#: partitions, which SDG does not hand out).
+_WHOLE_DEVICE_TYPES = frozenset({"gpu", "GPU", "device"})
+
+
+def annotation_key(resource: str) -> str:
+    """The node annotation that lists ``resource``'s devices."""
+    return ANNOTATION_PREFIX + resource.replace("/", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    id: int
+    uuid: str = ""
+    healthy: bool = True
+    name: str = ""  # the DRA device name, when from a ResourceSlice
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """The devices of one resource a node offers, from one source."""
+
+    resource: str
+    source: str
+    devices: tuple[Device, ...] = ()
+    #: Why the source offers less than it lists (malformed, over the cap), if it does.
+    problem: str = ""
+    _by_id: Mapping[int, Device] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", {d.id: d for d in self.devices})
+
+    @property
+    def capacity(self) -> int:
+        """One past the highest ID (IDs below it that are not usable are holes)."""
+        return max((d.id for d in self.devices), default=-1) + 1
+
+    def usable(self) -> list[int]:
+        return [d.id for d in self.devices if d.healthy]
+
+    def device(self, device_id: int) -> Device | None:
+        return self._by_id.get(device_id)
+
+    @property
+    def guessed(self) -> bool:
+        return self.source == SOURCE_COUNT
+
+    def uuids(self, ids: Iterable[int]) -> list[str] | None:
+        """The UUIDs of ``ids`` (None unless every one is known)."""
+        out = []
+        for i in ids:
+            d = self._by_id.get(i)
+            if d is None or not d.uuid:
+                return None
+            out.append(d.uuid)
+        return out
+
+    def missing(self, ids: Iterable[int]) -> list[str]:
+        """Of ``ids`` (held by a group), those the node no longer offers, described."""
+        out = []
+        for i in ids:
+            d = self._by_id.get(i)
+            if d is None:
+                out.append(f"{self.resource} {i} (gone)")
+            elif not d.healthy:
+                out.append(f"{self.resource} {i}{f' {d.uuid}' if d.uuid else ''} (unhealthy)")
+        return out
+
+
+def count_offer(resource: str, count: int) -> Offer:
+    return Offer(resource, SOURCE_COUNT, tuple(Device(i) for i in range(count)))
+
+
+def parse_annotation(resource: str, text: str) -> Offer:
+    """``"GPU-a,GPU-b"`` or ``"0=GPU-a,3=GPU-d:unhealthy"``; malformed offers nothing."""
+    key = annotation_key(resource)
+
+    def bad(why: str) -> Offer:
+        return Offer(resource, SOURCE_ANNOTATION, (), f"node annotation {key} {why}")
+
+    if not isinstance(text, str):
+        return bad("is not a string")
+    entries = [e.strip() for e in text.split(",", MAX_DEVICES_PER_RESOURCE)]
+    if len(entries) > MAX_DEVICES_PER_RESOURCE:
+        return bad(f"lists more than {MAX_DEVICES_PER_RESOURCE} devices")
+    devices: dict[int, Device] = {}
+    uuids: set[str] = set()
+    for pos, entry in enumerate(e for e in entries if e):
+        healthy = not entry.endswith(UNHEALTHY_SUFFIX)
+        entry = entry.removesuffix(UNHEALTHY_SUFFIX)
+        index, sep, uuid = entry.partition("=")
+        if sep:
+            if not index.isascii() or not index.isdigit():
+                return bad(f"has {entry!r}: the ID before '=' must be a number")
+            device_id = int(index)
+        else:
+            device_id, uuid = pos, index
+        if device_id >= MAX_DEVICES_PER_RESOURCE:
+            return bad(f"has ID {device_id}, beyond the {MAX_DEVICES_PER_RESOURCE} SDG addresses")
+        if not uuid or len(uuid) > 128 or any(c.isspace() or c in "=," for c in uuid):
+            return bad(f"has {entry!r}: expected a device UUID")
+        if device_id in devices or uuid in uuids:
+            return bad(f"lists device {device_id} or {uuid} twice")
+        devices[device_id] = Device(device_id, uuid, healthy)
+        uuids.add(uuid)
+    return Offer(resource, SOURCE_ANNOTATION, tuple(sorted(devices.values(), key=lambda d: d.id)))
+
+
+def _attribute(device: Obj, driver: str, name: str) -> Any:
+    attrs = device.get("attributes") or {}
+    value = attrs.get(name) or attrs.get(f"{driver}/{name}") or {}
+    if not isinstance(value, Mapping):
+        return None
+    for kind in ("int", "string", "version", "bool"):
+        if kind in value:
+            return value[kind]
+    return None
+
+
+def slice_offers(
+    slices: Iterable[Obj], drivers: Mapping[str, str] = DEFAULT_DRA_DRIVERS
+) -> dict[str, Offer]:
+    """Offers from one node's ResourceSlices (only the newest generation of each pool)."""
+    newest: dict[tuple[str, str], int] = {}
+    chosen: list[tuple[str, Obj]] = []
+    for s in slices:
+        spec = s.get("spec") or {}
+        driver = spec.get("driver")
+        if driver not in drivers:
+            continue
+        pool = spec.get("pool") or {}
+        key = (str(driver), str(pool.get("name") or ""))
+        gen = int(pool.get("generation") or 0)
+        if gen > newest.get(key, -1):
+            newest[key] = gen
+        chosen.append((str(driver), s))
+    per_res: dict[str, list[tuple[str, Obj]]] = {}
+    for driver, s in chosen:
+        spec = s.get("spec") or {}
+        pool = spec.get("pool") or {}
+        if int(pool.get("generation") or 0) != newest[(driver, str(pool.get("name") or ""))]:
+            continue
+        for device in (spec.get("devices") or ())[:MAX_DEVICES_PER_RESOURCE]:
+            kind = _attribute(device, driver, "type")
+            if kind is None or kind in _WHOLE_DEVICE_TYPES:
+                per_res.setdefault(drivers[driver], []).append((driver, device))
+    return {res: _offer_from_devices(res, listed) for res, listed in per_res.items()}
+
+
+def _offer_from_devices(resource: str, listed: list[tuple[str, Obj]]) -> Offer:
+    if len(listed) > MAX_DEVICES_PER_RESOURCE:
+        return Offer(
+            resource,
+            SOURCE_SLICE,
+            (),
+            f"ResourceSlices list more than {MAX_DEVICES_PER_RESOURCE} {resource} devices",
+        )
+    devices: dict[int, Device] = {}
+    unindexed: list[tuple[str, str, bool]] = []
+    problems: list[str] = []
+    for driver, device in sorted(listed, key=lambda dv: str(dv[1].get("name") or "")):
+        name = str(device.get("name") or "")
+        index = _attribute(device, driver, "index")
+        uuid = _attribute(device, driver, "uuid")
+        uuid = uuid if isinstance(uuid, str) else ""
+        healthy = not any(
+            (t or {}).get("effect") in _UNHEALTHY_TAINT_EFFECTS for t in device.get("taints") or ()
+        )
+        if isinstance(index, int) and not isinstance(index, bool):
+            if not 0 <= index < MAX_DEVICES_PER_RESOURCE or index in devices:
+                problems.append(f"device {name} has index {index}, out of range or taken twice")
+                continue
+            devices[index] = Device(index, uuid, healthy, name)
+        else:
+            unindexed.append((name, uuid, healthy))
+    next_id = max(devices, default=-1) + 1
+    for name, uuid, healthy in unindexed:  # no index published: IDs follow, by name
+        devices[next_id] = Device(next_id, uuid, healthy, name)
+        next_id += 1
+    if unindexed:
+        problems.append(f"{len(unindexed)} device(s) publish no index; IDs follow by name")
+    return Offer(
+        resource,
+        SOURCE_SLICE,
+        tuple(sorted(devices.values(), key=lambda d: d.id)),
+        "; ".join(problems),
+    )
+
+
+def node_offers(
+    node: Obj,
+    slices: Iterable[Obj] = (),
+    drivers: Mapping[str, str] = DEFAULT_DRA_DRIVERS,
+) -> dict[str, Offer]:
+    """Every device resource ``node`` offers, each from its best source."""
+    offers = {res: count_offer(res, n) for res, n in node_device_capacity(node).items() if n}
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    for key, value in annotations.items():
+        if key.startswith(ANNOTATION_PREFIX):
+            res = key[len(ANNOTATION_PREFIX) :].replace("_", "/", 1)
+            offers[res] = parse_annotation(res, value)
+    offers.update(slice_offers(slices, drivers))
+    return offers
+
+
+def node_of_slice(resource_slice: Obj) -> str | None:
+    """The node a ResourceSlice's devices are on (None for pools shared by many nodes,
+    which SDG does not hand out: a group's devices are on one node)."""
+    node = (resource_slice.get("spec") or {}).get("nodeName")
+    return node if isinstance(node, str) and node else None
