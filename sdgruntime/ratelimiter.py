@@ -15,8 +15,10 @@ from typing import Any, Generic, Protocol, TypeVar
 __all__ = [
     "BucketRateLimiter",
     "ItemExponentialFailureRateLimiter",
+    "ItemFastSlowRateLimiter",
     "MaxOfRateLimiter",
     "RateLimiter",
+    "WithMaxWaitRateLimiter",
     "default_controller_rate_limiter",
 ]
 
@@ -66,6 +68,36 @@ class ItemExponentialFailureRateLimiter(Generic[T]):
         except OverflowError:
             return self.max_delay
         return min(delay, self.max_delay)
+
+    def forget(self, item: T) -> None:
+        self._failures.pop(item, None)
+
+    def num_requeues(self, item: T) -> int:
+        return self._failures.get(item, 0)
+
+
+class ItemFastSlowRateLimiter(Generic[T]):
+    """Per-item: the first ``max_fast_attempts`` failures wait ``fast_delay``, every later
+    one ``slow_delay`` (client-go's ItemFastSlowRateLimiter).
+
+    For errors that are either a blip (retry at once, a few times) or a lasting condition
+    (then poll slowly), where exponential growth would first be too slow and then too long.
+    Invariant: ``_failures[item]`` counts ``when(item)`` calls since the last ``forget``.
+    """
+
+    def __init__(self, fast_delay: float, slow_delay: float, max_fast_attempts: int) -> None:
+        if fast_delay < 0 or slow_delay < 0:
+            raise ValueError("fast_delay and slow_delay must be >= 0")
+        if max_fast_attempts < 0:
+            raise ValueError("max_fast_attempts must be >= 0")
+        self.fast_delay = fast_delay
+        self.slow_delay = slow_delay
+        self.max_fast_attempts = max_fast_attempts
+        self._failures: dict[T, int] = {}
+
+    def when(self, item: T) -> float:
+        failures = self._failures[item] = self._failures.get(item, 0) + 1
+        return self.fast_delay if failures <= self.max_fast_attempts else self.slow_delay
 
     def forget(self, item: T) -> None:
         self._failures.pop(item, None)
@@ -137,6 +169,30 @@ class MaxOfRateLimiter(Generic[T]):
 
     def num_requeues(self, item: T) -> int:
         return max(limiter.num_requeues(item) for limiter in self.limiters)
+
+
+class WithMaxWaitRateLimiter(Generic[T]):
+    """Caps another limiter's delay at ``max_wait`` (client-go's WithMaxWaitRateLimiter).
+
+    The wrapped limiter still keeps its own books (failure counts, bucket reservations);
+    only the answer is capped, so e.g. the default limiter's 1000 s backoff ceiling can be
+    lowered without changing how it grows.
+    """
+
+    def __init__(self, limiter: RateLimiter[T], max_wait: float) -> None:
+        if not max_wait >= 0:
+            raise ValueError("max_wait must be >= 0")
+        self.limiter = limiter
+        self.max_wait = max_wait
+
+    def when(self, item: T) -> float:
+        return min(self.limiter.when(item), self.max_wait)
+
+    def forget(self, item: T) -> None:
+        self.limiter.forget(item)
+
+    def num_requeues(self, item: T) -> int:
+        return self.limiter.num_requeues(item)
 
 
 def default_controller_rate_limiter(

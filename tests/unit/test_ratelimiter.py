@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from sdgruntime.ratelimiter import (
     BucketRateLimiter,
     ItemExponentialFailureRateLimiter,
+    ItemFastSlowRateLimiter,
     MaxOfRateLimiter,
+    WithMaxWaitRateLimiter,
     default_controller_rate_limiter,
 )
 from sdgruntime.workqueue import FakeClock
@@ -105,6 +107,76 @@ def test_default_controller_rate_limiter_matches_client_go() -> None:
     assert delays[:18] == [0.005 * 2**n for n in range(18)]
     assert delays[18:] == [1000.0, 1000.0]
     assert rl.num_requeues("x") == 20
+
+
+def test_fast_slow_is_fast_for_max_fast_attempts_then_slow() -> None:
+    # client-go's TestItemFastSlowRateLimiter: 5 ms, 10 s, 3 fast attempts.
+    rl = ItemFastSlowRateLimiter[str](0.005, 10.0, 3)
+    assert [rl.when("one") for _ in range(5)] == [0.005, 0.005, 0.005, 10.0, 10.0]
+    assert rl.num_requeues("one") == 5
+    # Items are counted apart.
+    assert [rl.when("two"), rl.when("two")] == [0.005, 0.005]
+    assert rl.num_requeues("two") == 2
+    # Forget starts an item over with fast attempts.
+    rl.forget("one")
+    assert rl.num_requeues("one") == 0
+    assert rl.when("one") == 0.005
+    assert rl.num_requeues("two") == 2
+
+
+def test_fast_slow_without_fast_attempts_is_always_slow() -> None:
+    rl = ItemFastSlowRateLimiter[str](0.005, 2.0, 0)
+    assert [rl.when("a") for _ in range(3)] == [2.0, 2.0, 2.0]
+    with pytest.raises(ValueError):
+        ItemFastSlowRateLimiter[str](-1.0, 1.0, 1)
+    with pytest.raises(ValueError):
+        ItemFastSlowRateLimiter[str](0.0, 1.0, -1)
+
+
+class StepRateLimiter:
+    """client-go's test helper: ``base`` for the first ``threshold`` calls (any items),
+    then ``max``."""
+
+    def __init__(self, base: float, max: float, threshold: int) -> None:
+        self.base, self.max, self.threshold = base, max, threshold
+        self.calls = 0
+        self.forgotten: list[object] = []
+
+    def when(self, item: object) -> float:
+        self.calls += 1
+        return self.base if self.calls <= self.threshold else self.max
+
+    def forget(self, item: object) -> None:
+        self.forgotten.append(item)
+
+    def num_requeues(self, item: object) -> int:
+        return self.calls
+
+
+def test_with_max_wait_caps_the_delay_and_passes_smaller_ones_through() -> None:
+    # client-go's TestWithMaxWaitRateLimiter: 5 ms for 100 calls, then 1000 s capped at 500.
+    step = StepRateLimiter(0.005, 1000.0, 100)
+    rl = WithMaxWaitRateLimiter(step, 500.0)
+    assert {rl.when(i) for i in range(100)} == {0.005}
+    assert {rl.when(i) for i in range(100, 200)} == {500.0}
+    # The wrapped limiter keeps the books: forget and num_requeues are its own.
+    rl.forget(7)
+    assert step.forgotten == [7]
+    assert rl.num_requeues(7) == 200
+
+
+def test_with_max_wait_bounds_the_default_backoff_without_changing_its_growth() -> None:
+    """The use case: client-go's default limiter, but never wait more than a minute."""
+    clock = FakeClock()
+    rl = WithMaxWaitRateLimiter(default_controller_rate_limiter(clock.now), 60.0)
+    delays = [rl.when("x") for _ in range(16)]
+    assert delays[:14] == [0.005 * 2**n for n in range(14)]  # 0.005 * 2**13 = 40.96 s
+    assert delays[14:] == [60.0, 60.0]
+    assert rl.num_requeues("x") == 16
+    rl.forget("x")
+    assert rl.when("x") == 0.005
+    with pytest.raises(ValueError):
+        WithMaxWaitRateLimiter(default_controller_rate_limiter(clock.now), float("nan"))
 
 
 @given(
