@@ -39,9 +39,29 @@ def setup_logging(settings: Settings) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+async def resource_slices_served(settings: Settings) -> bool:
+    """Whether the API server serves DRA ResourceSlices (resource.k8s.io/v1, 1.34+): an
+    informer for a kind that is not served would keep the manager from starting."""
+    from sdgruntime import errors
+    from sdgruntime.client import Client
+
+    async with Client.auto(settings.kubeconfig) as client:
+        try:
+            listing = await client.request("GET", "/apis/resource.k8s.io/v1")
+        except errors.NotFound:
+            return False
+    return any(r.get("name") == "resourceslices" for r in listing.get("resources") or [])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse(argv)
     setup_logging(settings)
+    if settings.resource_slices == "auto":
+        served = anyio.run(resource_slices_served, settings)
+        logging.getLogger(__name__).info(
+            "device inventory from DRA ResourceSlices: %s", "on" if served else "off (not served)"
+        )
+        settings = settings.model_copy(update={"resource_slices": "on" if served else "off"})
     from controllers.app import SDG
     from sdgruntime.tracing import setup_tracing
 

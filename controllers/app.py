@@ -23,7 +23,7 @@ from controllers import metrics as sdg_metrics
 from controllers.claims import RECORD_LABEL, RECORD_LABEL_VALUE, ClaimBook
 from controllers.foreign import ForeignDevices, ForeignPodReporter, is_shared
 from controllers.groupscheduler import GroupScheduler
-from controllers.placement import node_device_capacity
+from controllers.inventory import RESOURCESLICES, Inventory, Offer
 from controllers.podscheduler import PodScheduler
 from controllers.settings import Settings
 from controllers.statuscontroller import StatusController
@@ -90,9 +90,10 @@ class SDG:
         self._gauged: dict[str, set[str]] = {}
         self._foreign_gauged: set[str] = set()
         self.claims = ClaimBook(mgr.client, settings.namespace, on_change=self._count_devices)
+        self.inventory = Inventory(settings.dra_driver_table())
         self.foreign = ForeignDevices(self.env_table, on_change=self._count_foreign)
         self._feed_claims()
-        self._feed_capacity()
+        self._feed_inventory()
         self._feed_foreign()
         cache.informer(SDG_KIND).add_handler(
             on_add=self._group_added,
@@ -141,17 +142,32 @@ class SDG:
             on_delete=self.claims.forget,
         )
 
-    def _feed_capacity(self) -> None:
-        def upsert(node: Obj) -> None:
-            self.claims.set_capacity(node["metadata"]["name"], node_device_capacity(node))
+    def _feed_inventory(self) -> None:
+        """Nodes (and their ResourceSlices) -> what each offers -> the claim book."""
+        inventory, informers = self.inventory, self.manager.cache
+
+        def offers_changed(node: str, offers: dict[str, Offer]) -> None:
+            if inventory.knows(node):
+                self.claims.set_offers(node, offers)
+            else:
+                self.claims.remove_node(node)
+
+        def node_upserted(node: Obj) -> None:
+            inventory.observe_node(node)
             self._count_foreign(node["metadata"]["name"])  # its shared label may have changed
 
-        def delete(node: Obj) -> None:
-            self.claims.remove_node(node["metadata"]["name"])
-
-        self.manager.cache.informer(NODES).add_handler(
-            on_add=upsert, on_update=lambda _o, n: upsert(n), on_delete=delete
+        inventory.on_change = offers_changed
+        informers.informer(NODES).add_handler(
+            on_add=node_upserted,
+            on_update=lambda _o, n: node_upserted(n),
+            on_delete=inventory.forget_node,
         )
+        if self.settings.resource_slices != "off":
+            informers.informer(RESOURCESLICES).add_handler(
+                on_add=inventory.observe_slice,
+                on_update=lambda _o, s: inventory.observe_slice(s),
+                on_delete=inventory.forget_slice,
+            )
 
     def _feed_foreign(self) -> None:
         self.manager.cache.informer(PODS).add_handler(
@@ -182,10 +198,20 @@ class SDG:
             # The node (or one of its resources) is gone: drop its series.
             sdg_metrics.DEVICES_FREE.remove(node, res)
             sdg_metrics.DEVICES_ALLOCATED.remove(node, res)
+            sdg_metrics.DEVICES_MISSING.remove(node, res)
+        held: dict[str, set[int]] = {}
+        for holder, devices in tracker.claims_on(node).items():
+            if not holder.startswith("!"):
+                for res, ids in devices.items():
+                    held.setdefault(res, set()).update(ids)
+        offers = self.claims.offers.get(node) or {}
         for res, total in capacities.items():
             free = tracker.free(node, res)
             sdg_metrics.DEVICES_FREE.labels(node, res).set(free)
             sdg_metrics.DEVICES_ALLOCATED.labels(node, res).set(total - free)
+            offer = offers.get(res)
+            usable = set(offer.usable()) if offer else set()
+            sdg_metrics.DEVICES_MISSING.labels(node, res).set(len(held.get(res, set()) - usable))
         if capacities:
             self._gauged[node] = set(capacities)
 

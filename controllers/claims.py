@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import parse_ids
+from controllers.inventory import Offer, count_offer
 from controllers.tracker import (
     Devices,
     DeviceTracker,
@@ -158,6 +159,8 @@ class ClaimBook:
         self.statuses: dict[str, tuple[str, Devices]] = {}
         #: Decisions in flight (reserved, record write pending): group -> (node, devices).
         self.reserved: dict[str, tuple[str, Devices]] = {}
+        #: Per node, the devices each resource offers (its inventory).
+        self.offers: dict[str, dict[str, Offer]] = {}
         #: Per node, disputed IDs: "<res> <id>: held by a, b" (for conditions and logs).
         self.conflicts: dict[str, list[str]] = {}
 
@@ -271,10 +274,18 @@ class ClaimBook:
             self._mirror(old[0])
 
     def set_capacity(self, node: str, capacities: Mapping[str, int]) -> None:
-        self.tracker.set_node_capacity(node, capacities)
+        """IDs ``0..N-1`` of each resource (a count-only inventory)."""
+        self.set_offers(node, {r: count_offer(r, n) for r, n in capacities.items() if n})
+
+    def set_offers(self, node: str, offers: Mapping[str, Offer]) -> None:
+        """The devices ``node`` offers (``controllers.inventory``): IDs below the highest
+        that are missing or unhealthy are never handed out (held by ``!unavailable``)."""
+        self.offers[node] = dict(offers)
+        self.tracker.set_node_capacity(node, {r: o.capacity for r, o in offers.items()})
         self._mirror(node)
 
     def remove_node(self, node: str) -> None:
+        self.offers.pop(node, None)
         self.tracker.remove_node(node)
         self._mirror(node)
 
@@ -334,6 +345,16 @@ class ClaimBook:
                 rest = [i for i in range(self.tracker.capacity(node, res)) if i not in taken]
                 if rest:
                     holders.setdefault("!malformed-record", {})[res] = rest
+        taken_by = {(res, i) for d in holders.values() for res, ids in d.items() for i in ids}
+        for res, offer in (self.offers.get(node) or {}).items():
+            # Holes and unhealthy devices below the highest ID: nobody gets them (a group
+            # that holds one keeps it, and is told it is missing).
+            usable = set(offer.usable())
+            rest = [
+                i for i in range(offer.capacity) if i not in usable and (res, i) not in taken_by
+            ]
+            if rest:
+                holders.setdefault("!unavailable", {})[res] = rest
         for key in [g for g in self.tracker.claims_on(node)]:
             self.tracker.release(key)
         for holder, devices in sorted(holders.items()):

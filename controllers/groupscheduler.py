@@ -26,6 +26,7 @@ from opentelemetry import trace
 
 from api.conditions import find_condition
 from api.constants import (
+    CONDITION_NODE_HEALTHY,
     CONDITION_READY,
     CONDITION_SCHEDULED,
     DEFAULT_ENV_TABLE,
@@ -33,6 +34,7 @@ from api.constants import (
     PHASE_BOUND,
     REASON_CLAIM_CONFLICT,
     REASON_DEVICES_CONFLICT,
+    REASON_NOT_READY,
     SDG_KIND,
 )
 from api.pods import POD_GROUP_INDEX, devices_from_env, is_active, pod_key
@@ -247,8 +249,11 @@ class GroupScheduler:
         if node_obj is None:
             return False
         tracker = self.claims.tracker
-        if any(ids and max(ids) >= tracker.capacity(node, r) for r, ids in devices.items()):
-            return False
+        offers = self.claims.offers.get(node) or {}
+        for res, ids in devices.items():
+            offer = offers.get(res)
+            if offer is None or not set(ids) <= set(offer.usable()):
+                return False  # a device of the claim is gone or unhealthy
         blocked = self.foreign.blocked(want)
         return not filter_node(spec, node_obj, _FreeWithOwnClaim(tracker, devices), blocked=blocked)
 
@@ -256,7 +261,14 @@ class GroupScheduler:
         self, group: Obj, node: str, devices: Devices, started: float
     ) -> Result | None:
         name = group["metadata"]["name"]
-        status = bound_status(group, node, devices, self._node(node), newly_bound=True)
+        status = bound_status(
+            group,
+            node,
+            devices,
+            self._node(node),
+            newly_bound=True,
+            offers=self.claims.offers.get(node),
+        )
         try:
             await self.writer.status(group, status)
         except errors.Conflict:
@@ -315,18 +327,28 @@ class GroupScheduler:
             if is_active(p)
         )
         status = bound_status(
-            group, node, devices, self._node(node), problem=conflict, pod_count=pods
+            group,
+            node,
+            devices,
+            self._node(node),
+            problem=conflict,
+            pod_count=pods,
+            offers=self.claims.offers.get(node),
         )
-        old_ready = find_condition((group.get("status") or {}).get("conditions"), CONDITION_READY)
+        old = (group.get("status") or {}).get("conditions")
         if await self.writer.status(group, status) is None:
             return None
-        new_ready = find_condition(status["conditions"], CONDITION_READY) or {}
-        if new_ready.get("status") == "False" and (
-            not old_ready or old_ready.get("message") != new_ready.get("message")
-        ):
-            self.recorder.emit(
-                group, "Warning", str(new_ready.get("reason")), str(new_ready.get("message"))
-            )
+        for type_ in (CONDITION_NODE_HEALTHY, CONDITION_READY):
+            # A Warning for each newly false condition that says something of its own
+            # (a Ready that only echoes an unhealthy node is not repeated).
+            before = find_condition(old, type_) or {}
+            now = find_condition(status["conditions"], type_) or {}
+            if (
+                now.get("status") == "False"
+                and now.get("reason") != REASON_NOT_READY
+                and before.get("message") != now.get("message")
+            ):
+                self.recorder.emit(group, "Warning", str(now["reason"]), str(now["message"]))
         return None
 
     def _devices_disputed(self, group: Obj, node: str, devices: Devices) -> Problem | None:

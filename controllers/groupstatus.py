@@ -33,6 +33,7 @@ from api.constants import (
     REASON_UNSCHEDULABLE,
 )
 from api.v1alpha1 import format_ids
+from controllers.inventory import Offer, count_offer
 from controllers.placement import is_node_ready, node_device_capacity
 
 Obj = Mapping[str, Any]
@@ -59,8 +60,15 @@ def listed(items: Sequence[str], limit: int = 5) -> str:
     return ", ".join(items[:limit]) + more
 
 
-def node_health(node: Obj | None, name: str, devices: Devices) -> tuple[bool, str, str]:
-    """(healthy, reason, message) of the NodeHealthy condition of a group bound to ``name``."""
+def node_health(
+    node: Obj | None, name: str, devices: Devices, offers: Mapping[str, Offer] | None = None
+) -> tuple[bool, str, str]:
+    """(healthy, reason, message) of the NodeHealthy condition of a group bound to ``name``.
+
+    ``offers`` is the node's inventory (``controllers.inventory``; from the node's
+    allocatable count when not given): a held device that is gone or unhealthy is named;
+    with a count-only inventory the lost device cannot be known, and the message says so.
+    """
     if node is None:
         return False, REASON_NODE_NOT_FOUND, f"node {name} no longer exists"
     if not is_node_ready(node):
@@ -71,20 +79,44 @@ def node_health(node: Obj | None, name: str, devices: Devices) -> tuple[bool, st
             REASON_NODE_UNSCHEDULABLE,
             f"node {name} is cordoned: new pods of the group cannot be bound there",
         )
-    capacity = node_device_capacity(node)
-    short = [
-        f"{res} {max(ids)}"
-        for res, ids in sorted(devices.items())
-        if ids and max(ids) >= capacity.get(res, 0)
-    ]
-    if short:
+    if offers is None:
+        offers = {r: count_offer(r, n) for r, n in node_device_capacity(node).items() if n}
+    missing: list[str] = []
+    guessed = False
+    for res, ids in sorted(devices.items()):
+        offer = offers.get(res)
+        if offer is None:
+            missing.append(f"{res} {format_ids(ids)} (the node offers no {res})")
+            continue
+        lost = offer.missing(ids)
+        missing.extend(lost)
+        guessed = guessed or (bool(lost) and offer.guessed)
+    if missing:
+        unknown = (
+            " (its devices are only counted, so which one was lost cannot be known: the "
+            "highest IDs are flagged; publish device UUIDs with a DRA driver or the "
+            "deviceshare.io/devices.* node annotation to know)"
+            if guessed
+            else ""
+        )
         return (
             False,
             REASON_DEVICES_MISSING,
-            f"node {name} no longer offers the selected devices ({', '.join(short)}); "
-            "the group does not move: delete and recreate it to place it elsewhere",
+            f"node {name} no longer offers {listed(missing)}{unknown}; the group does not "
+            "move: delete and recreate it to place it elsewhere",
         )
     return True, REASON_NODE_READY, f"node {name} is Ready and offers the selected devices"
+
+
+def physical_devices(devices: Devices, offers: Mapping[str, Offer] | None) -> dict[str, str]:
+    """Resource -> the UUIDs of ``devices`` (in ID order), where every one is known."""
+    out: dict[str, str] = {}
+    for res, ids in sorted(devices.items()):
+        offer = (offers or {}).get(res)
+        uuids = offer.uuids(sorted(ids)) if offer else None
+        if uuids:
+            out[res] = ",".join(uuids)
+    return out
 
 
 def conflict_of(group: Obj) -> Problem | None:
@@ -140,12 +172,15 @@ def bound_status(
     problem: Problem | None = None,
     pod_count: int = 0,
     newly_bound: bool = False,
+    offers: Mapping[str, Offer] | None = None,
 ) -> dict[str, Any]:
     """The status of a group bound to ``node`` with ``devices``.
 
     ``newly_bound`` also sets phase, node, devices and the Scheduled condition (the bind
     itself); otherwise only health, Ready and PodsListed are brought up to date.
-    ``problem`` (a conflict) makes Ready False with its reason.
+    ``problem`` (a conflict) makes Ready False with its reason. ``offers`` (the node's
+    inventory) judges device health and gives ``physicalDevices``, the UUIDs, where known
+    (kept once recorded: they say what the pods got, even after a device is lost).
     """
     status = dict(group.get("status") or {})
     gen = (group.get("metadata") or {}).get("generation")
@@ -165,7 +200,12 @@ def bound_status(
             f"bound to node {node} with {describe(devices)}",
             observed_generation=gen,
         )
-    healthy, reason, message = node_health(node_obj, node, devices)
+    uuids = physical_devices(devices, offers)
+    if uuids and (newly_bound or not status.get("physicalDevices")):
+        status["physicalDevices"] = uuids
+    elif newly_bound:
+        status.pop("physicalDevices", None)
+    healthy, reason, message = node_health(node_obj, node, devices, offers)
     conds = set_condition(
         conds,
         CONDITION_NODE_HEALTHY,

@@ -20,13 +20,19 @@ driver publishes; anything beyond is reported, never iterated.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
 from api.constants import MAX_DEVICES_PER_RESOURCE
 from controllers.placement import node_device_capacity
+from sdgruntime.kinds import Kind
+
+#: DRA's published devices (resource.k8s.io/v1, GA in Kubernetes 1.34).
+RESOURCESLICES: Final = Kind(
+    "resource.k8s.io", "v1", "ResourceSlice", "resourceslices", namespaced=False
+)
 
 Obj = Mapping[str, Any]
 
@@ -251,3 +257,82 @@ def node_of_slice(resource_slice: Obj) -> str | None:
     which SDG does not hand out: a group's devices are on one node)."""
     node = (resource_slice.get("spec") or {}).get("nodeName")
     return node if isinstance(node, str) and node else None
+
+
+class Inventory:
+    """Every node's offers, kept current from the node and ResourceSlice informers.
+
+    ``on_change(node, offers)`` is called only when what a node offers changed (not for
+    heartbeats), so the claim book re-mirrors a node only then.
+    """
+
+    def __init__(
+        self,
+        drivers: Mapping[str, str] = DEFAULT_DRA_DRIVERS,
+        on_change: Callable[[str, dict[str, Offer]], None] | None = None,
+    ) -> None:
+        self.drivers = drivers
+        self.on_change = on_change
+        self._nodes: dict[str, Obj] = {}
+        #: node -> ResourceSlice name -> slice
+        self._slices: dict[str, dict[str, Obj]] = {}
+        self._slice_node: dict[str, str] = {}
+        self._offers: dict[str, dict[str, Offer]] = {}
+
+    def of(self, node: str) -> dict[str, Offer]:
+        return self._offers.get(node, {})
+
+    def knows(self, node: str) -> bool:
+        """Whether the node exists (as last seen)."""
+        return node in self._nodes
+
+    def observe_node(self, node: Obj) -> None:
+        name = str(node["metadata"]["name"])
+        self._nodes[name] = node
+        self._recompute(name)
+
+    def forget_node(self, node: Obj) -> None:
+        name = str(node["metadata"]["name"])
+        self._nodes.pop(name, None)
+        self._recompute(name)
+
+    def observe_slice(self, resource_slice: Obj) -> None:
+        name = str(resource_slice["metadata"]["name"])
+        old = self._slice_node.get(name)
+        node = node_of_slice(resource_slice)
+        if old is not None and old != node:
+            self._drop_slice(name, old)
+        if node is not None:
+            self._slices.setdefault(node, {})[name] = resource_slice
+            self._slice_node[name] = node
+            self._recompute(node)
+
+    def forget_slice(self, resource_slice: Obj) -> None:
+        name = str(resource_slice["metadata"]["name"])
+        node = self._slice_node.get(name)
+        if node is not None:
+            self._drop_slice(name, node)
+
+    def _drop_slice(self, name: str, node: str) -> None:
+        del self._slice_node[name]
+        slices = self._slices.get(node, {})
+        slices.pop(name, None)
+        if not slices:
+            self._slices.pop(node, None)
+        self._recompute(node)
+
+    def _recompute(self, node: str) -> None:
+        obj = self._nodes.get(node)
+        offers = (
+            node_offers(obj, self._slices.get(node, {}).values(), self.drivers)
+            if obj is not None
+            else {}
+        )
+        if obj is not None and offers == self._offers.get(node):
+            return
+        if obj is not None:
+            self._offers[node] = offers
+        elif self._offers.pop(node, None) is None:
+            return
+        if self.on_change is not None:
+            self.on_change(node, offers)

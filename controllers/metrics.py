@@ -36,6 +36,13 @@ DEVICES_FREE = Gauge(
     ["node", "resource"],
     registry=REGISTRY,
 )
+DEVICES_MISSING = Gauge(
+    "sdg_devices_missing",
+    "Devices held by groups that the node no longer offers (gone from its inventory or "
+    "unhealthy), per node and resource; the groups holding them show DevicesMissing",
+    ["node", "resource"],
+    registry=REGISTRY,
+)
 SCHEDULING_ATTEMPTS = Counter(
     "sdg_scheduling_attempts_total",
     "Scheduling decisions by kind (group|pod) and result",

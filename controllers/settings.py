@@ -38,6 +38,11 @@ class Settings(BaseModel):
     device_env_file: str | None = None
     group_workers: int = Field(1, ge=1, le=64)
     pod_workers: int = Field(8, ge=1, le=256)
+    #: Device inventory from DRA ResourceSlices: ``auto`` reads them when the API server
+    #: serves resource.k8s.io/v1 (Kubernetes 1.34+), ``on``/``off`` force it.
+    resource_slices: Literal["auto", "on", "off"] = "auto"
+    #: Extra ``DRIVER=RESOURCE`` pairs (comma-separated) on top of the known DRA drivers.
+    dra_drivers: str = ""
 
     @field_validator("device_env")
     @classmethod
@@ -54,6 +59,19 @@ class Settings(BaseModel):
             or os.environ.get("POD_NAMESPACE")
             or "deviceshare-system"
         )
+
+    def dra_driver_table(self) -> dict[str, str]:
+        """DRA driver -> the device resource its devices count as."""
+        from controllers.inventory import DEFAULT_DRA_DRIVERS
+
+        table = dict(DEFAULT_DRA_DRIVERS)
+        for item in self.dra_drivers.split(","):
+            driver, sep, resource = item.strip().partition("=")
+            if item.strip() and (not sep or not driver.strip() or not resource.strip()):
+                raise ValueError(f"--dra-drivers {item!r}: expected DRIVER=RESOURCE")
+            if sep:
+                table[driver.strip()] = resource.strip()
+        return table
 
     def env_table(self) -> dict[str, str]:
         items = list(self.device_env)
