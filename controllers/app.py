@@ -111,7 +111,12 @@ class SDG:
             tracer_provider=tracer_provider,
             foreign=self.foreign,
         )
-        groupscheduler.setup(mgr, self.group_scheduler, workers=settings.group_workers)
+        groupscheduler.setup(
+            mgr,
+            self.group_scheduler,
+            workers=settings.group_workers,
+            resource_slices=settings.resource_slices != "off",
+        )
         self.status_controller = StatusController(
             mgr.client, cache, mgr.event_recorder("deviceshare-controller")
         )

@@ -51,6 +51,7 @@ from controllers.groupstatus import (
     with_ready_problem,
 )
 from controllers.groupwriter import GroupWriter
+from controllers.inventory import RESOURCESLICES, node_of_slice
 from controllers.placement import filter_node, place
 from controllers.recovery import Recovery, restore_record
 from controllers.release import ClaimReleaser, bound_pods
@@ -412,7 +413,9 @@ class GroupScheduler:
             return None
 
 
-def setup(mgr: Manager, scheduler: GroupScheduler, *, workers: int = 1) -> None:
+def setup(
+    mgr: Manager, scheduler: GroupScheduler, *, workers: int = 1, resource_slices: bool = True
+) -> None:
     """Register the group scheduler with everything that can change a group's decision."""
     cache, claims, table = mgr.cache, scheduler.claims, scheduler.env_table
 
@@ -438,10 +441,18 @@ def setup(mgr: Manager, scheduler: GroupScheduler, *, workers: int = 1) -> None:
             yield from pending_groups(cache)
             yield from groups_on(cache, [(pod.get("spec") or {}).get("nodeName")])
 
+    def for_slice(resource_slice: Mapping[str, Any]) -> Iterator[Request]:
+        """A node's published devices changed: as for a node."""
+        node = node_of_slice(resource_slice)
+        if node is not None:
+            yield from pending_groups(cache)
+            yield from groups_on(cache, [node])
+
+    builder = mgr.controller("group-scheduler").for_(SDG_KIND)
+    if resource_slices:
+        builder = builder.watches(RESOURCESLICES, MapTo(for_slice))
     (
-        mgr.controller("group-scheduler")
-        .for_(SDG_KIND)
-        .watches(NODES, MapTo(for_node), [node_changed])
+        builder.watches(NODES, MapTo(for_node), [node_changed])
         .watches(CONFIGMAPS, MapTo(for_record))
         # A deleted group's status held its devices until now: Pending groups retry.
         .watches(SDG_KIND, MapTo(lambda _gone: pending_groups(cache)), [only_deletes])

@@ -8,6 +8,7 @@ from typing import Any
 
 from api.constants import PHASE_BOUND, SDG_KIND
 from api.pods import POD_GROUP_INDEX, pod_group
+from controllers.inventory import ANNOTATION_PREFIX
 from sdgruntime.cache import Cache
 from sdgruntime.kinds import PODS
 from sdgruntime.predicate import Funcs
@@ -42,8 +43,12 @@ def _node_facts(node: Obj) -> tuple[Any, ...]:
     ready = next(
         (c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None
     )
+    inventory = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)
+    }
     return (
         meta.get("labels"),
+        inventory,
         spec.get("taints"),
         spec.get("unschedulable"),
         status.get("allocatable"),
@@ -51,7 +56,8 @@ def _node_facts(node: Obj) -> tuple[Any, ...]:
     )
 
 
-#: Node updates that can change placement or health; heartbeats (condition timestamps,
+#: Node updates that can change placement or health (the device inventory annotations
+#: included); heartbeats (condition timestamps,
 #: images, addresses) do not re-run placement for every Pending group.
 node_changed = Funcs(update=lambda old, new: _node_facts(old) != _node_facts(new))
 
