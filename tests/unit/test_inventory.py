@@ -1,0 +1,132 @@
+"""The device inventory: which devices a node offers, from which source, with IDs, UUIDs
+and health; bounded whatever a node or driver publishes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api.constants import MAX_DEVICES_PER_RESOURCE
+from controllers.claims import ClaimBook
+from controllers.inventory import (
+    SOURCE_ANNOTATION,
+    SOURCE_COUNT,
+    SOURCE_SLICE,
+    Inventory,
+    annotation_key,
+    node_offers,
+    parse_annotation,
+    slice_offers,
+)
+
+GPU = "nvidia.com/gpu"
+
+
+def node(gpus: int = 0, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "n0", "annotations": annotations or {}},
+        "status": {"allocatable": {GPU: str(gpus)} if gpus else {}},
+    }
+
+
+def device(name: str, index: int | None = None, uuid: str = "", **extra: Any) -> dict:
+    attrs: dict[str, Any] = {}
+    if index is not None:
+        attrs["index"] = {"int": index}
+    if uuid:
+        attrs["gpu.nvidia.com/uuid"] = {"string": uuid}  # qualified names work too
+    return {"name": name, "attributes": attrs, **extra}
+
+
+def rslice(devices: list[dict], generation: int = 1, driver: str = "gpu.nvidia.com") -> dict:
+    return {
+        "metadata": {"name": f"s{generation}"},
+        "spec": {
+            "driver": driver,
+            "nodeName": "n0",
+            "pool": {"name": "n0", "generation": generation},
+            "devices": devices,
+        },
+    }
+
+
+def test_count_is_the_fallback_and_marked_as_guessed() -> None:
+    offer = node_offers(node(3))[GPU]
+    assert offer.source == SOURCE_COUNT and offer.guessed and offer.usable() == [0, 1, 2]
+    assert offer.uuids([0]) is None
+
+
+def test_annotation_wins_over_the_count_with_positions_or_explicit_ids() -> None:
+    key = annotation_key(GPU)
+    assert key == "deviceshare.io/devices.nvidia.com_gpu"
+    offer = node_offers(node(8, {key: "GPU-a, GPU-b"}))[GPU]
+    assert offer.source == SOURCE_ANNOTATION and offer.usable() == [0, 1]
+    assert offer.uuids([1, 0]) == ["GPU-b", "GPU-a"]
+    holes = parse_annotation(GPU, "0=GPU-a,3=GPU-d:unhealthy,5=GPU-f")
+    assert holes.usable() == [0, 5] and holes.capacity == 6
+    assert holes.missing([0, 3, 4]) == [f"{GPU} 3 GPU-d (unhealthy)", f"{GPU} 4 (gone)"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["x=GPU-a", "0=GPU-a,0=GPU-b", "GPU-a,GPU-a", "5000=GPU-a", "0=", "0=a b"],
+)
+def test_a_malformed_annotation_offers_nothing_and_says_why(text: str) -> None:
+    offer = parse_annotation(GPU, text)
+    assert offer.devices == () and offer.problem.startswith("node annotation")
+
+
+def test_a_huge_annotation_is_refused_without_reading_it_all() -> None:
+    offer = parse_annotation(GPU, ",".join(f"GPU-{i}" for i in range(MAX_DEVICES_PER_RESOURCE + 5)))
+    assert offer.devices == () and "more than 1024" in offer.problem
+
+
+def test_slices_win_use_index_uuid_taints_and_skip_partitions() -> None:
+    slices = [
+        rslice(
+            [
+                device("gpu-1", 1, "GPU-1"),
+                device("gpu-0", 0, "GPU-0"),
+                device("gpu-2", 2, "GPU-2", taints=[{"key": "unhealthy", "effect": "NoSchedule"}]),
+                {"name": "mig-0", "attributes": {"type": {"string": "mig"}, "index": {"int": 7}}},
+            ]
+        )
+    ]
+    offer = node_offers(node(2, {annotation_key(GPU): "GPU-x"}), slices)[GPU]
+    assert offer.source == SOURCE_SLICE and offer.problem == ""
+    assert [d.id for d in offer.devices] == [0, 1, 2] and offer.usable() == [0, 1]
+    assert offer.uuids([0, 1, 2]) == ["GPU-0", "GPU-1", "GPU-2"]
+
+
+def test_only_the_newest_pool_generation_counts_and_unknown_drivers_are_ignored() -> None:
+    old = rslice([device("gpu-0", 0, "GPU-0"), device("gpu-1", 1, "GPU-1")], generation=1)
+    new = rslice([device("gpu-0", 0, "GPU-0")], generation=2)
+    other = rslice([device("x", 0)], driver="example.com")
+    offers = slice_offers([old, new, other])
+    assert list(offers) == [GPU] and offers[GPU].usable() == [0]
+
+
+def test_devices_without_an_index_get_ids_after_the_indexed_ones() -> None:
+    offer = slice_offers([rslice([device("b"), device("a"), device("z", 0)])])[GPU]
+    assert [(d.id, d.name) for d in offer.devices] == [(0, "z"), (1, "a"), (2, "b")]
+    assert "publish no index" in offer.problem
+
+
+def test_the_mirror_tells_only_real_changes_and_the_claim_book_blocks_holes() -> None:
+    changes: list[tuple[str, dict]] = []
+    inv = Inventory(on_change=lambda n, o: changes.append((n, o)))
+    inv.observe_node(node(0))
+    inv.observe_node(node(0))  # a heartbeat: nothing new
+    assert len(changes) == 1 and changes[0][1] == {}
+    inv.observe_slice(rslice([device("gpu-0", 0, "GPU-0"), device("gpu-2", 2, "GPU-2")]))
+    offers = inv.of("n0")
+    assert offers[GPU].usable() == [0, 2] and len(changes) == 2
+    book = ClaimBook(None, "ns")  # type: ignore[arg-type]
+    book.set_offers("n0", offers)
+    assert book.tracker.free("n0", GPU) == 2
+    assert book.tracker.lowest_free("n0", GPU, 2) == [0, 2]  # the hole at 1 is skipped
+    inv.forget_slice(rslice([]) | {"metadata": {"name": "s1"}})
+    assert inv.of("n0") == {} and len(changes) == 3
+    inv.forget_node(node())
+    assert not inv.knows("n0")
