@@ -39,6 +39,14 @@ from api.v1alpha1 import (
     selected_devices,
 )
 from controllers.claims import DATA_CLAIMS, DATA_NODE, record_name
+from controllers.inventory import (
+    SOURCE_ANNOTATION,
+    SOURCE_COUNT,
+    Offer,
+    annotation_key,
+    node_of_slice,
+    node_offers,
+)
 from controllers.placement import (
     node_device_capacity,
     node_name,
@@ -229,18 +237,74 @@ def _cross_check(view: ClaimView, by_group: Mapping[str, Obj]) -> list[str]:
     return out
 
 
+def _slices_of(slices: Iterable[Obj]) -> dict[str, list[Obj]]:
+    by_node: dict[str, list[Obj]] = defaultdict(list)
+    for s in slices:
+        node = node_of_slice(s)
+        if node:
+            by_node[node].append(s)
+    return by_node
+
+
+def _source_text(offer: Offer) -> str:
+    if offer.source == SOURCE_COUNT:
+        return "counted in status.allocatable: IDs are guessed"
+    if offer.source == SOURCE_ANNOTATION:
+        return f"from node annotation {annotation_key(offer.resource)}"
+    return "from DRA ResourceSlices"
+
+
+def _physical_text(group: Obj, devices: Devices, offers: Mapping[str, Offer]) -> str:
+    recorded = (group.get("status") or {}).get("physicalDevices") or {}
+    parts = []
+    for res, ids in sorted(devices.items()):
+        offer = offers.get(res)
+        known = recorded.get(res) or ",".join((offer.uuids(ids) or []) if offer else [])
+        where = _source_text(offer) if offer else "the node offers none now"
+        parts.append(f"{res} {known} ({where})" if known else f"{res} unknown ({where})")
+    return "; ".join(parts) or NONE
+
+
+def inventory_lines(nodes: Iterable[Obj], slices: Iterable[Obj] = ()) -> list[str]:
+    """One line per shared node and resource: how many devices, from which source."""
+    by_slices = _slices_of(slices)
+    out = []
+    for obj in sorted(nodes, key=node_name):
+        if not _is_shared(obj):
+            continue
+        for res, offer in sorted(node_offers(obj, by_slices.get(node_name(obj), ())).items()):
+            bad = len(offer.devices) - len(offer.usable())
+            health = f", {bad} unhealthy" if bad else ""
+            note = f"; {offer.problem}" if offer.problem else ""
+            out.append(
+                f"{node_name(obj)} {res}: {len(offer.devices)} device(s){health}, "
+                f"{_source_text(offer)}{note}"
+            )
+    return out
+
+
 # --- sdg devices ------------------------------------------------------------------------------
 
 
-def devices_view(nodes: Iterable[Obj], groups: Iterable[Obj], configmaps: Iterable[Obj]) -> str:
+def devices_view(
+    nodes: Iterable[Obj],
+    groups: Iterable[Obj],
+    configmaps: Iterable[Obj],
+    slices: Iterable[Obj] = (),
+) -> str:
     """The device map: every device ID of every shared node (and of any node holding
     claims) -> the group holding it -> that group's pods; free IDs marked ``-``/``free``.
 
     STATE is ``held`` when the claim record and the group's status agree, ``free``,
     ``record-only`` / ``status-only`` when only one of them says so, ``conflict`` when two
-    groups hold one ID, ``missing`` when the node no longer offers a held ID.
+    groups hold one ID, ``missing`` when the node no longer offers a held ID (gone from its
+    inventory or unhealthy), ``unhealthy`` for a free device the inventory marks so. A UUID
+    column appears when the inventory identifies devices; the Inventory section says, per
+    node and resource, where the devices come from (IDs counted from allocatable are
+    guessed).
     """
-    nodes, groups = list(nodes), list(groups)
+    nodes, groups, slices = list(nodes), list(groups), list(slices)
+    by_slices = _slices_of(slices)
     by_node = {node_name(n): n for n in nodes}
     by_group = {group_name(g): g for g in groups}
     view = claim_view(groups, configmaps)
@@ -250,7 +314,8 @@ def devices_view(nodes: Iterable[Obj], groups: Iterable[Obj], configmaps: Iterab
     warnings = list(view.warnings)
     for node in shown:
         obj = by_node.get(node)
-        capacity = node_device_capacity(obj) if obj else {}
+        offers = node_offers(obj, by_slices.get(node, ())) if obj else {}
+        capacity = {r: o.capacity for r, o in offers.items()}
         if obj is None:
             warnings.append(f"node {node}: not found, but devices are recorded on it")
         else:
@@ -264,47 +329,64 @@ def devices_view(nodes: Iterable[Obj], groups: Iterable[Obj], configmaps: Iterab
                 f"node {node}: {_too_many_text(res, count)}"
                 for res, count in sorted(unaddressable_devices(obj).items())
             ]
-        resources = sorted(set(capacity) | view.resources_on(node))
+        too_many = set(unaddressable_devices(obj)) if obj else set()
+        resources = sorted(set(capacity) | view.resources_on(node) | too_many)
         if not resources:
             rows.append((node, NONE, "-", "-", "-", "-"))
         for res in resources:
-            cap = capacity.get(res, 0)
+            offer = offers.get(res)
+            usable = set(offer.usable()) if offer else set()
+            listed_ids = {d.id for d in offer.devices} if offer else set()
             held = view.held_ids(node, res)
-            beyond = sorted(i for i in held if i >= cap)
+            beyond = sorted(i for i in held if i not in usable)
             if beyond and obj is not None:
                 warnings.append(
-                    f"node {node}: offers {cap} {res}, but {res} {format_ids(beyond)} is still held"
+                    f"node {node}: offers {len(usable)} {res}, but {res} {format_ids(beyond)} "
+                    "is still held"
                 )
-            for i in sorted(set(range(cap)) | held):
-                rows.append((node, res, str(i), *_device_cells(view, by_group, node, res, i, cap)))
+            if offer is not None and offer.problem:
+                warnings.append(f"node {node}: {offer.problem}")
+            for i in sorted(listed_ids | held):
+                device = offer.device(i) if offer else None
+                cells = _device_cells(view, by_group, node, res, i, usable)
+                rows.append((node, res, str(i), device.uuid if device else "", *cells))
     warnings += _cross_check(view, by_group)
 
     pending = sorted(name for name, g in by_group.items() if not is_bound(g))
+    headers = ["NODE", "RESOURCE", "ID", "UUID", "GROUP", "STATE", "PODS"]
+    if any(r[3] for r in rows if len(r) > 6):
+        rows = [r if len(r) > 6 else (*r[:3], "", *r[3:]) for r in rows]
+    else:
+        # No device is identified: no UUID column (count-only inventories).
+        headers.remove("UUID")
+        rows = [(*r[:3], *r[4:]) if len(r) > 6 else r for r in rows]
+    inventory = inventory_lines(by_node.values(), slices)
     sections = [
-        table(["NODE", "RESOURCE", "ID", "GROUP", "STATE", "PODS"], rows)
+        table(headers, rows)
         if rows
         else f"No shared nodes: label a node {NODE_MODE_LABEL}={NODE_MODE_SHARED} to offer "
         "its devices.",
         "Pending groups (hold no devices; sdg explain GROUP says why): " + ", ".join(pending)
         if pending
         else None,
+        "Inventory:\n" + "\n".join(f"  {line}" for line in inventory) if inventory else None,
         "Warnings:\n" + "\n".join(f"  {w}" for w in warnings) if warnings else None,
     ]
     return _join_sections(*sections)
 
 
 def _device_cells(
-    view: ClaimView, by_group: Mapping[str, Obj], node: str, res: str, i: int, cap: int
+    view: ClaimView, by_group: Mapping[str, Obj], node: str, res: str, i: int, usable: set[int]
 ) -> tuple[str, str, str]:
     """GROUP, STATE, PODS of one device ID."""
     holders = view.holders.get((node, res, i)) or {}
     holders = {g: s for g, s in holders.items() if s}
     if not holders:
-        return "-", "free", "-"
+        return "-", "free" if i in usable else "unhealthy", "-"
     if len(holders) > 1:
         return ",".join(sorted(holders)), "conflict", "-"
     ((group, sources),) = holders.items()
-    if i >= cap:
+    if i not in usable:
         state = "missing"
     elif sources == {"record", "status"}:
         state = "held"
@@ -385,9 +467,11 @@ def explain_group(
     nodes: Iterable[Obj],
     configmaps: Iterable[Obj],
     pods: Iterable[Obj],
+    slices: Iterable[Obj] = (),
 ) -> str:
-    """Why a group is Pending (per node, now) or where it is bound, with its devices, its
-    pods and its conditions. ``pods`` may hold any pods; those naming the group are used."""
+    """Why a group is Pending (per node, now) or where it is bound, with its devices (and
+    which physical devices they are, or that the IDs are guessed from a count), its pods
+    and its conditions. ``pods`` may hold any pods; those naming the group are used."""
     groups, nodes = list(groups), list(nodes)
     by_group = {group_name(g): g for g in groups}
     group = by_group.get(name)
@@ -415,18 +499,24 @@ def explain_group(
             problems.append(f"node {node} does not exist any more; its pods cannot run")
         else:
             problems += [f"node {node} is {p}" for p in node_problems(obj)]
-            capacity = node_device_capacity(obj)
+            offers = node_offers(obj, _slices_of(slices).get(node, ()))
+            info.append(("Device UUIDs", _physical_text(group, devices, offers)))
             too_many = unaddressable_devices(obj)
             for res, ids in sorted(devices.items()):
-                if ids and res in too_many:
+                offer = offers.get(res)
+                if ids and res in too_many and offer is None:
                     problems.append(
                         f"node {node} {_too_many_text(res, too_many[res])}; the group holds "
                         f"{res} {format_ids(ids)}"
                     )
-                elif ids and max(ids) >= capacity.get(res, 0):
+                elif ids and offer is None:
                     problems.append(
-                        f"node {node} offers {capacity.get(res, 0)} {res} now; the group "
-                        f"holds {res} {format_ids(ids)}"
+                        f"node {node} offers no {res} now; the group holds {res} {format_ids(ids)}"
+                    )
+                elif ids and offer.missing(ids):
+                    problems.append(
+                        f"node {node} no longer offers {', '.join(offer.missing(ids))} "
+                        f"({_source_text(offer)}); the group holds {res} {format_ids(ids)}"
                     )
         recorded = view.records.get(node, {}).get(name)
         if recorded is None:

@@ -215,6 +215,11 @@ gpu-b   nvidia.com/gpu   0    -       free    -
 gpu-b   nvidia.com/gpu   1    -       free    -
 
 Pending groups (hold no devices; sdg explain GROUP says why): big
+
+Inventory:
+  amd-1 amd.com/gpu: 2 device(s), counted in status.allocatable: IDs are guessed
+  gpu-a nvidia.com/gpu: 4 device(s), counted in status.allocatable: IDs are guessed
+  gpu-b nvidia.com/gpu: 2 device(s), counted in status.allocatable: IDs are guessed
 """
     )
 
@@ -270,6 +275,12 @@ gpu-small   nvidia.com/gpu   1    shrunk       missing       <none>
 
 Pending groups (hold no devices; sdg explain GROUP says why): starting
 
+Inventory:
+  gpu-a nvidia.com/gpu: 2 device(s), counted in status.allocatable: IDs are guessed
+  gpu-b nvidia.com/gpu: 2 device(s), counted in status.allocatable: IDs are guessed
+  gpu-c nvidia.com/gpu: 2 device(s), counted in status.allocatable: IDs are guessed
+  gpu-small nvidia.com/gpu: 1 device(s), counted in status.allocatable: IDs are guessed
+
 Warnings:
   claim record sdg-claims.broken: malformed: claim record is not JSON: Expecting property \
 name enclosed in double quotes: line 1 column 2 (char 1)
@@ -316,6 +327,7 @@ Name:          train
 Phase:         Bound
 Node:          gpu-a
 Devices:       nvidia.com/gpu 0,1 (NVIDIA_VISIBLE_DEVICES=0,1)
+Device UUIDs:  nvidia.com/gpu unknown (counted in status.allocatable: IDs are guessed)
 Strategy:      binpack
 Resources:     nvidia.com/gpu: 2
 Node Selector: <none>
@@ -398,7 +410,8 @@ check that the manager is running).
         ),
         (
             "shrunk",
-            "  node gpu-small offers 1 nvidia.com/gpu now; the group holds nvidia.com/gpu 0,1\n",
+            "  node gpu-small no longer offers nvidia.com/gpu 1 (gone) (counted in "
+            "status.allocatable: IDs are guessed); the group holds nvidia.com/gpu 0,1\n",
         ),
         ("lost", "  node gone-1 does not exist any more; its pods cannot run\n"),
         ("beta", "  the claim record of node gpu-b does not list the group\n"),

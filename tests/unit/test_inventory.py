@@ -130,3 +130,24 @@ def test_the_mirror_tells_only_real_changes_and_the_claim_book_blocks_holes() ->
     assert inv.of("n0") == {} and len(changes) == 3
     inv.forget_node(node())
     assert not inv.knows("n0")
+
+
+def test_sdg_devices_and_explain_show_uuids_and_sources() -> None:
+    from controllers.cliviews import devices_view, explain_group
+
+    shared = {"deviceshare.io/mode": "shared"}
+    dra = {"metadata": {"name": "n0", "labels": shared}, "status": {"allocatable": {}}}
+    counted = {"metadata": {"name": "n1", "labels": shared}, "status": {"allocatable": {GPU: "1"}}}
+    slices = [rslice([device("gpu-0", 0, "GPU-0"), device("gpu-1", 1, "GPU-1")])]
+    bound = {
+        "metadata": {"name": "g"},
+        "spec": {"resources": {GPU: 1}},
+        "status": {"phase": "Bound", "nodeName": "n0", "selectedDevices": {GPU: "1"}},
+    }
+    text = devices_view([dra, counted], [bound], [], slices)
+    assert "UUID" in text.splitlines()[0]
+    assert any(line.split()[:5] == ["n0", GPU, "1", "GPU-1", "g"] for line in text.splitlines())
+    assert f"n0 {GPU}: 2 device(s), from DRA ResourceSlices" in text
+    assert f"n1 {GPU}: 1 device(s), counted in status.allocatable: IDs are guessed" in text
+    explained = explain_group("g", [bound], [dra, counted], [], [], slices)
+    assert f"Device UUIDs:  {GPU} GPU-1 (from DRA ResourceSlices)" in explained
