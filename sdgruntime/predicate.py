@@ -11,7 +11,7 @@ resync).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -20,10 +20,13 @@ __all__ = [
     "Funcs",
     "GenerationChangedPredicate",
     "LabelChangedPredicate",
+    "LabelSelectorPredicate",
     "Not",
     "Or",
     "Predicate",
     "ResourceVersionChangedPredicate",
+    "label_selector_matcher",
+    "label_selector_predicate",
 ]
 
 Obj = Mapping[str, Any]
@@ -97,6 +100,87 @@ class AnnotationChangedPredicate(Predicate):
 
     def update(self, old: Obj, new: Obj) -> bool:
         return (_meta(old).get("annotations") or {}) != (_meta(new).get("annotations") or {})
+
+
+_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def label_selector_matcher(selector: Mapping[str, Any]) -> Callable[[Mapping[str, str]], bool]:
+    """A function telling whether labels match a ``metav1.LabelSelector``
+    (``matchLabels`` and ``matchExpressions``; all must hold, ``{}`` matches everything).
+
+    Checked here as the API server checks it, so a typo fails when the watch is declared,
+    not silently at every event: an unknown operator, ``In``/``NotIn`` without values or
+    ``Exists``/``DoesNotExist`` with values raise ``ValueError``.
+    """
+    unknown = set(selector) - {"matchLabels", "matchExpressions"}
+    if unknown:
+        raise ValueError(f"label selector: unknown fields {sorted(unknown)}")
+    required = dict(selector.get("matchLabels") or {})
+    expressions: list[tuple[str, str, frozenset[str]]] = []
+    for expr in selector.get("matchExpressions") or ():
+        key, op = expr.get("key"), expr.get("operator")
+        values: Sequence[str] = expr.get("values") or ()
+        if not key:
+            raise ValueError(f"label selector: expression without a key: {dict(expr)}")
+        if op not in _OPERATORS:
+            raise ValueError(
+                f"label selector: operator {op!r} of key {key!r} is not one of "
+                f"{', '.join(_OPERATORS)}"
+            )
+        if op in ("In", "NotIn") and not values:
+            raise ValueError(f"label selector: {op} on key {key!r} needs values")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise ValueError(f"label selector: {op} on key {key!r} takes no values")
+        expressions.append((key, op, frozenset(values)))
+
+    def matches(labels: Mapping[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in required.items()):
+            return False
+        for key, op, values in expressions:
+            present = key in labels
+            if op == "In" and not (present and labels[key] in values):
+                return False
+            if op == "NotIn" and present and labels[key] in values:
+                return False
+            if op == "Exists" and not present:
+                return False
+            if op == "DoesNotExist" and present:
+                return False
+        return True
+
+    return matches
+
+
+class LabelSelectorPredicate(Predicate):
+    """Passes events of objects whose labels match ``selector`` (a ``metav1.LabelSelector``).
+
+    An update passes when the old **or** the new object matches: when the label that
+    selected an object is removed, the reconciler still hears of it and can undo what it
+    did. (controller-runtime's LabelSelectorPredicate looks at the new object only and
+    misses that update.)
+    """
+
+    def __init__(self, selector: Mapping[str, Any]) -> None:
+        self.selector = selector
+        self._matches = label_selector_matcher(selector)
+
+    def _labels(self, obj: Obj) -> Mapping[str, str]:
+        return _meta(obj).get("labels") or {}
+
+    def create(self, obj: Obj) -> bool:
+        return self._matches(self._labels(obj))
+
+    def update(self, old: Obj, new: Obj) -> bool:
+        return self._matches(self._labels(old)) or self._matches(self._labels(new))
+
+    def delete(self, obj: Obj) -> bool:
+        return self._matches(self._labels(obj))
+
+
+def label_selector_predicate(selector: Mapping[str, Any]) -> LabelSelectorPredicate:
+    """``LabelSelectorPredicate(selector)``, named as controller-runtime's function."""
+    return LabelSelectorPredicate(selector)
 
 
 class And(Predicate):
