@@ -30,6 +30,19 @@ if TYPE_CHECKING:
 
 __all__ = ["Builder"]
 
+_OPTIONS = frozenset(
+    {
+        "max_concurrent_reconciles",
+        "rate_limiter",
+        "need_leader_election",
+        "cache_sync_timeout",
+        "graceful_shutdown_timeout",
+        "skip_name_validation",
+        "tracer_provider",
+        "clock",
+    }
+)
+
 
 @dataclass(slots=True)
 class _Source:
@@ -76,7 +89,13 @@ class Builder:
 
     def with_options(self, **options: Any) -> Builder:
         """Controller options: ``max_concurrent_reconciles``, ``rate_limiter``,
-        ``need_leader_election``, ``cache_sync_timeout``, ``graceful_shutdown_timeout``."""
+        ``need_leader_election``, ``cache_sync_timeout``, ``graceful_shutdown_timeout``,
+        ``skip_name_validation``. Unknown names are refused here, not at ``complete()``."""
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise TypeError(
+                f"unknown controller options {sorted(unknown)}; known: {sorted(_OPTIONS)}"
+            )
         self._options.update(options)
         return self
 
@@ -84,10 +103,13 @@ class Builder:
         self, reconciler: Reconciler | Callable[[Request], Awaitable[Result | None]]
     ) -> Controller:
         """Build the controller, add it to the manager and return it."""
-        if not hasattr(reconciler, "reconcile"):
+        if not isinstance(reconciler, type) and not hasattr(reconciler, "reconcile"):
             if not callable(reconciler):
-                raise TypeError(f"{reconciler!r} is neither a Reconciler nor a function")
-            reconciler = ReconcilerFunc(reconciler)
+                raise TypeError(
+                    f"{reconciler!r} is neither a Reconciler (an object with `async def "
+                    "reconcile(self, request)`) nor an async function of the request"
+                )
+            reconciler = ReconcilerFunc(reconciler)  # refuses a sync function
         if self._for is None and self._owns:
             raise ValueError("owns() needs for_(): the owner is the for_ kind")
         name = self.name or (self._for.kind.kind.lower() if self._for else None)
@@ -98,6 +120,7 @@ class Builder:
             "cache_sync_timeout": mgr.options.cache_sync_timeout,
             "graceful_shutdown_timeout": mgr.options.graceful_shutdown_timeout,
             "tracer_provider": mgr.tracer_provider,
+            "skip_name_validation": mgr.options.skip_name_validation,
             **self._options,
         }
         controller = Controller(name, reconciler, mgr.cache, predicates=self._filters, **options)

@@ -50,7 +50,7 @@ from sdgruntime.handler import EnqueueRequestForObject, EventHandler
 from sdgruntime.kinds import Kind
 from sdgruntime.predicate import Predicate
 from sdgruntime.ratelimiter import RateLimiter
-from sdgruntime.reconcile import Reconciler, Request, Result, TerminalError
+from sdgruntime.reconcile import Reconciler, Request, Result, TerminalError, check_reconciler
 from sdgruntime.workqueue import Clock, ShutDown, WorkQueue
 
 __all__ = ["CacheLike", "Controller", "InformerLike", "Watch"]
@@ -96,7 +96,9 @@ class Watch:
 class Controller:
     """Runs ``reconciler`` for the requests its watches produce (see the module doc).
 
-    ``name`` labels metrics, logs and spans; it must be unique in a process.
+    ``name`` labels metrics, logs and spans; a manager refuses a second controller of the
+    same name unless ``skip_name_validation=True``. ``reconciler`` must have an ``async def
+    reconcile(request)`` (checked here: a sync one would fail only at the first event).
     ``predicates`` apply to every watch, in addition to each watch's own.
     ``need_leader_election=False`` lets a manager run it on every replica.
     ``clock`` and ``rate_limiter`` go to the work queue (tests inject a FakeClock).
@@ -116,14 +118,15 @@ class Controller:
         graceful_shutdown_timeout: float = 30.0,
         tracer_provider: trace.TracerProvider | None = None,
         clock: Clock | None = None,
+        skip_name_validation: bool = False,
     ) -> None:
         if not name:
             raise ValueError("a controller needs a name")
         if max_concurrent_reconciles < 1:
             raise ValueError("max_concurrent_reconciles must be >= 1")
-        if not callable(getattr(reconciler, "reconcile", None)):
-            raise TypeError(f"{reconciler!r} has no reconcile(request) method")
+        check_reconciler(reconciler)
         self.name = name
+        self.skip_name_validation = skip_name_validation
         self.reconciler = reconciler
         self.cache = cache
         self.max_concurrent_reconciles = max_concurrent_reconciles

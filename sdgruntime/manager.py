@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 from collections.abc import Awaitable, Callable
@@ -49,7 +50,7 @@ from sdgruntime.controller import Controller
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import Kind
 from sdgruntime.leaderelection import LeaderElectionLost, LeaderElector, check_durations
-from sdgruntime.probes import Check, MetricsServer, ProbeServer
+from sdgruntime.probes import Check, MetricsServer, ProbeServer, parse_addr
 from sdgruntime.webhook import WebhookServer
 from sdgruntime.webhook.server import DEFAULT_CERT_DIR, DEFAULT_MAX_CONNECTIONS
 
@@ -61,6 +62,17 @@ Runnable = Callable[[], Awaitable[Any]]
 """Long-running work the manager starts and cancels: ``async def fn() -> None``."""
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_DNS_SUBDOMAIN = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
+
+
+def _pod_namespace() -> str | None:
+    """The namespace of the pod we run in (its service account's), if any."""
+    try:
+        return _SA_NAMESPACE.read_text().strip() or None
+    except OSError:
+        return None
 
 
 class ManagerOptions(BaseModel):
@@ -74,7 +86,7 @@ class ManagerOptions(BaseModel):
     metrics_bind_address: str = ":8080"
     health_probe_bind_address: str = ":8081"
     webhook_host: str | None = None  # all interfaces
-    webhook_port: int = 9443
+    webhook_port: int = Field(9443, ge=0, le=65535)
     webhook_cert_dir: str = str(DEFAULT_CERT_DIR)
     # over it, a new connection gets 503 "too many connections" (WebhookServer)
     webhook_max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1)
@@ -91,14 +103,43 @@ class ManagerOptions(BaseModel):
     graceful_shutdown_timeout: float = Field(30.0, ge=0)
     cache_sync_timeout: float = Field(120.0, gt=0)
     cache_by_kind: dict[Kind, KindOptions] = Field(default_factory=dict)
+    # every controller of this manager may share its name with another (tests, replicas)
+    skip_name_validation: bool = False
 
     @model_validator(mode="after")
-    def _check_election(self) -> ManagerOptions:
+    def _check(self) -> ManagerOptions:
+        """Everything that would otherwise fail only in ``run()``, with what to set."""
+        for field in ("metrics_bind_address", "health_probe_bind_address"):
+            address = getattr(self, field)
+            if address != "0":
+                try:
+                    _, port = parse_addr(address)
+                except ValueError as exc:
+                    raise ValueError(f'{field}: {exc} (or "0" to disable the server)') from None
+                if port > 65535:
+                    raise ValueError(f"{field}: port {port} is over 65535")
         if self.leader_election:
-            if not self.leader_election_id:
-                raise ValueError("leader_election needs leader_election_id (the lease name)")
-            check_durations(self.lease_duration, self.renew_deadline, self.retry_period)
+            self._check_election()
         return self
+
+    def _check_election(self) -> None:
+        if not self.leader_election_id:
+            raise ValueError(
+                "leader_election needs leader_election_id: the name of the Lease the replicas "
+                'compete for, e.g. "my-operator-leader"'
+            )
+        if not _DNS_SUBDOMAIN.fullmatch(self.leader_election_id):
+            raise ValueError(
+                f"leader_election_id {self.leader_election_id!r} cannot name a Lease: use "
+                "lower-case letters, digits, '-' and '.' (at most 253 characters)"
+            )
+        check_durations(self.lease_duration, self.renew_deadline, self.retry_period)
+        if not self.leader_election_namespace and not _pod_namespace():
+            raise ValueError(
+                "leader_election needs leader_election_namespace outside a cluster (there "
+                f"is no {_SA_NAMESPACE} to read the pod's namespace from): set "
+                "ManagerOptions(leader_election_namespace=...) to where the Lease lives"
+            )
 
 
 class _Stage:
@@ -191,7 +232,7 @@ class Manager:
         self.cache = cache or Cache(self.client, by_kind=self.options.cache_by_kind)
         self.tracer_provider = tracer_provider
         self._webhook_server = webhook_server
-        self._controllers: dict[str, Controller] = {}
+        self._controllers: list[Controller] = []
         self._runnables: list[tuple[Runnable, bool]] = []
         self._healthz: dict[str, Check] = {"ping": lambda: True}
         self._readyz: dict[str, Check] = {"cache-sync": lambda: self._cache_synced}
@@ -213,18 +254,36 @@ class Manager:
         return Builder(self, name)
 
     def add_controller(self, controller: Controller) -> Controller:
-        """Run ``controller`` (on the leader only unless ``need_leader_election=False``)."""
+        """Run ``controller`` (on the leader only unless ``need_leader_election=False``).
+
+        A second controller of an existing name is refused, because the name is what tells
+        their metrics, logs and spans apart; ``skip_name_validation=True`` (on either
+        controller, or in the options) allows it.
+        """
         self._check_not_running()
-        if controller.name in self._controllers:
-            raise ValueError(f"a controller named {controller.name!r} was already added")
+        skip = controller.skip_name_validation or self.options.skip_name_validation
+        for other in self._controllers:
+            if other is controller:
+                raise ValueError(f"controller {controller.name!r} was already added")
+            if other.name == controller.name and not (skip or other.skip_name_validation):
+                raise ValueError(
+                    f"a controller named {controller.name!r} was already added: give each "
+                    "controller its own name (mgr.controller(name) or Controller(name, ...)); "
+                    "the name labels its metrics, logs and spans. To share it deliberately, "
+                    "pass skip_name_validation=True"
+                )
         for kind in controller.kinds:
             self.cache.informer(kind)  # started and synced with the cache, before election
-        self._controllers[controller.name] = controller
+        self._controllers.append(controller)
         return controller
 
     @property
     def controllers(self) -> dict[str, Controller]:
-        return dict(self._controllers)
+        """The controllers by name (with shared names: the first added)."""
+        by_name: dict[str, Controller] = {}
+        for c in self._controllers:
+            by_name.setdefault(c.name, c)
+        return by_name
 
     def add_runnable(self, fn: Runnable, *, leader_only: bool = True) -> None:
         """Run ``fn()`` until the manager stops (cancellation); on the leader only unless
@@ -393,14 +452,9 @@ class Manager:
         opts = self.options
         if not opts.leader_election:
             return None
-        namespace = opts.leader_election_namespace
-        if not namespace:
-            try:
-                namespace = _SA_NAMESPACE.read_text().strip()
-            except OSError:
-                raise ValueError(
-                    "leader_election_namespace is required when not running in a cluster"
-                ) from None
+        namespace = opts.leader_election_namespace or _pod_namespace()
+        if not namespace:  # the options checked it; the file may have gone since
+            raise ValueError("leader_election_namespace is required when not running in a cluster")
         self._elector = LeaderElector(
             self.client,
             opts.leader_election_id,
@@ -441,7 +495,7 @@ class Manager:
 
     def _split(self, leader: bool) -> list[Runnable]:
         work: list[Runnable] = [
-            c.run for c in self._controllers.values() if c.need_leader_election == leader
+            c.run for c in self._controllers if c.need_leader_election == leader
         ]
         work += [fn for fn, leader_only in self._runnables if leader_only == leader]
         return work
@@ -470,7 +524,7 @@ class Manager:
 
     def _stop_leading(self) -> None:
         """Cancel leader work at once (sync: called by the elector the moment it loses)."""
-        for c in self._controllers.values():
+        for c in self._controllers:
             if c.need_leader_election:
                 c.abort()
         if self._leader is not None:
@@ -489,7 +543,7 @@ class Manager:
                 tg.start_soon(others.stop)
         if graceful.cancelled_caught:
             log.warning("manager: graceful shutdown timed out, cancelling remaining work")
-            for c in self._controllers.values():
+            for c in self._controllers:
                 c.abort()
             await leader.stop()
             await others.stop()

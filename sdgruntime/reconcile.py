@@ -11,9 +11,18 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Reconciler", "ReconcilerFunc", "Request", "Result", "TerminalError"]
+from sdgruntime._checks import is_async_callable, name_of
+
+__all__ = [
+    "Reconciler",
+    "ReconcilerFunc",
+    "Request",
+    "Result",
+    "TerminalError",
+    "check_reconciler",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +88,38 @@ class Reconciler(Protocol):
     async def reconcile(self, request: Request) -> Result | None: ...
 
 
+def check_reconciler(reconciler: Any) -> None:
+    """Refuse, with what to write instead, anything the controller could not await: a
+    class instead of an instance, an object without ``reconcile``, a sync ``reconcile``."""
+    if isinstance(reconciler, type):
+        raise TypeError(
+            f"got the class {reconciler.__qualname__} as reconciler; pass an instance, "
+            f"e.g. complete({reconciler.__qualname__}(...))"
+        )
+    method = getattr(reconciler, "reconcile", None)
+    if method is None or not callable(method):
+        raise TypeError(
+            f"{reconciler!r} has no reconcile(request) method: define "
+            "`async def reconcile(self, request) -> Result | None`"
+        )
+    if not is_async_callable(method):
+        raise TypeError(
+            f"{name_of(method)} is not async: the controller awaits it, so define it as "
+            "`async def reconcile(self, request) -> Result | None`"
+        )
+
+
 class ReconcilerFunc:
     """Adapts an ``async def fn(request)`` to the :class:`Reconciler` protocol."""
 
     __slots__ = ("fn",)
 
     def __init__(self, fn: Callable[[Request], Awaitable[Result | None]]) -> None:
+        if not is_async_callable(fn):
+            raise TypeError(
+                f"reconciler {name_of(fn)} is not async: the controller awaits it, so "
+                "define it as `async def reconcile(request) -> Result | None`"
+            )
         self.fn = fn
 
     async def reconcile(self, request: Request) -> Result | None:

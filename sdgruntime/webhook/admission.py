@@ -39,6 +39,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import anyio
 
+from sdgruntime._checks import is_async_callable, name_of
 from sdgruntime.webhook.jsonpatch import Operation, diff, json_copy
 
 log = logging.getLogger(__name__)
@@ -244,14 +245,31 @@ class Webhook:
     ) -> None:
         self.kind: WebhookKind
         self.handler: AdmissionHandler
+        where = f" for {name}" if name else ""
+        if isinstance(handler, type):
+            raise TypeError(
+                f"admission handler{where}: got the class {handler.__qualname__}; register "
+                f"an instance, e.g. {handler.__qualname__}(...)"
+            )
         if isinstance(handler, Mutator):
             self.kind, self.handler = "mutating", handler.mutate
+            method = "async def mutate(self, request) -> AdmissionResponse"
         elif isinstance(handler, Validator):
             self.kind, self.handler = "validating", handler.validate
+            method = "async def validate(self, request) -> AdmissionResponse"
         elif callable(handler):
             self.kind, self.handler = "admission", handler
+            method = "async def handler(request) -> AdmissionResponse"
         else:
-            raise TypeError(f"not an admission handler: {handler!r}")
+            raise TypeError(
+                f"admission handler{where}: {handler!r} has no mutate(request) or "
+                "validate(request) method and is not a function"
+            )
+        if not is_async_callable(self.handler):
+            raise TypeError(
+                f"admission handler{where}: {name_of(self.handler)} is not async; the "
+                f"server awaits it, so define it as `{method}`"
+            )
         self.name = name or getattr(handler, "__qualname__", type(handler).__qualname__)
         self.timeout = timeout
 

@@ -22,6 +22,7 @@ from sdgruntime.kinds import CONFIGMAPS, LEASES, Kind
 from sdgruntime.leaderelection import LeaderElectionLost
 from sdgruntime.manager import Manager, ManagerOptions
 from sdgruntime.reconcile import Request
+from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -41,6 +42,10 @@ async def until(predicate: Callable[[], Any], within: float = 20.0) -> None:
     with anyio.fail_after(within):
         while not predicate():  # noqa: ASYNC110 - polls state of other tasks and the API
             await anyio.sleep(0.02)
+
+
+async def allow_all(request: AdmissionRequest) -> AdmissionResponse:
+    return allowed()
 
 
 async def noop(request: Request) -> None:
@@ -137,7 +142,7 @@ async def test_probes_report_ready_once_cache_and_webhook_serve(
             cache_by_kind=only(namespace),
         ),
     )
-    mgr.webhook_server.register("/validate", lambda request: None)  # type: ignore[arg-type]
+    mgr.webhook_server.register("/validate", allow_all)
     mgr.controller("probed").for_(CONFIGMAPS).complete(noop)
     custom = {"ok": True}
     mgr.add_readyz_check("custom", lambda: custom["ok"])

@@ -36,7 +36,12 @@ def test_lease_duration_must_be_whole_seconds_as_the_lease_stores_it() -> None:
         with pytest.raises(ValueError, match="finite"):
             elector(renew_deadline=bad)
     assert elector(lease_duration=11, renew_deadline=10.5, retry_period=2).lease_duration == 11
-    ManagerOptions(leader_election=True, leader_election_id="x", lease_duration=16.0)
+    ManagerOptions(
+        leader_election=True,
+        leader_election_id="x",
+        leader_election_namespace="ns",
+        lease_duration=16.0,
+    )
 
 
 class SlowToAcquire:
