@@ -53,6 +53,7 @@ from sdgruntime.leaderelection import LeaderElectionLost, LeaderElector, check_d
 from sdgruntime.probes import Check, MetricsServer, ProbeServer, parse_addr
 from sdgruntime.webhook import WebhookServer
 from sdgruntime.webhook.server import DEFAULT_CERT_DIR, DEFAULT_MAX_CONNECTIONS
+from sdgruntime.webhook.typed import WebhookBuilder
 
 __all__ = ["LeaderElectionLost", "Manager", "ManagerOptions", "Runnable"]
 
@@ -304,6 +305,12 @@ class Manager:
                 max_connections=self.options.webhook_max_connections,
             )
         return self._webhook_server
+
+    def webhook_for(self, kind: Kind) -> WebhookBuilder:
+        """Typed webhooks for ``kind`` on the webhook server:
+        ``.with_validator(v).with_defaulter(d).complete()`` (see
+        :mod:`sdgruntime.webhook.typed`)."""
+        return WebhookBuilder(self.webhook_server, kind)
 
     def event_recorder(self, name: str) -> EventRecorder:
         """An EventRecorder whose Events name ``name`` as their source component.

@@ -185,13 +185,21 @@ def patched(original: Any, mutated: Any, *, warnings: Sequence[str] = ()) -> Adm
 
 
 class Denied(Exception):
-    """Raise from a handler to deny with ``message`` (as ``denied``)."""
+    """Raise from a handler to deny with ``message`` (as ``denied``), and ``warnings``."""
 
-    def __init__(self, message: str, code: int = 403, reason: str = "Forbidden") -> None:
+    def __init__(
+        self,
+        message: str,
+        code: int = 403,
+        reason: str = "Forbidden",
+        *,
+        warnings: Sequence[str] = (),
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.reason = reason
+        self.warnings = list(warnings)
 
 
 AdmissionHandler = Callable[[AdmissionRequest], Awaitable[AdmissionResponse]]
@@ -310,7 +318,7 @@ class Webhook:
             if self.kind == "validating" and response.patch:
                 raise TypeError("a validating webhook may not return a patch")
         except Denied as exc:
-            return denied(exc.message, exc.code, exc.reason)
+            return denied(exc.message, exc.code, exc.reason, warnings=exc.warnings)
         except ObjectUnreadable as exc:
             log.warning(
                 "webhook %s: %s (at %s) on %s",
