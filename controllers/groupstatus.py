@@ -108,6 +108,11 @@ def node_health(
     return True, REASON_NODE_READY, f"node {name} is Ready and offers the selected devices"
 
 
+def device_summary(devices: Devices) -> str:
+    """``nvidia.com/gpu=0,1 amd.com/gpu=2``: the DEVICES column of ``kubectl get sdg``."""
+    return " ".join(f"{r}={format_ids(i)}" for r, i in sorted(devices.items()))
+
+
 def physical_devices(devices: Devices, offers: Mapping[str, Offer] | None) -> dict[str, str]:
     """Resource -> the UUIDs of ``devices`` (in ID order), where every one is known."""
     out: dict[str, str] = {}
@@ -200,6 +205,7 @@ def bound_status(
             f"bound to node {node} with {describe(devices)}",
             observed_generation=gen,
         )
+    status["deviceSummary"] = device_summary(devices)
     uuids = physical_devices(devices, offers)
     if uuids and (newly_bound or not status.get("physicalDevices")):
         status["physicalDevices"] = uuids

@@ -177,18 +177,21 @@ async def report(client: Client, denied: list[tuple[str, str]]) -> None:
     rows = []
     for g in sorted(groups, key=lambda g: g["metadata"]["name"]):
         st = g.get("status") or {}
-        devices = ";".join(f"{r}={i}" for r, i in sorted((st.get("selectedDevices") or {}).items()))
+        ready = next(
+            (c["status"] for c in st.get("conditions") or [] if c["type"] == "Ready"), "<none>"
+        )
         rows.append(
             [
                 g["metadata"]["name"],
                 st.get("phase", "Pending"),
+                ready,
                 st.get("nodeName", "<none>"),
-                devices or "<none>",
+                st.get("deviceSummary") or "<none>",
                 st.get("podCount", 0),
                 _age(g["metadata"]["creationTimestamp"]),
             ]
         )
-    print(table(["NAME", "PHASE", "NODE", "DEVICES", "PODS", "AGE"], rows))
+    print(table(["NAME", "PHASE", "READY", "NODE", "DEVICES", "PODS", "AGE"], rows))
 
     print("\nPods and the devices injected into them:")
     rows = []

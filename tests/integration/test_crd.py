@@ -62,6 +62,7 @@ def bind(api: httpx.Client, name: str, node: str = "n1", pods: int = 0) -> dict[
         "phase": "Bound",
         "nodeName": node,
         "selectedDevices": {GPU: "0,1"},
+        "deviceSummary": f"{GPU}=0,1",
         "allocatedPods": [f"ns/p{i}" for i in range(pods)],
         "podCount": pods,
         "conditions": [
@@ -71,7 +72,14 @@ def bind(api: httpx.Client, name: str, node: str = "n1", pods: int = 0) -> dict[
                 "reason": "Bound",
                 "message": f"bound to {node}",
                 "lastTransitionTime": "2025-01-01T00:00:00Z",
-            }
+            },
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Ready",
+                "message": "bound, node healthy",
+                "lastTransitionTime": "2025-01-01T00:00:00Z",
+            },
         ],
     }
     r = api.put(SDG_KIND.path(name=name, subresource="status"), json=current)
@@ -168,14 +176,15 @@ def test_printer_columns(api: httpx.Client, name: str) -> None:
     assert r.status_code == 200, r.text
     table = r.json()
     columns = [c["name"] for c in table["columnDefinitions"] if c["priority"] == 0]
-    assert columns == ["Name", "Phase", "Node", "Devices", "Pods", "Age"]
+    assert columns == ["Name", "Phase", "Ready", "Node", "Devices", "Pods", "Age"]
     cells = dict(
         zip([c["name"] for c in table["columnDefinitions"]], table["rows"][0]["cells"], strict=True)
     )
     assert cells["Name"] == name
     assert cells["Phase"] == "Bound"
     assert cells["Node"] == "gpu-node-1"
-    assert cells["Devices"] == '{"nvidia.com/gpu":"0,1"}'
+    assert cells["Ready"] == "True"
+    assert cells["Devices"] == "nvidia.com/gpu=0,1"
     assert cells["Pods"] == 3
     assert cells["Strategy"] == "binpack"
 
@@ -190,8 +199,8 @@ def test_kubectl_get_by_short_name(kubeconfig: str, api: httpx.Client, name: str
         check=True,
         timeout=60,
     ).stdout.splitlines()
-    assert out[0].split() == ["NAME", "PHASE", "NODE", "DEVICES", "PODS", "AGE"]
-    assert out[1].split()[:5] == [name, "Bound", "n1", '{"nvidia.com/gpu":"0,1"}', "1"]
+    assert out[0].split() == ["NAME", "PHASE", "READY", "NODE", "DEVICES", "PODS", "AGE"]
+    assert out[1].split()[:6] == [name, "Bound", "True", "n1", "nvidia.com/gpu=0,1", "1"]
 
 
 @pytest.mark.parametrize(
