@@ -26,6 +26,7 @@ import httpx  # noqa: E402
 
 from api.constants import SDG_KIND  # noqa: E402
 from controllers.cliviews import devices_view, table  # noqa: E402
+from controllers.inventory import RESOURCESLICES  # noqa: E402
 from sdgruntime import errors  # noqa: E402
 from sdgruntime.client import Client  # noqa: E402
 from sdgruntime.envtest import ControlPlane, load_manifests  # noqa: E402
@@ -42,7 +43,40 @@ NODES_SPEC: list[tuple[str, dict[str, str], dict[str, int]]] = [
     ("gpu-node-3", {**SHARED, "gpu-type": "a100"}, {"nvidia.com/gpu": 2}),
     ("amd-node-1", SHARED, {"amd.com/gpu": 2}),
     ("cpu-node-1", {}, {"nvidia.com/gpu": 8}),  # has GPUs but did not opt in
+    # GPUs published by a DRA driver (a ResourceSlice), none in allocatable: SDG books them
+    # by index with their UUIDs; GPU 1 is unhealthy (tainted by the driver).
+    ("dra-node-1", {**SHARED, "gpu-inventory": "dra"}, {}),
 ]
+DRA_GPUS = [(0, "GPU-6f1c0d2e-0000", True), (1, "GPU-6f1c0d2e-0001", False)]
+DRA_GPUS += [(2, "GPU-6f1c0d2e-0002", True), (3, "GPU-6f1c0d2e-0003", True)]
+
+
+def dra_slice(node: str) -> dict[str, Any]:
+    """The ResourceSlice NVIDIA's DRA driver would publish for ``node`` (4 GPUs)."""
+    devices = []
+    for index, uuid, healthy in DRA_GPUS:
+        device: dict[str, Any] = {
+            "name": f"gpu-{index}",
+            "attributes": {
+                "index": {"int": index},
+                "uuid": {"string": uuid},
+                "type": {"string": "gpu"},
+            },
+        }
+        if not healthy:
+            device["taints"] = [{"key": "gpu.nvidia.com/unhealthy", "effect": "NoSchedule"}]
+        devices.append(device)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu.nvidia.com"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
 
 
 def step(n: int, total: int, text: str) -> None:
@@ -215,7 +249,13 @@ async def report(client: Client, denied: list[tuple[str, str]]) -> None:
     print(table(["POD", "GROUP", "NODE", "STATUS", "ENV"], rows))
 
     print("\n$ sdg devices")
-    print(devices_view(nodes, groups, cms))
+    slices, _ = await client.list_all(RESOURCESLICES)
+    print(devices_view(nodes, groups, cms, slices))
+    for g in groups:
+        uuids = (g.get("status") or {}).get("physicalDevices")
+        if uuids:
+            text = "; ".join(f"{r}: {u}" for r, u in sorted(uuids.items()))
+            print(f"\nGroup {g['metadata']['name']} holds physical devices {text}")
 
     for g in groups:
         st = g.get("status") or {}
@@ -237,11 +277,16 @@ async def demo(keep: bool) -> int:
             for name, labels, gpus in NODES_SPEC:
                 await create_node(client, make_node(name, labels=labels, allocatable=gpus))
                 gpu_text = ", ".join(f"{v} {k}" for k, v in gpus.items())
+                if not gpus:
+                    cp.apply(dra_slice(name))
+                    gpu_text = f"{len(DRA_GPUS)} nvidia.com/gpu in a DRA ResourceSlice, 1 unhealthy"
                 shared = "shared" if labels.get("deviceshare.io/mode") else "NOT shared"
                 print(f"      {name}: {gpu_text}, {shared}")
-            step(3, total, "installing RBAC and starting the manager as its ServiceAccount")
+            step(
+                3, total, "installing RBAC and policies; starting the manager as its ServiceAccount"
+            )
             cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-            for obj in load_manifests([ROOT / "config" / "rbac"]):
+            for obj in load_manifests([ROOT / "config" / "rbac", ROOT / "config" / "policy"]):
                 cp.apply(obj)
             proc, port, log = start_manager(cp, cp.work_dir)
             cp.install_webhooks([ROOT / "config" / "webhook"], port)
