@@ -3,9 +3,10 @@
     sdg devices                      the device map: node -> device ID -> group -> pods
     sdg explain GROUP                why a group is Pending, or where it is bound
     sdg explain pod/NAME [-n NS]     why a pod is not running on its group's node
+    sdg doctor [-o json]             check the installation; exit status 1 on a problem
 
 This module only fetches (nodes, groups, claim records, pods) and prints; what is printed
-is decided by the pure functions in ``controllers.cliviews``.
+is decided by the pure functions in ``controllers.cliviews`` (and ``controllers.doctor``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import kubernetes.config
 
 from api.constants import SDG_KIND
 from api.pods import pod_group
+from controllers import doctor
 from controllers.claims import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.cliviews import devices_view, explain_group, explain_pod
 from sdgruntime import errors
@@ -81,6 +83,40 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("target", metavar="TARGET")
     explain.add_argument("-n", "--namespace", default=None, help="namespace of the pod")
+    check = sub.add_parser(
+        "doctor",
+        parents=[common(True)],
+        help="check the installation: CRD, webhooks, nodes, manager; the fix for each problem",
+        description="Checks what SDG needs, each with the command that fixes it: the CRD, "
+        "cert-manager, the webhooks (probed with a server-side dry-run pod naming a missing "
+        "group, which SDG must deny; nothing is created), the admission policies, the "
+        "manager and its leader Lease, shared nodes (label, taint, devices and where their "
+        "IDs come from, pods using devices outside any group) and the RuntimeClass. "
+        "Exit status 1 when a check fails (warnings do not).",
+    )
+    check.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    check.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="namespace of the dry-run probe pod (default: the context's namespace)",
+    )
+    check.add_argument(
+        "--manager-namespace",
+        default=None,
+        help="namespace of the manager's Deployment and Lease (default: --claims-namespace)",
+    )
+    check.add_argument(
+        "--delivery",
+        default=None,
+        help="how the manager delivers devices (env, runtimeclass, cdi); default: read "
+        "from its Deployment",
+    )
+    check.add_argument(
+        "--runtime-class-name",
+        default=None,
+        help="the RuntimeClass of delivery runtimeclass; default: read from its Deployment",
+    )
     return parser
 
 
@@ -181,17 +217,36 @@ def _group_node(groups: Sequence[dict], pod: dict) -> str | None:
     return None
 
 
-async def _run(args: argparse.Namespace) -> str:
+async def _doctor(client: Client, args: argparse.Namespace) -> tuple[str, int]:
+    facts = await doctor.collect(
+        client,
+        namespace=args.namespace or _context_namespace(args.kubeconfig, args.context),
+        manager_namespace=args.manager_namespace or args.claims_namespace,
+        delivery=args.delivery,
+        runtime_class_name=args.runtime_class_name,
+    )
+    checks = doctor.judge(facts)
+    if args.output == "json":
+        text = doctor.render_json(checks)
+    else:
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        text = doctor.render_text(checks, color=color)
+    return text, doctor.exit_code(checks)
+
+
+async def _run(args: argparse.Namespace) -> tuple[str, int]:
     async with _client(args) as client:
         if args.command == "devices":
-            return await _devices(client, args)
-        return await _explain(client, args)
+            return await _devices(client, args), 0
+        if args.command == "doctor":
+            return await _doctor(client, args)
+        return await _explain(client, args), 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        text = anyio.run(_run, args)
+        text, code = anyio.run(_run, args)
     except CliError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -202,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     sys.stdout.write(text)
-    return 0
+    return code
 
 
 if __name__ == "__main__":

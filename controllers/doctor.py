@@ -1,0 +1,1145 @@
+"""``sdg doctor``: checks a cluster the way a new user needs it, each with the command
+that fixes what is wrong.
+
+Two halves, so the judging is tested on hand-made objects without a server:
+
+* ``collect`` (I/O) reads what the checks need into ``Facts``: plain decoded JSON, or
+  ``None`` for "not found", or ``Unreadable`` for any other API error (a Forbidden read
+  fails one check instead of the whole command). It also runs the one probe that only a
+  live cluster can answer: a server-side dry-run CREATE of a pod annotated with a group
+  that does not exist, which SDG's pod webhook must deny.
+* ``judge`` (pure) turns ``Facts`` into ``Check``s; ``render_text``/``render_json`` print
+  them. ``Check.ok`` is True (✓), False (✗: exit status 1) or None (!: a warning, which
+  never fails the run).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any, Final
+
+from api.constants import (
+    DEFAULT_ENV_TABLE,
+    GROUP,
+    GROUP_ANNOTATION,
+    NODE_MODE_LABEL,
+    NODE_MODE_SHARED,
+    PLURAL,
+    SDG_KIND,
+    SHARED_TAINT_KEY,
+    SHARED_TAINT_VALUE,
+    VERSION,
+)
+from api.envvars import parse_env_table
+from controllers.foreign import DeviceUse, device_use
+from controllers.inventory import (
+    DEFAULT_DRA_DRIVERS,
+    RESOURCESLICES,
+    SOURCE_COUNT,
+    Offer,
+    annotation_key,
+    node_of_slice,
+    node_offers,
+)
+from controllers.placement import unaddressable_devices
+from sdgruntime import errors
+from sdgruntime.client import Client
+from sdgruntime.kinds import (
+    CRDS,
+    LEASES,
+    MUTATING_WEBHOOKS,
+    NODES,
+    PODS,
+    VALIDATING_WEBHOOKS,
+    Kind,
+)
+
+Obj = Mapping[str, Any]
+
+# --- names (tests/unit/test_doctor.py proves they match config/) ---------------------------
+
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+MANAGER_NAMESPACE: Final = "deviceshare-system"
+MANAGER_DEPLOYMENT: Final = "deviceshare-manager"
+MANAGER_CONTAINER: Final = "manager"
+MANAGER_POD_SELECTOR: Final = "app.kubernetes.io/name=shared-device-group"
+LEASE_NAME: Final = "deviceshare-manager"
+DEFAULT_LEASE_SECONDS: Final = 15
+WEBHOOK_SERVICE: Final = "deviceshare-webhook-service"
+#: config/webhook/manifests.yaml: configuration kind -> name.
+WEBHOOK_CONFIGURATIONS: Final = MappingProxyType(
+    {
+        "MutatingWebhookConfiguration": "deviceshare-mutating-webhook-configuration",
+        "ValidatingWebhookConfiguration": "deviceshare-validating-webhook-configuration",
+    }
+)
+#: config/policy: each ValidatingAdmissionPolicy has a Binding of the same name.
+POLICIES: Final = ("deviceshare-group-membership", "deviceshare-ephemeral-container-devices")
+CERT_MANAGER_CRD: Final = "certificates.cert-manager.io"
+SERVING_CERTIFICATE: Final = "deviceshare-serving-cert"
+CERT_MANAGER_INSTALL: Final = (
+    "kubectl apply -f "
+    "https://github.com/cert-manager/cert-manager/releases/latest/download/cert-manager.yaml"
+)
+INSTALL: Final = "kubectl apply -k config/default"
+PROBE_PREFIX: Final = "sdg-doctor-probe-"
+# Device delivery (manager settings ``delivery``/``runtime_class_name``, node label).
+DELIVERY_LABEL: Final = "deviceshare.io/delivery"
+DELIVERY_RUNTIMECLASS: Final = "runtimeclass"
+DEFAULT_DELIVERY: Final = "env"
+DEFAULT_RUNTIME_CLASS: Final = "nvidia"
+#: Foreign pods named per node (the count says how many more).
+MAX_FOREIGN_SHOWN: Final = 5
+#: Node names listed in one detail line before "+ N more".
+MAX_NAMES_SHOWN: Final = 10
+
+DEPLOYMENTS: Final = Kind("apps", "v1", "Deployment", "deployments", namespaced=True)
+RUNTIMECLASSES: Final = Kind("node.k8s.io", "v1", "RuntimeClass", "runtimeclasses", False)
+POLICY_KIND: Final = Kind(
+    "admissionregistration.k8s.io",
+    "v1",
+    "ValidatingAdmissionPolicy",
+    "validatingadmissionpolicies",
+    False,
+)
+BINDING_KIND: Final = Kind(
+    "admissionregistration.k8s.io",
+    "v1",
+    "ValidatingAdmissionPolicyBinding",
+    "validatingadmissionpolicybindings",
+    False,
+)
+CERTIFICATES: Final = Kind("cert-manager.io", "v1", "Certificate", "certificates", True)
+_WEBHOOK_KINDS: Final = {
+    "MutatingWebhookConfiguration": MUTATING_WEBHOOKS,
+    "ValidatingWebhookConfiguration": VALIDATING_WEBHOOKS,
+}
+
+
+# --- results -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One verdict: ``ok`` True (✓), False (✗, fails the run) or None (!, a warning or
+    something doctor could not decide); ``fix`` is the command(s) to run, one per line."""
+
+    name: str
+    ok: bool | None
+    detail: str
+    fix: str = ""
+
+    @property
+    def status(self) -> str:
+        return {True: "ok", False: "fail", None: "warning"}[self.ok]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "ok": self.ok,
+            "detail": self.detail,
+            "fix": self.fix,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A read that failed with something other than 404 (Forbidden, a 5xx, ...)."""
+
+    error: str
+
+
+#: What a read found: the object, None (404), or why it could not be read.
+Fetched = Obj | None | Unreadable
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The answer to the dry-run CREATE of a pod naming the missing group ``group``."""
+
+    group: str
+    namespace: str
+    admitted: bool
+    code: int = 0  # HTTP status of a refusal
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerConfig:
+    """The manager settings the checks depend on, as its Deployment runs it (doctor's
+    flags override); defaults are the manager's own."""
+
+    delivery: str = DEFAULT_DELIVERY
+    runtime_class_name: str = DEFAULT_RUNTIME_CLASS
+    leader_elect: bool = True
+    lease_name: str = LEASE_NAME
+    lease_namespace: str = MANAGER_NAMESPACE
+    env_table: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ENV_TABLE))
+    dra_drivers: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_DRA_DRIVERS))
+    resource_slices: str = "auto"
+    #: Where these came from, for the detail lines ("Deployment ns/name", "defaults").
+    source: str = "defaults"
+    delivery_source: str = "defaults"
+
+
+@dataclass
+class Facts:
+    """Everything ``judge`` looks at, as read from the cluster."""
+
+    manager_namespace: str = MANAGER_NAMESPACE
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    crd: Fetched = None
+    #: Why listing SharedDeviceGroups failed (None: listed fine), and how many there are.
+    groups_error: str | None = None
+    group_count: int = 0
+    webhooks: dict[str, Fetched] = field(default_factory=dict)  # configuration name -> it
+    policies: dict[str, Fetched] = field(default_factory=dict)
+    bindings: dict[str, Fetched] = field(default_factory=dict)
+    probe: Probe | Unreadable | None = None
+    cert_manager_crd: Fetched = None
+    certificate: Fetched = None
+    nodes: list[Obj] | Unreadable = field(default_factory=list)
+    #: Every ResourceSlice; None when resource.k8s.io/v1 is not served.
+    slices: list[Obj] | Unreadable | None = field(default_factory=list)
+    #: Shared node -> the pods bound to it.
+    pods: dict[str, list[Obj] | Unreadable] = field(default_factory=dict)
+    runtime_class: Fetched = None  # read only when some delivery needs it
+    deployment: Fetched = None
+    lease: Fetched = None
+    config: ManagerConfig = field(default_factory=ManagerConfig)
+
+
+# --- small readers -----------------------------------------------------------------------
+
+
+def _meta(obj: Obj | None) -> Obj:
+    return (obj or {}).get("metadata") or {}
+
+
+def _name(obj: Obj) -> str:
+    return str(_meta(obj).get("name") or "")
+
+
+def _labels(obj: Obj) -> Obj:
+    return _meta(obj).get("labels") or {}
+
+
+def is_shared(node: Obj) -> bool:
+    return _labels(node).get(NODE_MODE_LABEL) == NODE_MODE_SHARED
+
+
+def _condition(obj: Obj, type_: str) -> Obj | None:
+    for cond in ((obj.get("status") or {}).get("conditions")) or ():
+        if isinstance(cond, Mapping) and cond.get("type") == type_:
+            return cond
+    return None
+
+
+def _names(names: Sequence[str], limit: int = MAX_NAMES_SHOWN) -> str:
+    shown = ", ".join(names[:limit])
+    return f"{shown} + {len(names) - limit} more" if len(names) > limit else shown
+
+
+def _ranges(ids: Iterable[int]) -> str:
+    """``[0, 1, 2, 5] -> "0-2,5"``: a node's IDs in one short cell."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(ids):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def _quote(message: str, limit: int = 300) -> str:
+    message = " ".join(message.split())
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def _unreadable(what: str, got: Unreadable) -> str:
+    return f"cannot read {what}: {got.error}"
+
+
+def _parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+# --- manager settings, from its Deployment -----------------------------------------------
+
+_BOOL_FLAGS = frozenset({"leader_elect"})
+_REPEATED = frozenset({"device_env"})
+
+
+def _container(deployment: Obj) -> Obj:
+    containers = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    listed = [c for c in containers.get("containers") or () if isinstance(c, Mapping)]
+    for c in listed:
+        if c.get("name") == MANAGER_CONTAINER:
+            return c
+    return listed[0] if listed else {}
+
+
+def manager_flags(deployment: Obj) -> dict[str, Any]:
+    """The manager's settings its Deployment sets: flags (``--x=v``, ``--x v``,
+    ``--[no-]leader-elect``) win over ``SDG_*`` env values, as in controllers.settings.
+    Values from ``valueFrom`` are not known here and are skipped."""
+    c = _container(deployment)
+    values: dict[str, Any] = {}
+    for entry in c.get("env") or ():
+        name = str((entry or {}).get("name") or "")
+        if not name.startswith("SDG_") or "value" not in entry:
+            continue
+        key, raw = name[4:].lower(), str(entry.get("value") or "")
+        if key in _BOOL_FLAGS:
+            values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
+        elif key in _REPEATED:
+            values[key] = [v for v in raw.split(",") if v.strip()]
+        else:
+            values[key] = raw
+    tokens = [str(t) for t in [*(c.get("command") or ())[1:], *(c.get("args") or ())]]
+    flags: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if not token.startswith("--"):
+            continue
+        name, sep, value = token[2:].partition("=")
+        key = name.replace("-", "_")
+        if key.startswith("no_") and key[3:] in _BOOL_FLAGS and not sep:
+            flags[key[3:]] = False
+            continue
+        if key in _BOOL_FLAGS:
+            flags[key] = value.strip().lower() in ("1", "true", "yes", "on") if sep else True
+            continue
+        if not sep and i < len(tokens) and not tokens[i].startswith("--"):
+            value, i = tokens[i], i + 1
+        if key in _REPEATED:
+            flags.setdefault(key, []).append(value)
+        else:
+            flags[key] = value
+    return {**values, **flags}
+
+
+def _driver_table(text: str) -> dict[str, str]:
+    table = dict(DEFAULT_DRA_DRIVERS)
+    for item in str(text).split(","):
+        driver, sep, resource = item.strip().partition("=")
+        if sep and driver.strip() and resource.strip():
+            table[driver.strip()] = resource.strip()
+    return table
+
+
+def manager_config(
+    deployment: Fetched,
+    manager_namespace: str,
+    *,
+    delivery: str | None = None,
+    runtime_class_name: str | None = None,
+) -> ManagerConfig:
+    """What the checks need to know of the manager: from its Deployment when there is one
+    (else the manager's defaults), with doctor's ``--delivery``/``--runtime-class-name``
+    on top (for a manager that runs elsewhere)."""
+    flags: dict[str, Any] = {}
+    source = "defaults"
+    if isinstance(deployment, Mapping):
+        flags = manager_flags(deployment)
+        source = f"Deployment {manager_namespace}/{_name(deployment)}"
+    try:
+        env_table = parse_env_table(flags.get("device_env") or ())
+    except ValueError:
+        env_table = dict(DEFAULT_ENV_TABLE)
+    namespace = (
+        flags.get("leader_election_namespace") or flags.get("claims_namespace") or manager_namespace
+    )
+    return ManagerConfig(
+        delivery=delivery or str(flags.get("delivery") or DEFAULT_DELIVERY),
+        runtime_class_name=runtime_class_name
+        or str(flags.get("runtime_class_name") or DEFAULT_RUNTIME_CLASS),
+        # The manager's own default is off, but config/manager turns it on; without a
+        # Deployment to read, expect the Lease (a manager elsewhere may run either way).
+        leader_elect=bool(flags.get("leader_elect", not isinstance(deployment, Mapping))),
+        lease_name=str(flags.get("leader_election_id") or LEASE_NAME),
+        lease_namespace=str(namespace),
+        env_table=env_table,
+        dra_drivers=_driver_table(str(flags.get("dra_drivers") or "")),
+        resource_slices=str(flags.get("resource_slices") or "auto"),
+        source=source,
+        delivery_source="sdg doctor --delivery" if delivery else source,
+    )
+
+
+# --- judges: CRD, admission, cert-manager --------------------------------------------------
+
+
+def judge_crd(crd: Fetched, groups_error: str | None = None, group_count: int = 0) -> Check:
+    """Installed (the CRD object), Established with its names accepted, v1alpha1 served,
+    and really answering (a list of groups)."""
+    name = "CRD"
+    if isinstance(crd, Unreadable):
+        return Check(name, False, _unreadable(f"CRD {CRD_NAME}", crd))
+    if crd is None:
+        return Check(
+            name,
+            False,
+            f"{CRD_NAME} is not installed: SharedDeviceGroups cannot be created",
+            INSTALL,
+        )
+    problems = []
+    for type_ in ("NamesAccepted", "Established"):
+        cond = _condition(crd, type_)
+        if not cond or cond.get("status") != "True":
+            why = (cond or {}).get("message") or (cond or {}).get("reason") or "no condition"
+            problems.append(f"not {type_} ({why})")
+    versions = {str(v.get("name")): v for v in (crd.get("spec") or {}).get("versions") or () if v}
+    if not (versions.get(VERSION) or {}).get("served"):
+        problems.append(f"version {VERSION} is not served")
+    if groups_error is not None:
+        problems.append(f"listing {PLURAL} fails: {_quote(groups_error)}")
+    if problems:
+        return Check(name, False, f"{CRD_NAME}: " + "; ".join(problems), INSTALL)
+    return Check(
+        name,
+        True,
+        f"{CRD_NAME} Established, {GROUP}/{VERSION} served ({group_count} group(s))",
+    )
+
+
+def judge_webhook_configurations(
+    webhooks: Mapping[str, Fetched], manager_namespace: str = MANAGER_NAMESPACE
+) -> Check:
+    """Both configurations of config/webhook exist; one without a caBundle is a warning
+    (cert-manager's CA injector fills it; until then the API server distrusts SDG)."""
+    name = "webhook configurations"
+    missing, unreadable, no_ca, present = [], [], [], []
+    for kind, config_name in WEBHOOK_CONFIGURATIONS.items():
+        got = webhooks.get(config_name)
+        if isinstance(got, Unreadable):
+            unreadable.append(f"{kind} {config_name}: {got.error}")
+        elif got is None:
+            missing.append(f"{kind} {config_name}")
+        else:
+            hooks = [h for h in got.get("webhooks") or () if isinstance(h, Mapping)]
+            present.append(f"{config_name} ({', '.join(str(h.get('name')) for h in hooks)})")
+            if any(not (h.get("clientConfig") or {}).get("caBundle") for h in hooks):
+                no_ca.append(config_name)
+    if missing or unreadable:
+        parts = [f"not registered: {', '.join(missing)}"] if missing else []
+        parts += [f"cannot read {u}" for u in unreadable]
+        return Check(name, False, "; ".join(parts), INSTALL if missing else "")
+    if no_ca:
+        return Check(
+            name,
+            None,
+            f"registered, but without a caBundle: {', '.join(no_ca)}; cert-manager's CA "
+            "injector fills it (annotation cert-manager.io/inject-ca-from)",
+            f"kubectl -n {manager_namespace} describe certificate {SERVING_CERTIFICATE}",
+        )
+    return Check(name, True, "registered: " + ", ".join(present))
+
+
+def probe_pod(group: str) -> dict[str, Any]:
+    """The dry-run pod: it names ``group``, and it passes Pod Security "restricted" and a
+    quota that requires limits, so that SDG's verdict is the only thing to refuse it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": group, "annotations": {GROUP_ANNOTATION: group}},
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65534,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {
+                        "requests": {"cpu": "1m", "memory": "8Mi"},
+                        "limits": {"cpu": "10m", "memory": "16Mi"},
+                    },
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def probe_reached_sdg(probe: Probe) -> bool:
+    """Whether SDG's pod webhook itself answered: denied with its "not found" verdict."""
+    return (
+        not probe.admitted
+        and "denied the request" in probe.message
+        and f"SharedDeviceGroup '{probe.group}' not found" in probe.message
+    )
+
+
+def _probe_unreachable(probe: Probe) -> bool:
+    return not probe.admitted and "failed calling webhook" in probe.message
+
+
+def judge_probe(probe: Probe | Unreadable | None, manager_namespace: str) -> Check:
+    """The API server calls SDG's pod webhook for an annotated pod, and SDG answers."""
+    name = "pod webhook"
+    ns = manager_namespace
+    if probe is None:
+        return Check(name, None, "not probed")
+    if isinstance(probe, Unreadable):
+        return Check(name, False, f"the dry-run probe could not be sent: {probe.error}")
+    if probe_reached_sdg(probe):
+        return Check(
+            name,
+            True,
+            f"reachable: a dry-run pod in {probe.namespace} naming the missing group "
+            f"{probe.group} was denied by SDG",
+        )
+    if probe.admitted:
+        return Check(
+            name,
+            False,
+            f"a dry-run pod naming the missing group {probe.group} was admitted: SDG's pod "
+            "webhook is not registered, or its rules/matchConditions do not match pods",
+            INSTALL,
+        )
+    if _probe_unreachable(probe):
+        fix = [
+            f"kubectl -n {ns} rollout status deploy/{MANAGER_DEPLOYMENT}",
+            f"kubectl -n {ns} get endpointslices -l kubernetes.io/service-name={WEBHOOK_SERVICE}",
+        ]
+        if "x509" in probe.message or "certificate" in probe.message:
+            fix.append(f"kubectl -n {ns} describe certificate {SERVING_CERTIFICATE}")
+        return Check(
+            name,
+            False,
+            "registered, but the API server cannot call it: " + _quote(probe.message),
+            "\n".join(fix),
+        )
+    if probe.code == 403 and 'cannot create resource "pods"' in probe.message:
+        return Check(
+            name,
+            None,
+            f"cannot dry-run a pod in namespace {probe.namespace} (doctor needs create on "
+            f"pods there; nothing is created): {_quote(probe.message)}",
+            "sdg doctor -n NAMESPACE   (a namespace where you may create pods)",
+        )
+    return Check(
+        name,
+        False,
+        f"the dry-run pod in {probe.namespace} was refused, but not by SDG's verdict on a "
+        f"missing group: {_quote(probe.message)}",
+    )
+
+
+def judge_policies(policies: Mapping[str, Fetched], bindings: Mapping[str, Fetched]) -> Check:
+    """config/policy: each ValidatingAdmissionPolicy and its Binding (without the Binding
+    a policy is not enforced)."""
+    name = "admission policies"
+    missing, unreadable = [], []
+    for policy in POLICIES:
+        for kind, got in (
+            ("ValidatingAdmissionPolicy", policies.get(policy)),
+            ("ValidatingAdmissionPolicyBinding", bindings.get(policy)),
+        ):
+            if isinstance(got, Unreadable):
+                unreadable.append(f"{kind} {policy}: {got.error}")
+            elif got is None:
+                missing.append(f"{kind} {policy}")
+    if missing or unreadable:
+        parts = [f"missing: {', '.join(missing)}"] if missing else []
+        parts += [f"cannot read {u}" for u in unreadable]
+        detail = "; ".join(parts)
+        if missing:
+            detail += " (the API server then does not hold group membership fixed by itself)"
+        return Check(name, False, detail, f"{INSTALL}   (or kubectl apply -k config/policy)")
+    return Check(name, True, "installed and bound: " + ", ".join(POLICIES))
+
+
+def judge_cert_manager(
+    crd: Fetched, certificate: Fetched, probe: Probe | Unreadable | None, manager_namespace: str
+) -> Check:
+    """cert-manager issues the webhook's serving certificate in config/default.
+
+    Its absence is only a warning while SDG's webhook answers, because the probe is the
+    real test of what cert-manager provides (a certificate the API server trusts): the
+    certificate then comes from elsewhere, nothing rotates it, and config/default cannot
+    be applied. When the webhook is registered but cannot be called, a missing
+    cert-manager is a likely cause, so it fails."""
+    name = "cert-manager"
+    reachable = isinstance(probe, Probe) and probe_reached_sdg(probe)
+    unreachable = isinstance(probe, Probe) and _probe_unreachable(probe)
+    cert = f"{manager_namespace}/{SERVING_CERTIFICATE}"
+    if isinstance(crd, Unreadable):
+        return Check(name, None, _unreadable(f"CRD {CERT_MANAGER_CRD}", crd))
+    if crd is None:
+        if unreachable:
+            return Check(
+                name,
+                False,
+                f"not installed (no CRD {CERT_MANAGER_CRD}), and the webhook cannot be called: "
+                "config/default's serving certificate (Secret webhook-server-cert) comes "
+                "from cert-manager",
+                f"{CERT_MANAGER_INSTALL}\n{INSTALL}",
+            )
+        why = (
+            "the webhook answers, so its certificate comes from elsewhere (nothing rotates "
+            "it, and config/default's Certificate cannot be applied)"
+            if reachable
+            else "config/default's Certificate needs it: install it before applying it"
+        )
+        return Check(
+            name, None, f"not installed (no CRD {CERT_MANAGER_CRD}); {why}", CERT_MANAGER_INSTALL
+        )
+    if isinstance(certificate, Unreadable):
+        return Check(name, None, f"installed; {_unreadable(f'Certificate {cert}', certificate)}")
+    if certificate is None:
+        if reachable:
+            return Check(
+                name, True, f"installed (no Certificate {cert}: the webhook's comes from elsewhere)"
+            )
+        return Check(name, False, f"installed, but there is no Certificate {cert}", INSTALL)
+    ready = _condition(certificate, "Ready")
+    if not ready or ready.get("status") != "True":
+        why = (ready or {}).get("message") or (ready or {}).get("reason") or "no Ready condition"
+        return Check(
+            name,
+            False,
+            f"installed, but Certificate {cert} is not Ready: {_quote(str(why))}",
+            f"kubectl -n {manager_namespace} describe certificate {SERVING_CERTIFICATE}",
+        )
+    expires = (certificate.get("status") or {}).get("notAfter")
+    return Check(
+        name,
+        True,
+        f"installed; Certificate {cert} Ready" + (f" (until {expires})" if expires else ""),
+    )
+
+
+# --- judges: nodes --------------------------------------------------------------------------
+
+
+def judge_shared_nodes(nodes: Sequence[Obj] | Unreadable) -> Check:
+    """At least one node is labelled shared: groups bind only there."""
+    name = "shared nodes"
+    if isinstance(nodes, Unreadable):
+        return Check(name, False, _unreadable("nodes", nodes))
+    shared = sorted(_name(n) for n in nodes if is_shared(n))
+    if shared:
+        return Check(
+            name,
+            True,
+            f"{len(shared)} labelled {NODE_MODE_LABEL}={NODE_MODE_SHARED}: {_names(shared)}",
+        )
+    with_devices = sorted(_name(n) for n in nodes if node_offers(n))
+    target = with_devices[0] if with_devices else "NODE"
+    detail = f"no node is labelled {NODE_MODE_LABEL}={NODE_MODE_SHARED}: every group stays Pending"
+    if with_devices:
+        detail += f"; nodes with devices: {_names(with_devices)}"
+    return Check(
+        name, False, detail, f"kubectl label node {target} {NODE_MODE_LABEL}={NODE_MODE_SHARED}"
+    )
+
+
+def _taint_text() -> str:
+    return f"{SHARED_TAINT_KEY}={SHARED_TAINT_VALUE}:NoSchedule"
+
+
+def has_shared_taint(node: Obj) -> bool:
+    return any(
+        isinstance(t, Mapping)
+        and t.get("key") == SHARED_TAINT_KEY
+        and t.get("value") == SHARED_TAINT_VALUE
+        and t.get("effect") == "NoSchedule"
+        for t in (node.get("spec") or {}).get("taints") or ()
+    )
+
+
+def judge_taint(node: Obj) -> Check:
+    """A shared node is tainted so that pods outside any group stay off it: they would use
+    its devices without SDG knowing which. Group pods get the toleration from the webhook
+    (for NoSchedule only, so another effect keeps them off too)."""
+    node_name = _name(node)
+    name = f"node {node_name}: taint"
+    add = f"kubectl taint node {node_name} {_taint_text()}"
+    if has_shared_taint(node):
+        return Check(name, True, f"tainted {_taint_text()}")
+    others = [
+        f"{t.get('key')}={t.get('value') or ''}:{t.get('effect')}"
+        for t in (node.get("spec") or {}).get("taints") or ()
+        if isinstance(t, Mapping) and t.get("key") == SHARED_TAINT_KEY
+    ]
+    if others:
+        return Check(
+            name,
+            False,
+            f"tainted {', '.join(others)}, not {_taint_text()}: group pods tolerate only that",
+            f"kubectl taint node {node_name} {SHARED_TAINT_KEY}-\n{add}",
+        )
+    return Check(
+        name,
+        False,
+        f"not tainted {_taint_text()}: pods outside any group can be scheduled here and use "
+        "its devices unseen",
+        add,
+    )
+
+
+def _annotate_fix(node: str, resource: str) -> str:
+    key = annotation_key(resource)
+    if resource == "nvidia.com/gpu":
+        uuids = '"$(nvidia-smi --query-gpu=uuid --format=csv,noheader | paste -sd, -)"'
+        return f"kubectl annotate node {node} {key}={uuids}   (nvidia-smi on that node)"
+    return f"kubectl annotate node {node} {key}=UUID0,UUID1,...   (in device index order)"
+
+
+def _offer_text(offer: Offer) -> str:
+    usable = offer.usable()
+    unhealthy = [d.id for d in offer.devices if not d.healthy]
+    text = f"{offer.resource}: {len(usable)} from {offer.source}"
+    if usable:
+        text += f" ({_ranges(usable)})"
+    if unhealthy:
+        text += f", unhealthy {_ranges(unhealthy)}"
+    if offer.guessed:
+        text += ", IDs are guessed from a count"
+    if offer.problem:
+        text += f", {offer.problem}"
+    return text
+
+
+def judge_devices(
+    node: Obj,
+    slices: Iterable[Obj] = (),
+    drivers: Mapping[str, str] = DEFAULT_DRA_DRIVERS,
+) -> Check:
+    """What the node offers per resource and from which source (inventory): nothing, or
+    a source that offers nothing, fails; IDs guessed from a count are a warning (which
+    physical GPU is ID 1 is then the runtime's numbering, and a failed GPU shifts them)."""
+    node_name = _name(node)
+    name = f"node {node_name}: devices"
+    offers = node_offers(node, slices, drivers)
+    too_many = unaddressable_devices(node)
+    parts = [_offer_text(offers[r]) for r in sorted(offers)]
+    parts += [
+        f"{r}: advertises {n}, more than SDG addresses, so offers none"
+        for r, n in sorted(too_many.items())
+    ]
+    if not parts:
+        return Check(
+            name,
+            False,
+            "advertises no devices (no device resource in status.allocatable, no "
+            f"{annotation_key('RESOURCE')} annotation, no ResourceSlice of a known driver)",
+            "install the device plugin or DRA driver (e.g. the NVIDIA GPU Operator), or\n"
+            + _annotate_fix(node_name, "nvidia.com/gpu"),
+        )
+    empty = [o for o in offers.values() if not o.usable()]
+    guessed = sorted(r for r, o in offers.items() if o.source == SOURCE_COUNT)
+    detail = "; ".join(parts)
+    if empty or too_many:
+        bad = sorted([o.resource for o in empty] + list(too_many))
+        return Check(name, False, detail, "\n".join(_annotate_fix(node_name, r) for r in bad))
+    if guessed or any(o.problem for o in offers.values()):
+        fix = [_annotate_fix(node_name, r) for r in guessed]
+        if guessed:
+            fix.append("or install the DRA driver, whose ResourceSlices name each device")
+        return Check(name, None, detail, "\n".join(fix))
+    return Check(name, True, detail)
+
+
+def judge_resource_slices(
+    slices: Sequence[Obj] | Unreadable | None, config: ManagerConfig
+) -> Check:
+    """Whether DRA ResourceSlices (the best inventory source) can be read at all."""
+    name = "ResourceSlices"
+    if config.resource_slices == "off":
+        return Check(name, True, "not read: the manager runs with --resource-slices=off")
+    if slices is None:
+        return Check(
+            name,
+            True,
+            "resource.k8s.io/v1 is not served (Kubernetes 1.34+): skipped, device IDs come "
+            "from node annotations or counts",
+        )
+    if isinstance(slices, Unreadable):
+        return Check(
+            name, None, _unreadable("ResourceSlices", slices) + "; device sources below may differ"
+        )
+    known = [s for s in slices if (s.get("spec") or {}).get("driver") in config.dra_drivers]
+    nodes = sorted({n for s in known if (n := node_of_slice(s))})
+    detail = f"resource.k8s.io/v1 served: {len(known)} of a known driver"
+    detail += f" on {_names(nodes)}" if nodes else ""
+    return Check(name, True, detail + f" ({len(slices)} in all)")
+
+
+def judge_foreign(
+    node: Obj,
+    pods: Sequence[Obj] | Unreadable,
+    env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
+) -> Check:
+    """Pods outside any group that use devices on a shared node: SDG cannot know which
+    devices they see, so it hands out no more there and flags the groups bound there."""
+    node_name = _name(node)
+    name = f"node {node_name}: foreign device pods"
+    if isinstance(pods, Unreadable):
+        return Check(name, False, _unreadable(f"the pods on node {node_name}", pods))
+    uses = sorted(
+        (u for p in pods if (u := device_use(p, env_table)) is not None and u.node == node_name),
+        key=lambda u: u.pod,
+    )
+    if not uses:
+        return Check(name, True, "none")
+    shown: list[DeviceUse] = uses[:MAX_FOREIGN_SHOWN]
+    listed = ", ".join(f"{u.pod} ({u.how()})" for u in shown)
+    if len(uses) > len(shown):
+        listed += f" + {len(uses) - len(shown)} more"
+    fix = []
+    for u in shown:
+        ns, _, pod = u.pod.partition("/")
+        fix.append(f"kubectl delete pod -n {shlex.quote(ns)} {shlex.quote(pod)}")
+    fix[-1] += "   (or run them on a node that is not shared)"
+    if not has_shared_taint(node):
+        fix.append(f"kubectl taint node {node_name} {_taint_text()}   (keeps new ones off)")
+    return Check(
+        name,
+        False,
+        f"{len(uses)} pod(s) outside any group use devices here: {listed}; SDG hands out no "
+        "more of them here",
+        "\n".join(fix),
+    )
+
+
+def runtime_class_users(config: ManagerConfig, nodes: Sequence[Obj] | Unreadable) -> list[str]:
+    """Who delivers devices through the RuntimeClass: the manager's setting, and shared
+    nodes labelled ``deviceshare.io/delivery=runtimeclass``."""
+    users = []
+    if config.delivery == DELIVERY_RUNTIMECLASS:
+        users.append(f"the manager (delivery {DELIVERY_RUNTIMECLASS}: {config.delivery_source})")
+    if not isinstance(nodes, Unreadable):
+        labelled = sorted(
+            _name(n)
+            for n in nodes
+            if is_shared(n) and _labels(n).get(DELIVERY_LABEL) == DELIVERY_RUNTIMECLASS
+        )
+        if labelled:
+            users.append(f"node(s) {_names(labelled)} ({DELIVERY_LABEL}={DELIVERY_RUNTIMECLASS})")
+    return users
+
+
+def judge_runtime_class(
+    config: ManagerConfig, nodes: Sequence[Obj] | Unreadable, runtime_class: Fetched
+) -> Check:
+    """The RuntimeClass group pods get exists when any delivery needs it: a pod naming a
+    missing RuntimeClass is refused by the API server."""
+    name = "RuntimeClass"
+    rc = config.runtime_class_name
+    users = runtime_class_users(config, nodes)
+    if not users:
+        return Check(
+            name,
+            True,
+            f"not needed (delivery {config.delivery}; no shared node labelled "
+            f"{DELIVERY_LABEL}={DELIVERY_RUNTIMECLASS})",
+        )
+    who = " and ".join(users)
+    if isinstance(runtime_class, Unreadable):
+        return Check(name, False, _unreadable(f"RuntimeClass {rc}", runtime_class))
+    if runtime_class is None:
+        body = json.dumps(
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": rc},
+                "handler": rc,
+            },
+            separators=(",", ":"),
+        )
+        return Check(
+            name,
+            False,
+            f"RuntimeClass {rc} does not exist, but {who} deliver devices through it: "
+            "group pods naming it are refused",
+            f"kubectl apply -f - <<< '{body}'   (handler: the node runtime's, e.g. nvidia "
+            "from the NVIDIA Container Toolkit)",
+        )
+    handler = runtime_class.get("handler") or "?"
+    return Check(name, True, f"RuntimeClass {rc} (handler {handler}) exists, for {who}")
+
+
+# --- judges: the manager ---------------------------------------------------------------------
+
+
+def judge_lease(
+    lease: Fetched, config: ManagerConfig, now: datetime, replicas: int | None = None
+) -> Check:
+    """Some manager is leading: the Lease is held and renewed within its duration (by this
+    machine's clock against the leader's timestamps, so a skewed clock can mislead)."""
+    name = "leader Lease"
+    where = f"{config.lease_namespace}/{config.lease_name}"
+    logs = f"kubectl -n {config.lease_namespace} logs deploy/{MANAGER_DEPLOYMENT}"
+    if not config.leader_elect:
+        if replicas is not None and replicas > 1:
+            return Check(
+                name,
+                None,
+                f"leader election is off ({config.source}) with {replicas} replicas: each "
+                "schedules (claims are fenced, but they race)",
+                f"add --leader-elect to the manager's args ({config.source})",
+            )
+        return Check(name, True, f"not used: leader election is off ({config.source})")
+    if isinstance(lease, Unreadable):
+        return Check(name, False, _unreadable(f"Lease {where}", lease))
+    if lease is None:
+        return Check(
+            name,
+            False,
+            f"no Lease {where}: no manager has become leader (none runs, or not with "
+            "--leader-elect), so nothing binds groups or pods",
+            logs,
+        )
+    spec = lease.get("spec") or {}
+    holder = str(spec.get("holderIdentity") or "")
+    if not holder:
+        return Check(name, False, f"Lease {where} was released and nobody took it over", logs)
+    renewed = _parse_time(spec.get("renewTime"))
+    duration = spec.get("leaseDurationSeconds")
+    duration = duration if isinstance(duration, int) and duration > 0 else DEFAULT_LEASE_SECONDS
+    if renewed is None:
+        return Check(name, False, f"Lease {where} held by {holder} has no renewTime", logs)
+    age = max(0.0, (now - renewed).total_seconds())
+    if age > duration:
+        return Check(
+            name,
+            False,
+            f"Lease {where} held by {holder}, but last renewed {age:.0f}s ago (it lasts "
+            f"{duration}s): the leader is gone or cannot reach the API server",
+            logs,
+        )
+    return Check(name, True, f"held by {holder}, renewed {age:.0f}s ago (lasts {duration}s)")
+
+
+def judge_manager(deployment: Fetched, manager_namespace: str, lease_ok: bool | None) -> Check:
+    """The manager Deployment has a Ready replica; without a Deployment (a manager run
+    elsewhere, as in tests), a live leader Lease is the proof that one runs."""
+    name = "manager"
+    ns = manager_namespace
+    where = f"{ns}/{MANAGER_DEPLOYMENT}"
+    if isinstance(deployment, Unreadable):
+        return Check(name, False, _unreadable(f"Deployment {where}", deployment))
+    if deployment is None:
+        if lease_ok:
+            return Check(
+                name,
+                True,
+                f"no Deployment {where}: a manager runs elsewhere (it holds the leader Lease)",
+            )
+        return Check(
+            name,
+            False,
+            f"no Deployment {where}, and no live leader Lease: no manager runs",
+            INSTALL,
+        )
+    spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
+    wanted = spec.get("replicas", 1)
+    ready = int(status.get("readyReplicas") or 0)
+    if wanted == 0:
+        return Check(
+            name,
+            False,
+            f"Deployment {where} is scaled to 0",
+            f"kubectl -n {ns} scale deploy/{MANAGER_DEPLOYMENT} --replicas=1",
+        )
+    if ready < 1:
+        return Check(
+            name,
+            False,
+            f"Deployment {where}: 0/{wanted} replicas Ready",
+            f"kubectl -n {ns} get pods -l {MANAGER_POD_SELECTOR}\n"
+            f"kubectl -n {ns} rollout status deploy/{MANAGER_DEPLOYMENT}",
+        )
+    return Check(name, True, f"Deployment {where}: {ready}/{wanted} replicas Ready")
+
+
+# --- all checks ---------------------------------------------------------------------------
+
+
+def judge(facts: Facts) -> list[Check]:
+    """Every check, in the order a new user installs things."""
+    ns = facts.manager_namespace
+    config = facts.config
+    checks = [
+        judge_crd(facts.crd, facts.groups_error, facts.group_count),
+        judge_cert_manager(facts.cert_manager_crd, facts.certificate, facts.probe, ns),
+        judge_webhook_configurations(facts.webhooks, ns),
+        judge_probe(facts.probe, ns),
+        judge_policies(facts.policies, facts.bindings),
+    ]
+    replicas = None
+    if isinstance(facts.deployment, Mapping):
+        replicas = (facts.deployment.get("spec") or {}).get("replicas", 1)
+    lease = judge_lease(facts.lease, config, facts.now, replicas)
+    checks += [judge_manager(facts.deployment, ns, lease.ok), lease]
+    checks.append(judge_shared_nodes(facts.nodes))
+    checks.append(judge_resource_slices(facts.slices, config))
+    slices_by_node: dict[str, list[Obj]] = {}
+    if isinstance(facts.slices, list) and config.resource_slices != "off":
+        for s in facts.slices:
+            if (n := node_of_slice(s)) is not None:
+                slices_by_node.setdefault(n, []).append(s)
+    nodes = [] if isinstance(facts.nodes, Unreadable) else facts.nodes
+    for node in sorted((n for n in nodes if is_shared(n)), key=_name):
+        node_name = _name(node)
+        checks.append(judge_taint(node))
+        checks.append(judge_devices(node, slices_by_node.get(node_name, ()), config.dra_drivers))
+        checks.append(judge_foreign(node, facts.pods.get(node_name, []), config.env_table))
+    checks.append(judge_runtime_class(config, facts.nodes, facts.runtime_class))
+    return checks
+
+
+def exit_code(checks: Iterable[Check]) -> int:
+    """1 when any check failed; warnings do not fail."""
+    return 1 if any(c.ok is False for c in checks) else 0
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+MARKS: Final = MappingProxyType({True: "✓", False: "✗", None: "!"})
+_COLORS: Final = MappingProxyType({True: "\033[32m", False: "\033[31m", None: "\033[33m"})
+_RESET: Final = "\033[0m"
+
+
+def render_text(checks: Sequence[Check], color: bool = False) -> str:
+    """One line per check (mark, name, detail), its fix indented below it for ✗ and !;
+    then a summary. ``color`` (a terminal) only adds ANSI colours to the marks."""
+    width = max((len(c.name) for c in checks), default=0)
+    lines = []
+    for c in checks:
+        mark = MARKS[c.ok]
+        if color:
+            mark = f"{_COLORS[c.ok]}{mark}{_RESET}"
+        lines.append(f"{mark} {c.name:<{width}}  {c.detail}".rstrip())
+        if c.fix and c.ok is not True:
+            for i, fix in enumerate(c.fix.splitlines()):
+                lines.append(f"    {'fix: ' if i == 0 else '     '}{fix}")
+    failed = sum(c.ok is False for c in checks)
+    warned = sum(c.ok is None for c in checks)
+    if failed or warned:
+        summary = f"{failed} problem(s), {warned} warning(s) in {len(checks)} checks"
+    else:
+        summary = f"all {len(checks)} checks passed"
+    return "\n".join([*lines, "", summary]) + "\n"
+
+
+def render_json(checks: Sequence[Check]) -> str:
+    return json.dumps([c.as_json() for c in checks], indent=2, ensure_ascii=False) + "\n"
+
+
+# --- fetching ---------------------------------------------------------------------------------
+
+
+async def _read(call: Awaitable[Any]) -> Any:
+    """The object, None on 404, or ``Unreadable``; no answer at all still raises (the
+    cluster is unreachable: nothing else can be checked)."""
+    try:
+        return await call
+    except errors.NotFound:
+        return None
+    except errors.TransportError:
+        raise
+    except errors.ApiError as err:
+        return Unreadable(f"{err.code} {err.reason or ''} {_quote(err.message)}".replace("  ", " "))
+
+
+async def _list(client: Client, kind: Kind, namespace: str | None = None, **kw: Any) -> Any:
+    got = await _read(client.list_all(kind, namespace, **kw))
+    return got[0] if isinstance(got, tuple) else got
+
+
+async def run_probe(client: Client, namespace: str) -> Probe | Unreadable:
+    """The server-side dry-run CREATE: nothing is stored, admission runs in full."""
+    group = PROBE_PREFIX + secrets.token_hex(4)
+    try:
+        await client.create(PODS, probe_pod(group), namespace, dry_run=True)
+    except errors.TransportError:
+        raise
+    except errors.ApiError as err:
+        return Probe(group, namespace, admitted=False, code=err.code, message=err.message)
+    return Probe(group, namespace, admitted=True)
+
+
+async def collect(
+    client: Client,
+    *,
+    namespace: str = "default",
+    manager_namespace: str = MANAGER_NAMESPACE,
+    delivery: str | None = None,
+    runtime_class_name: str | None = None,
+) -> Facts:
+    """Read everything the checks need (read-only but for the dry-run probe)."""
+    facts = Facts(manager_namespace=manager_namespace)
+    facts.crd = await _read(client.get(CRDS, CRD_NAME))
+    if isinstance(facts.crd, Mapping):
+        groups = await _list(client, SDG_KIND)
+        if isinstance(groups, Unreadable):
+            facts.groups_error = groups.error
+        elif groups is None:
+            facts.groups_error = f"{SDG_KIND.path()} is not found (404)"
+        else:
+            facts.group_count = len(groups)
+    for kind, config_name in WEBHOOK_CONFIGURATIONS.items():
+        facts.webhooks[config_name] = await _read(client.get(_WEBHOOK_KINDS[kind], config_name))
+    for policy in POLICIES:
+        facts.policies[policy] = await _read(client.get(POLICY_KIND, policy))
+        facts.bindings[policy] = await _read(client.get(BINDING_KIND, policy))
+    facts.probe = await run_probe(client, namespace)
+    facts.cert_manager_crd = await _read(client.get(CRDS, CERT_MANAGER_CRD))
+    if isinstance(facts.cert_manager_crd, Mapping):
+        facts.certificate = await _read(
+            client.get(CERTIFICATES, SERVING_CERTIFICATE, manager_namespace)
+        )
+    facts.deployment = await _read(client.get(DEPLOYMENTS, MANAGER_DEPLOYMENT, manager_namespace))
+    facts.config = manager_config(
+        facts.deployment,
+        manager_namespace,
+        delivery=delivery,
+        runtime_class_name=runtime_class_name,
+    )
+    facts.lease = await _read(
+        client.get(LEASES, facts.config.lease_name, facts.config.lease_namespace)
+    )
+    facts.now = datetime.now(UTC)  # just after the read the Lease's age is measured from
+    nodes = await _list(client, NODES)
+    facts.nodes = [] if nodes is None else nodes
+    facts.slices = await _list(client, RESOURCESLICES)  # None: resource.k8s.io/v1 not served
+    if isinstance(facts.nodes, list):
+        for node in facts.nodes:
+            if is_shared(node):
+                node_name = _name(node)
+                pods = await _list(client, PODS, field_selector=f"spec.nodeName={node_name}")
+                facts.pods[node_name] = [] if pods is None else pods
+    if runtime_class_users(facts.config, facts.nodes):
+        facts.runtime_class = await _read(
+            client.get(RUNTIMECLASSES, facts.config.runtime_class_name)
+        )
+    return facts

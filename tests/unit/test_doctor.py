@@ -1,0 +1,780 @@
+"""``sdg doctor``'s judges on hand-made objects: every verdict, its detail and its fix.
+
+The names doctor looks for are proven to be the ones config/ installs, and the probe's
+"reached SDG" test is proven against the pod webhook's own denial text, so neither can
+drift silently. The real API server's answers are in tests/e2e/test_doctor.py.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controllers import cli
+from controllers import doctor as d
+from controllers.doctor import Check, Facts, ManagerConfig, Probe, Unreadable
+from controllers.settings import Settings
+from webhooks.injection import Denial, build_injection
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = "nvidia.com/gpu"
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+TAINT = {"key": "deviceshare.io/mode", "value": "shared", "effect": "NoSchedule"}
+Obj = dict[str, Any]
+
+
+def docs(*parts: str) -> list[Obj]:
+    out: list[Obj] = []
+    for path in sorted((ROOT / "config").joinpath(*parts).glob("*.yaml")):
+        out += [x for x in yaml.safe_load_all(path.read_text()) if x]
+    return out
+
+
+def node(
+    name: str,
+    gpus: int = 0,
+    *,
+    shared: bool = True,
+    taints: list[Obj] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> Obj:
+    all_labels = {**({"deviceshare.io/mode": "shared"} if shared else {}), **(labels or {})}
+    alloc = {"cpu": "8", "memory": "32Gi", **({GPU: str(gpus)} if gpus else {})}
+    return {
+        "metadata": {"name": name, "labels": all_labels, "annotations": annotations or {}},
+        "spec": {"taints": taints} if taints else {},
+        "status": {"allocatable": alloc},
+    }
+
+
+def rslice(node_name: str, n: int, driver: str = "gpu.nvidia.com") -> Obj:
+    return {
+        "metadata": {"name": f"{node_name}-{driver}"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1},
+            "devices": [
+                {
+                    "name": f"gpu-{i}",
+                    "attributes": {"index": {"int": i}, "uuid": {"string": f"U{i}"}},
+                }
+                for i in range(n)
+            ],
+        },
+    }
+
+
+def pod(
+    name: str,
+    node_name: str | None = "gpu-1",
+    *,
+    env: dict[str, str] | None = None,
+    group: str | None = None,
+    ns: str = "ml",
+    phase: str = "Running",
+) -> Obj:
+    meta: Obj = {"name": name, "namespace": ns}
+    if group:
+        meta["annotations"] = {"deviceshare.io/group": group}
+    container = {"name": "c", "image": "cuda"}
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    spec: Obj = {"containers": [container]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+def crd(established: str = "True", served: bool = True) -> Obj:
+    return {
+        "spec": {"versions": [{"name": "v1alpha1", "served": served, "storage": True}]},
+        "status": {
+            "conditions": [
+                {"type": "NamesAccepted", "status": "True"},
+                {"type": "Established", "status": established, "reason": "Installing"},
+            ]
+        },
+    }
+
+
+def webhook_config(name: str, hook: str, ca: bool = True) -> Obj:
+    client_config = {"caBundle": "Q0E="} if ca else {"service": {"name": "x"}}
+    return {"metadata": {"name": name}, "webhooks": [{"name": hook, "clientConfig": client_config}]}
+
+
+def all_webhooks(ca: bool = True) -> dict[str, Any]:
+    return {
+        "deviceshare-mutating-webhook-configuration": webhook_config(
+            "deviceshare-mutating-webhook-configuration", "mpod.deviceshare.io", ca
+        ),
+        "deviceshare-validating-webhook-configuration": webhook_config(
+            "deviceshare-validating-webhook-configuration", "vsdg.deviceshare.io", ca
+        ),
+    }
+
+
+def sdg_denial(group: str) -> str:
+    """What the API server answers when SDG's pod webhook denies the probe."""
+    verdict = build_injection(d.probe_pod(group), None)
+    assert isinstance(verdict, Denial)
+    return f'admission webhook "mpod.deviceshare.io" denied the request: {verdict.message}'
+
+
+REACHED = Probe("sdg-doctor-probe-1", "default", False, 403, sdg_denial("sdg-doctor-probe-1"))
+ADMITTED = Probe("sdg-doctor-probe-1", "default", True)
+UNREACHABLE = Probe(
+    "sdg-doctor-probe-1",
+    "default",
+    False,
+    500,
+    'Internal error occurred: failed calling webhook "mpod.deviceshare.io": failed to call '
+    'webhook: Post "https://deviceshare-webhook-service.deviceshare-system.svc:443/'
+    'mutate-v1-pod?timeout=10s": dial tcp 10.0.0.7:443: connect: connection refused',
+)
+
+
+def lease(holder: str = "mgr-1", renewed: datetime = NOW, seconds: int = 15) -> Obj:
+    return {
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": seconds,
+            "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        }
+    }
+
+
+def deployment(
+    args: list[str] | None = None,
+    env: list[Obj] | None = None,
+    *,
+    replicas: int = 1,
+    ready: int = 1,
+    command: list[str] | None = None,
+) -> Obj:
+    container: Obj = {"name": "manager", "args": args or [], "env": env or []}
+    if command:
+        container["command"] = command
+    return {
+        "metadata": {"name": "deviceshare-manager", "namespace": "deviceshare-system"},
+        "spec": {"replicas": replicas, "template": {"spec": {"containers": [container]}}},
+        "status": {"readyReplicas": ready},
+    }
+
+
+# --- the names doctor looks for are config/'s ------------------------------------------------
+
+
+def test_names_match_config() -> None:
+    hooks = {x["kind"]: x["metadata"]["name"] for x in docs("webhook") if "webhooks" in x}
+    assert hooks == dict(d.WEBHOOK_CONFIGURATIONS)
+    service = next(x for x in docs("webhook") if x["kind"] == "Service")
+    assert service["metadata"]["name"] == d.WEBHOOK_SERVICE
+    policy_docs = docs("policy")
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        names = sorted(x["metadata"]["name"] for x in policy_docs if x["kind"] == kind)
+        assert names == sorted(d.POLICIES)
+    manager = next(x for x in docs("manager") if x["kind"] == "Deployment")
+    assert (manager["metadata"]["name"], manager["metadata"]["namespace"]) == (
+        d.MANAGER_DEPLOYMENT,
+        d.MANAGER_NAMESPACE,
+    )
+    key, _, value = d.MANAGER_POD_SELECTOR.partition("=")
+    assert manager["spec"]["template"]["metadata"]["labels"][key] == value
+    assert manager["spec"]["template"]["spec"]["containers"][0]["name"] == d.MANAGER_CONTAINER
+    cert = next(x for x in docs("certmanager") if x["kind"] == "Certificate")
+    assert cert["metadata"]["name"] == d.SERVING_CERTIFICATE
+    assert Settings().leader_election_id == d.LEASE_NAME
+    crd_doc = docs("crd")[0]
+    assert crd_doc["metadata"]["name"] == d.CRD_NAME
+
+
+def test_config_manager_runs_with_leader_election() -> None:
+    manager = next(x for x in docs("manager") if x["kind"] == "Deployment")
+    config = d.manager_config(manager, "deviceshare-system")
+    assert config.leader_elect is True
+    assert (config.lease_namespace, config.lease_name) == (
+        "deviceshare-system",
+        "deviceshare-manager",
+    )
+    assert config.delivery == "env"
+    assert config.source == "Deployment deviceshare-system/deviceshare-manager"
+
+
+# --- manager settings from the Deployment --------------------------------------------------
+
+
+def test_manager_flags_forms_and_precedence() -> None:
+    dep = deployment(
+        ["--leader-elect", "--delivery", "runtimeclass", "--device-env=x.com/acc=X_DEVICES"],
+        [
+            {"name": "SDG_DELIVERY", "value": "cdi"},
+            {"name": "SDG_RUNTIME_CLASS_NAME", "value": "nvidia-cdi"},
+            {"name": "SDG_CLAIMS_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "x"}}},
+            {"name": "POD_NAMESPACE", "value": "ignored"},
+        ],
+        command=["sdg-manager", "--leader-election-id=sdg-lease"],
+    )
+    flags = d.manager_flags(dep)
+    assert flags == {
+        "delivery": "runtimeclass",  # the flag wins over SDG_DELIVERY
+        "runtime_class_name": "nvidia-cdi",  # env, no flag
+        "leader_elect": True,
+        "leader_election_id": "sdg-lease",
+        "device_env": ["x.com/acc=X_DEVICES"],
+    }
+    config = d.manager_config(dep, "sdg")
+    assert config.env_table["x.com/acc"] == "X_DEVICES"
+    assert config.env_table[GPU] == "NVIDIA_VISIBLE_DEVICES"
+    assert (config.lease_name, config.lease_namespace) == ("sdg-lease", "sdg")
+
+
+def test_manager_flags_no_leader_elect_and_env_bool() -> None:
+    assert d.manager_flags(deployment(["--no-leader-elect"]))["leader_elect"] is False
+    assert d.manager_flags(deployment(["--leader-elect=false"]))["leader_elect"] is False
+    env = [{"name": "SDG_LEADER_ELECT", "value": "true"}]
+    assert d.manager_flags(deployment([], env))["leader_elect"] is True
+    # the manager's default is off: a Deployment that does not ask for it has none
+    assert d.manager_config(deployment([]), "ns").leader_elect is False
+
+
+def test_manager_config_without_deployment_and_doctor_overrides() -> None:
+    config = d.manager_config(None, "sdg-ns")
+    assert (config.leader_elect, config.lease_namespace, config.source) == (
+        True,
+        "sdg-ns",
+        "defaults",
+    )
+    assert (config.delivery, config.runtime_class_name) == ("env", "nvidia")
+    over = d.manager_config(
+        deployment(["--delivery=env"]), "ns", delivery="runtimeclass", runtime_class_name="rc"
+    )
+    assert (over.delivery, over.runtime_class_name) == ("runtimeclass", "rc")
+    assert over.delivery_source == "sdg doctor --delivery"
+    lease_ns = d.manager_config(deployment(["--leader-election-namespace", "other"]), "ns")
+    assert lease_ns.lease_namespace == "other"
+    drivers = d.manager_config(deployment(["--dra-drivers=gpu.example.com=example.com/gpu"]), "n")
+    assert drivers.dra_drivers["gpu.example.com"] == "example.com/gpu"
+
+
+# --- CRD, webhooks, policies, cert-manager ------------------------------------------------
+
+
+def test_crd() -> None:
+    assert d.judge_crd(crd(), None, 3) == Check(
+        "CRD",
+        True,
+        "shareddevicegroups.deviceshare.io Established, deviceshare.io/v1alpha1 served "
+        "(3 group(s))",
+    )
+    missing = d.judge_crd(None)
+    assert (missing.ok, missing.fix) == (False, "kubectl apply -k config/default")
+    assert "is not installed" in missing.detail
+    assert d.judge_crd(crd(established="False")).detail == (
+        "shareddevicegroups.deviceshare.io: not Established (Installing)"
+    )
+    assert "version v1alpha1 is not served" in d.judge_crd(crd(served=False)).detail
+    broken = d.judge_crd(crd(), "503 ServiceUnavailable the server is currently unable")
+    assert broken.ok is False
+    assert "listing shareddevicegroups fails: 503" in broken.detail
+    assert d.judge_crd(Unreadable("403 Forbidden nope")).detail == (
+        "cannot read CRD shareddevicegroups.deviceshare.io: 403 Forbidden nope"
+    )
+
+
+def test_webhook_configurations() -> None:
+    ok = d.judge_webhook_configurations(all_webhooks())
+    assert ok.ok is True
+    assert ok.detail == (
+        "registered: deviceshare-mutating-webhook-configuration (mpod.deviceshare.io), "
+        "deviceshare-validating-webhook-configuration (vsdg.deviceshare.io)"
+    )
+    hooks = all_webhooks()
+    hooks["deviceshare-mutating-webhook-configuration"] = None
+    missing = d.judge_webhook_configurations(hooks)
+    assert (missing.ok, missing.fix) == (False, "kubectl apply -k config/default")
+    assert missing.detail == (
+        "not registered: MutatingWebhookConfiguration deviceshare-mutating-webhook-configuration"
+    )
+    no_ca = d.judge_webhook_configurations(all_webhooks(ca=False))
+    assert no_ca.ok is None
+    assert "without a caBundle" in no_ca.detail
+    assert (
+        no_ca.fix == "kubectl -n deviceshare-system describe certificate deviceshare-serving-cert"
+    )
+    hooks = all_webhooks()
+    hooks["deviceshare-validating-webhook-configuration"] = Unreadable("403 Forbidden no")
+    assert d.judge_webhook_configurations(hooks).ok is False
+
+
+def test_probe_pod_names_the_group_and_is_restricted() -> None:
+    p = d.probe_pod("sdg-doctor-probe-x")
+    assert p["metadata"] == {
+        "name": "sdg-doctor-probe-x",
+        "annotations": {"deviceshare.io/group": "sdg-doctor-probe-x"},
+    }
+    c = p["spec"]["containers"][0]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["resources"]["limits"] and p["spec"]["securityContext"]["runAsNonRoot"]
+
+
+def test_probe_reached_sdg_only_on_its_own_verdict() -> None:
+    assert d.probe_reached_sdg(REACHED)
+    assert not d.probe_reached_sdg(ADMITTED)
+    assert not d.probe_reached_sdg(UNREACHABLE)
+    other_group = Probe("sdg-doctor-probe-2", "default", False, 403, REACHED.message)
+    assert not d.probe_reached_sdg(other_group)
+
+
+def test_judge_probe() -> None:
+    ok = d.judge_probe(REACHED, "deviceshare-system")
+    assert ok == Check(
+        "pod webhook",
+        True,
+        "reachable: a dry-run pod in default naming the missing group sdg-doctor-probe-1 was "
+        "denied by SDG",
+    )
+    admitted = d.judge_probe(ADMITTED, "deviceshare-system")
+    assert (admitted.ok, admitted.fix) == (False, "kubectl apply -k config/default")
+    assert "was admitted: SDG's pod webhook is not registered" in admitted.detail
+    down = d.judge_probe(UNREACHABLE, "sdg")
+    assert down.ok is False
+    assert down.detail.startswith("registered, but the API server cannot call it: Internal")
+    assert "connect: connection refused" in down.detail
+    assert down.fix.splitlines() == [
+        "kubectl -n sdg rollout status deploy/deviceshare-manager",
+        "kubectl -n sdg get endpointslices -l "
+        "kubernetes.io/service-name=deviceshare-webhook-service",
+    ]
+    x509 = Probe(
+        "p",
+        "default",
+        False,
+        500,
+        'failed calling webhook "mpod.deviceshare.io": tls: failed to verify certificate: '
+        "x509: certificate signed by unknown authority",
+    )
+    assert d.judge_probe(x509, "sdg").fix.splitlines()[-1] == (
+        "kubectl -n sdg describe certificate deviceshare-serving-cert"
+    )
+    rbac = Probe(
+        "p",
+        "team",
+        False,
+        403,
+        'pods is forbidden: User "bob" cannot create resource "pods" in API group "" in the '
+        'namespace "team"',
+    )
+    forbidden = d.judge_probe(rbac, "sdg")
+    assert forbidden.ok is None
+    assert forbidden.detail.startswith("cannot dry-run a pod in namespace team")
+    quota = Probe("p", "team", False, 422, 'Pod "p" is invalid: spec.containers: Required value')
+    refused = d.judge_probe(quota, "sdg")
+    assert refused.ok is False
+    assert "refused, but not by SDG's verdict" in refused.detail
+    pss = Probe("p", "team", False, 403, 'pods "p" is forbidden: violates PodSecurity "x"')
+    assert d.judge_probe(pss, "sdg").ok is False
+    assert d.judge_probe(Unreadable("boom"), "sdg").ok is False
+
+
+def test_policies() -> None:
+    present = {p: {"metadata": {"name": p}} for p in d.POLICIES}
+    assert d.judge_policies(present, present).ok is True
+    bindings = {**present, "deviceshare-group-membership": None}
+    missing = d.judge_policies(present, bindings)
+    assert missing.ok is False
+    assert missing.detail.startswith(
+        "missing: ValidatingAdmissionPolicyBinding deviceshare-group-membership "
+    )
+    assert missing.fix.startswith("kubectl apply -k config/default")
+
+
+@pytest.mark.parametrize(
+    ("cm_crd", "cert", "probe", "ok", "needle"),
+    [
+        (None, None, REACHED, None, "the webhook answers, so its certificate comes from elsewhere"),
+        (None, None, UNREACHABLE, False, "and the webhook cannot be called"),
+        (None, None, ADMITTED, None, "install it before applying it"),
+        (
+            {},
+            {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+            REACHED,
+            True,
+            "Ready",
+        ),
+        (
+            {},
+            {"status": {"conditions": [{"type": "Ready", "status": "False", "message": "no CA"}]}},
+            UNREACHABLE,
+            False,
+            "is not Ready: no CA",
+        ),
+        ({}, None, REACHED, True, "the webhook's comes from elsewhere"),
+        ({}, None, UNREACHABLE, False, "there is no Certificate deviceshare-system/"),
+    ],
+)
+def test_cert_manager(
+    cm_crd: Obj | None, cert: Obj | None, probe: Probe, ok: bool | None, needle: str
+) -> None:
+    check = d.judge_cert_manager(cm_crd, cert, probe, "deviceshare-system")
+    assert check.ok is ok
+    assert needle in check.detail
+    if ok is not True:
+        assert check.fix
+
+
+def test_cert_manager_missing_fix_installs_it() -> None:
+    check = d.judge_cert_manager(None, None, UNREACHABLE, "deviceshare-system")
+    assert check.fix.splitlines() == [d.CERT_MANAGER_INSTALL, "kubectl apply -k config/default"]
+
+
+# --- nodes ------------------------------------------------------------------------------------
+
+
+def test_shared_nodes() -> None:
+    assert d.judge_shared_nodes([node("a", 1), node("b", shared=False)]) == Check(
+        "shared nodes", True, "1 labelled deviceshare.io/mode=shared: a"
+    )
+    none = d.judge_shared_nodes([node("cpu", shared=False), node("gpu-7", 2, shared=False)])
+    assert none.ok is False
+    assert none.detail.endswith("every group stays Pending; nodes with devices: gpu-7")
+    assert none.fix == "kubectl label node gpu-7 deviceshare.io/mode=shared"
+    assert d.judge_shared_nodes([]).fix == "kubectl label node NODE deviceshare.io/mode=shared"
+    assert d.judge_shared_nodes(Unreadable("403 x")).ok is False
+
+
+def test_taint() -> None:
+    assert d.judge_taint(node("a", taints=[TAINT])) == Check(
+        "node a: taint", True, "tainted deviceshare.io/mode=shared:NoSchedule"
+    )
+    untainted = d.judge_taint(node("a", taints=[{"key": "other", "effect": "NoSchedule"}]))
+    assert untainted == Check(
+        "node a: taint",
+        False,
+        "not tainted deviceshare.io/mode=shared:NoSchedule: pods outside any group can be "
+        "scheduled here and use its devices unseen",
+        "kubectl taint node a deviceshare.io/mode=shared:NoSchedule",
+    )
+    no_execute = d.judge_taint(node("a", taints=[{**TAINT, "effect": "NoExecute"}]))
+    assert no_execute.ok is False
+    assert no_execute.detail.startswith("tainted deviceshare.io/mode=shared:NoExecute, not ")
+    assert no_execute.fix.splitlines() == [
+        "kubectl taint node a deviceshare.io/mode-",
+        "kubectl taint node a deviceshare.io/mode=shared:NoSchedule",
+    ]
+
+
+def test_devices_sources() -> None:
+    from_slice = d.judge_devices(node("a", 2), [rslice("a", 4)])
+    assert from_slice == Check(
+        "node a: devices", True, "nvidia.com/gpu: 4 from ResourceSlice (0-3)"
+    )
+    annotated = node(
+        "a", 2, annotations={"deviceshare.io/devices.nvidia.com_gpu": "0=G0,1=G1:unhealthy,3=G3"}
+    )
+    assert d.judge_devices(annotated) == Check(
+        "node a: devices", True, "nvidia.com/gpu: 2 from annotation (0,3), unhealthy 1"
+    )
+    counted = d.judge_devices(node("a", 3))
+    assert counted.ok is None
+    assert counted.detail == "nvidia.com/gpu: 3 from count (0-2), IDs are guessed from a count"
+    assert counted.fix.splitlines()[0].startswith(
+        'kubectl annotate node a deviceshare.io/devices.nvidia.com_gpu="$(nvidia-smi '
+    )
+    # a slice of an unknown driver is not an inventory source
+    assert d.judge_devices(node("a", 3), [rslice("a", 4, "gpu.example.com")]).ok is None
+    drivers = {"gpu.example.com": "example.com/gpu"}
+    other = d.judge_devices(node("a"), [rslice("a", 2, "gpu.example.com")], drivers)
+    assert other.detail == "example.com/gpu: 2 from ResourceSlice (0-1)"
+
+
+def test_devices_problems() -> None:
+    none = d.judge_devices(node("a"))
+    assert none.ok is False
+    assert none.detail.startswith("advertises no devices")
+    malformed = node("a", annotations={"deviceshare.io/devices.nvidia.com_gpu": "0=G0,0=G1"})
+    bad = d.judge_devices(malformed)
+    assert bad.ok is False
+    assert "nvidia.com/gpu: 0 from annotation, node annotation" in bad.detail
+    huge = {"metadata": {"name": "a"}, "status": {"allocatable": {"example.com/mem": "4096"}}}
+    over = d.judge_devices(huge)
+    assert over.ok is False
+    assert (
+        over.detail == "example.com/mem: advertises 4096, more than SDG addresses, so offers none"
+    )
+
+
+def test_resource_slices() -> None:
+    config = ManagerConfig()
+    assert d.judge_resource_slices(None, config).detail.startswith(
+        "resource.k8s.io/v1 is not served (Kubernetes 1.34+): skipped"
+    )
+    served = d.judge_resource_slices([rslice("a", 1), rslice("b", 1, "x.io")], config)
+    assert served == Check(
+        "ResourceSlices", True, "resource.k8s.io/v1 served: 1 of a known driver on a (2 in all)"
+    )
+    assert d.judge_resource_slices(Unreadable("403 no"), config).ok is None
+    off = ManagerConfig(resource_slices="off")
+    assert "--resource-slices=off" in d.judge_resource_slices([], off).detail
+
+
+def test_foreign_pods() -> None:
+    n = node("gpu-1", 2, taints=[TAINT])
+    member = pod("member", env={"NVIDIA_VISIBLE_DEVICES": "0,1"}, group="g")
+    quiet = pod("quiet", env={"NVIDIA_VISIBLE_DEVICES": "void"})
+    done = pod("done", env={"NVIDIA_VISIBLE_DEVICES": "all"}, phase="Succeeded")
+    assert d.judge_foreign(n, [member, quiet, done]) == Check(
+        "node gpu-1: foreign device pods", True, "none"
+    )
+    thief = pod("thief", env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    check = d.judge_foreign(n, [member, thief])
+    assert check == Check(
+        "node gpu-1: foreign device pods",
+        False,
+        "1 pod(s) outside any group use devices here: ml/thief (sets NVIDIA_VISIBLE_DEVICES); "
+        "SDG hands out no more of them here",
+        "kubectl delete pod -n ml thief   (or run them on a node that is not shared)",
+    )
+
+
+def test_foreign_pods_cut_at_five_and_taint_fix_on_untainted_node() -> None:
+    n = node("gpu-1", 2)
+    thieves = [pod(f"t{i}", env={"NVIDIA_VISIBLE_DEVICES": "all"}) for i in range(7)]
+    check = d.judge_foreign(n, thieves)
+    assert check.detail.startswith("7 pod(s) outside any group use devices here: ml/t0 (")
+    assert "ml/t4 (sets NVIDIA_VISIBLE_DEVICES) + 2 more;" in check.detail
+    fix = check.fix.splitlines()
+    assert fix[:5] == [f"kubectl delete pod -n ml t{i}" for i in range(4)] + [
+        "kubectl delete pod -n ml t4   (or run them on a node that is not shared)"
+    ]
+    assert fix[5] == (
+        "kubectl taint node gpu-1 deviceshare.io/mode=shared:NoSchedule   (keeps new ones off)"
+    )
+    assert len(fix) == 6
+    assert d.judge_foreign(n, Unreadable("403 no")).ok is False
+
+
+def test_runtime_class() -> None:
+    nodes = [node("a"), node("b", labels={"deviceshare.io/delivery": "runtimeclass"}, shared=False)]
+    assert d.judge_runtime_class(ManagerConfig(), nodes, None) == Check(
+        "RuntimeClass",
+        True,
+        "not needed (delivery env; no shared node labelled deviceshare.io/delivery=runtimeclass)",
+    )
+    by_manager = ManagerConfig(
+        delivery="runtimeclass", source="Deployment s/m", delivery_source="Deployment s/m"
+    )
+    missing = d.judge_runtime_class(by_manager, nodes, None)
+    assert missing.ok is False
+    assert missing.detail == (
+        "RuntimeClass nvidia does not exist, but the manager (delivery runtimeclass: "
+        "Deployment s/m) deliver devices through it: group pods naming it are refused"
+    )
+    assert missing.fix.startswith(
+        'kubectl apply -f - <<< \'{"apiVersion":"node.k8s.io/v1","kind":"RuntimeClass",'
+        '"metadata":{"name":"nvidia"},"handler":"nvidia"}\''
+    )
+    labelled = [node("c", labels={"deviceshare.io/delivery": "runtimeclass"})]
+    by_node = d.judge_runtime_class(ManagerConfig(runtime_class_name="rc"), labelled, None)
+    assert "but node(s) c (deviceshare.io/delivery=runtimeclass)" in by_node.detail
+    present = d.judge_runtime_class(by_manager, labelled, {"handler": "nvidia"})
+    assert present.ok is True
+    assert present.detail.startswith("RuntimeClass nvidia (handler nvidia) exists, for the manager")
+    assert d.judge_runtime_class(by_manager, nodes, Unreadable("403")).ok is False
+
+
+# --- the manager ------------------------------------------------------------------------------
+
+
+def test_lease() -> None:
+    config = ManagerConfig()
+    fresh = d.judge_lease(lease(renewed=NOW - timedelta(seconds=4)), config, NOW)
+    assert fresh == Check("leader Lease", True, "held by mgr-1, renewed 4s ago (lasts 15s)")
+    stale = d.judge_lease(lease(renewed=NOW - timedelta(seconds=90)), config, NOW)
+    assert stale.ok is False
+    assert "last renewed 90s ago (it lasts 15s)" in stale.detail
+    assert stale.fix == "kubectl -n deviceshare-system logs deploy/deviceshare-manager"
+    # a leader's clock ahead of ours is not "stale"
+    assert d.judge_lease(lease(renewed=NOW + timedelta(seconds=3)), config, NOW).ok is True
+    released = d.judge_lease(lease(holder=""), config, NOW)
+    assert (
+        released.detail
+        == "Lease deviceshare-system/deviceshare-manager was released and nobody took it over"
+    )
+    missing = d.judge_lease(None, config, NOW)
+    assert missing.ok is False
+    assert missing.detail.startswith("no Lease deviceshare-system/deviceshare-manager")
+    no_time = {"spec": {"holderIdentity": "x"}}
+    assert d.judge_lease(no_time, config, NOW).ok is False
+
+
+def test_lease_without_leader_election() -> None:
+    off = ManagerConfig(leader_elect=False, source="Deployment s/m")
+    assert d.judge_lease(None, off, NOW, replicas=1) == Check(
+        "leader Lease", True, "not used: leader election is off (Deployment s/m)"
+    )
+    racing = d.judge_lease(None, off, NOW, replicas=2)
+    assert racing.ok is None
+    assert "with 2 replicas: each schedules" in racing.detail
+
+
+def test_manager() -> None:
+    assert d.judge_manager(deployment(replicas=2, ready=1), "s", None) == Check(
+        "manager", True, "Deployment s/deviceshare-manager: 1/2 replicas Ready"
+    )
+    down = d.judge_manager(deployment(ready=0), "s", True)
+    assert down == Check(
+        "manager",
+        False,
+        "Deployment s/deviceshare-manager: 0/1 replicas Ready",
+        "kubectl -n s get pods -l app.kubernetes.io/name=shared-device-group\n"
+        "kubectl -n s rollout status deploy/deviceshare-manager",
+    )
+    scaled = d.judge_manager(deployment(replicas=0, ready=0), "s", None)
+    assert scaled.fix == "kubectl -n s scale deploy/deviceshare-manager --replicas=1"
+    elsewhere = d.judge_manager(None, "s", True)
+    assert elsewhere.ok is True
+    assert "a manager runs elsewhere (it holds the leader Lease)" in elsewhere.detail
+    nothing = d.judge_manager(None, "s", False)
+    assert (nothing.ok, nothing.fix) == (False, "kubectl apply -k config/default")
+
+
+# --- everything, rendered -------------------------------------------------------------------
+
+
+def healthy_facts() -> Facts:
+    return Facts(
+        now=NOW,
+        crd=crd(),
+        group_count=1,
+        webhooks=all_webhooks(),
+        policies={p: {} for p in d.POLICIES},
+        bindings={p: {} for p in d.POLICIES},
+        probe=REACHED,
+        cert_manager_crd={},
+        certificate={"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+        nodes=[node("gpu-1", 2, taints=[TAINT]), node("cpu-1", shared=False)],
+        slices=[rslice("gpu-1", 2)],
+        pods={"gpu-1": [pod("member", env={"NVIDIA_VISIBLE_DEVICES": "0,1"}, group="g")]},
+        deployment=deployment(["--leader-elect"]),
+        lease=lease(renewed=NOW - timedelta(seconds=2)),
+        config=d.manager_config(deployment(["--leader-elect"]), "deviceshare-system"),
+    )
+
+
+def test_judge_healthy_cluster() -> None:
+    checks = d.judge(healthy_facts())
+    assert [(c.name, c.ok) for c in checks] == [
+        ("CRD", True),
+        ("cert-manager", True),
+        ("webhook configurations", True),
+        ("pod webhook", True),
+        ("admission policies", True),
+        ("manager", True),
+        ("leader Lease", True),
+        ("shared nodes", True),
+        ("ResourceSlices", True),
+        ("node gpu-1: taint", True),
+        ("node gpu-1: devices", True),
+        ("node gpu-1: foreign device pods", True),
+        ("RuntimeClass", True),
+    ]
+    assert d.exit_code(checks) == 0
+
+
+def test_judge_broken_cluster() -> None:
+    facts = healthy_facts()
+    facts.probe = ADMITTED
+    facts.webhooks = {name: None for name in facts.webhooks}
+    facts.nodes = [node("gpu-1", 2)]
+    facts.pods = {"gpu-1": [pod("thief", env={"NVIDIA_VISIBLE_DEVICES": "all"})]}
+    checks = d.judge(facts)
+    assert {c.name for c in checks if c.ok is False} == {
+        "webhook configurations",
+        "pod webhook",
+        "node gpu-1: taint",
+        "node gpu-1: foreign device pods",
+    }
+    assert d.exit_code(checks) == 1
+    # the foreign pods' fix also taints the node, since it is not
+    foreign = next(c for c in checks if c.name == "node gpu-1: foreign device pods")
+    assert foreign.fix.splitlines()[-1].startswith("kubectl taint node gpu-1 ")
+
+
+def test_judge_ignores_slices_when_the_manager_does() -> None:
+    facts = healthy_facts()
+    facts.config = ManagerConfig(resource_slices="off")
+    devices = next(c for c in d.judge(facts) if c.name == "node gpu-1: devices")
+    assert devices.ok is None  # the count, as the manager sees it
+    assert "from count" in devices.detail
+
+
+def test_warnings_do_not_fail() -> None:
+    assert d.exit_code([Check("a", True, ""), Check("b", None, "")]) == 0
+    assert d.exit_code([Check("a", False, "")]) == 1
+
+
+CHECKS = [
+    Check("CRD", True, "fine", "never shown"),
+    Check("pod webhook", False, "admitted", "kubectl apply -k config/default"),
+    Check("node a: devices", None, "guessed", "kubectl annotate node a x=y\nor the driver"),
+]
+
+
+def test_render_text() -> None:
+    assert d.render_text(CHECKS) == (
+        "✓ CRD              fine\n"
+        "✗ pod webhook      admitted\n"
+        "    fix: kubectl apply -k config/default\n"
+        "! node a: devices  guessed\n"
+        "    fix: kubectl annotate node a x=y\n"
+        "         or the driver\n"
+        "\n"
+        "1 problem(s), 1 warning(s) in 3 checks\n"
+    )
+    assert d.render_text(CHECKS[:1]).endswith("\nall 1 checks passed\n")
+    colored = d.render_text(CHECKS, color=True)
+    assert colored.startswith("\033[32m✓\033[0m CRD")
+    assert "\033[31m✗\033[0m pod webhook" in colored
+
+
+def test_render_json() -> None:
+    assert json.loads(d.render_json(CHECKS)) == [
+        {"name": "CRD", "status": "ok", "ok": True, "detail": "fine", "fix": "never shown"},
+        {
+            "name": "pod webhook",
+            "status": "fail",
+            "ok": False,
+            "detail": "admitted",
+            "fix": "kubectl apply -k config/default",
+        },
+        {
+            "name": "node a: devices",
+            "status": "warning",
+            "ok": None,
+            "detail": "guessed",
+            "fix": "kubectl annotate node a x=y\nor the driver",
+        },
+    ]
+
+
+def test_cli_parses_doctor() -> None:
+    args = cli._parser().parse_args(
+        ["doctor", "-o", "json", "-n", "team", "--manager-namespace", "sdg", "--delivery", "cdi"]
+    )
+    assert (args.command, args.output, args.namespace, args.manager_namespace) == (
+        "doctor",
+        "json",
+        "team",
+        "sdg",
+    )
+    assert (args.delivery, args.runtime_class_name) == ("cdi", None)
+    assert cli._parser().parse_args(["doctor"]).output == "text"
+    with pytest.raises(SystemExit):
+        cli._parser().parse_args(["doctor", "-o", "yaml"])
