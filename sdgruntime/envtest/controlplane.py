@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -358,8 +359,9 @@ class ControlPlane:
     ) -> list[dict[str, Any]]:
         """Webhook configurations rewritten to call ``https://127.0.0.1:<port><path>``.
 
-        A service reference becomes a URL on loopback with this CA as caBundle, so the
-        real API server calls a webhook server running in the test process over TLS.
+        A service reference or a URL becomes a URL on loopback with this CA as caBundle,
+        so the real API server calls a webhook server running in the test process over
+        TLS. The path is kept: the service's ``path``, or the path of the ``url``.
         """
         objs: list[dict[str, Any]] = []
         for item in paths_or_objects:
@@ -374,8 +376,11 @@ class ControlPlane:
                 continue
             obj = copy.deepcopy(obj)
             for hook in obj.get("webhooks", []):
-                cfg = hook.get("clientConfig", {})
-                path = cfg.get("service", {}).get("path") or "/"
+                cfg = hook.get("clientConfig") or {}
+                if cfg.get("url"):
+                    path = urlsplit(cfg["url"]).path or "/"
+                else:
+                    path = (cfg.get("service") or {}).get("path") or "/"
                 hook["clientConfig"] = {
                     "url": f"https://127.0.0.1:{port}{path}",
                     "caBundle": ca_bundle,

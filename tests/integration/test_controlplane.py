@@ -12,12 +12,17 @@ import threading
 import time
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 import yaml
 
+from sdgruntime import errors
+from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane, ensure_binaries
-from sdgruntime.envtest.controlplane import pid_alive
+from sdgruntime.envtest.controlplane import free_port, pid_alive
+from sdgruntime.kinds import CONFIGMAPS
+from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, WebhookServer, denied
 
 pytestmark = pytest.mark.integration
 
@@ -206,3 +211,95 @@ def test_cli_serves_until_interrupted(tmp_path: Path, signum: int) -> None:
     port = int(server.rsplit(":", 1)[1])
     with socket.socket() as s, pytest.raises(ConnectionRefusedError):
         s.connect(("127.0.0.1", port))
+
+
+GUARD = {
+    "apiVersion": "admissionregistration.k8s.io/v1",
+    "kind": "ValidatingWebhookConfiguration",
+    "metadata": {"name": "guard"},
+    "webhooks": [
+        {
+            "name": "guard.example.com",
+            "admissionReviewVersions": ["v1"],
+            # As deployed: a URL elsewhere. Its path is what the local server serves.
+            "clientConfig": {"url": "https://operator.example.com:8443/validate-guarded"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE"],
+                    "resources": ["configmaps"],
+                }
+            ],
+            "objectSelector": {"matchLabels": {"guarded": "yes"}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+        }
+    ],
+}
+
+
+async def refuse_guarded(request: AdmissionRequest) -> AdmissionResponse:
+    return denied(f"configmap {request.name} is guarded")
+
+
+@pytest.mark.anyio
+async def test_cli_installs_webhooks_that_call_a_server_running_outside_it(
+    tmp_path: Path,
+) -> None:
+    """--webhook-port/--webhook-cert-dir/--install-webhooks: the CLI's API server calls a
+    webhook server this process runs with the certificate the CLI wrote."""
+    out, certs, hooks = tmp_path / "kubeconfig", tmp_path / "certs", tmp_path / "hooks.yaml"
+    hooks.write_text(yaml.safe_dump(GUARD))
+    port = free_port()
+    command = [
+        *(sys.executable, "-m", "sdgruntime.envtest", "--kubeconfig-out", str(out)),
+        *("--webhook-port", str(port), "--webhook-cert-dir", str(certs)),
+        *("--install-webhooks", str(hooks)),
+    ]
+    proc = await anyio.to_thread.run_sync(
+        lambda: subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [await anyio.to_thread.run_sync(proc.stdout.readline) for _ in range(3)]
+        assert lines[0] == f"webhook serving certificate: {certs}/tls.crt, tls.key\n"
+        assert lines[1] == (
+            "webhooks installed (ValidatingWebhookConfiguration guard): the API server "
+            f"calls https://127.0.0.1:{port}\n"
+        )
+        assert lines[2].startswith("control plane ready: kube-apiserver v1.")
+        server = WebhookServer("127.0.0.1", port, certs)
+        server.register("/validate-guarded", refuse_guarded)
+        async with anyio.create_task_group() as tg, Client.from_kubeconfig(out) as client:
+            await tg.start(server.serve)
+            cm = {"apiVersion": "v1", "kind": "ConfigMap"}
+            guarded = {**cm, "metadata": {"name": "g", "labels": {"guarded": "yes"}}}
+            with pytest.raises(errors.ApiError) as info:
+                await client.create(CONFIGMAPS, guarded, "default")
+            assert (
+                'admission webhook "guard.example.com" denied the request: configmap g is guarded'
+            ) in info.value.message
+            plain = await client.create(CONFIGMAPS, {**cm, "metadata": {"name": "p"}}, "default")
+            assert plain["metadata"]["name"] == "p"
+            tg.cancel_scope.cancel()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=30))
+    assert proc.returncode == 0
+    assert "control plane stopped" in rest
+
+
+def test_cli_refuses_webhook_options_it_cannot_use(tmp_path: Path) -> None:
+    for args, message in (
+        (["--install-webhooks", str(tmp_path / "absent.yaml")], "no such file or folder"),
+        (["--webhook-port", "0"], "is not a port"),
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", "sdgruntime.envtest", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert run.returncode == 2
+        assert message in run.stderr
