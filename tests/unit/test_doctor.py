@@ -195,6 +195,20 @@ def test_names_match_config() -> None:
     assert crd_doc["metadata"]["name"] == d.CRD_NAME
 
 
+def test_delivery_names_match_the_manager_settings() -> None:
+    """doctor reads the manager's delivery settings by name: once api.constants and
+    Settings define them, they must agree with doctor's."""
+    import api.constants as c
+
+    assert getattr(c, "DELIVERY_LABEL", d.DELIVERY_LABEL) == d.DELIVERY_LABEL
+    assert getattr(c, "DELIVERY_RUNTIMECLASS", d.DELIVERY_RUNTIMECLASS) == d.DELIVERY_RUNTIMECLASS
+    assert getattr(c, "DEFAULT_RUNTIME_CLASS", d.DEFAULT_RUNTIME_CLASS) == d.DEFAULT_RUNTIME_CLASS
+    fields = Settings.model_fields
+    if "delivery" in fields:
+        assert fields["delivery"].default == d.DEFAULT_DELIVERY
+        assert fields["runtime_class_name"].default == d.DEFAULT_RUNTIME_CLASS
+
+
 def test_config_manager_runs_with_leader_election() -> None:
     manager = next(x for x in docs("manager") if x["kind"] == "Deployment")
     config = d.manager_config(manager, "deviceshare-system")
