@@ -585,7 +585,8 @@ def judge_cert_manager(
     real test of what cert-manager provides (a certificate the API server trusts): the
     certificate then comes from elsewhere, nothing rotates it, and config/default cannot
     be applied. When the webhook is registered but cannot be called, a missing
-    cert-manager is a likely cause, so it fails."""
+    cert-manager (or Certificate) is a likely cause, so it fails. When the webhook is not
+    registered at all, the webhook checks fail with the fix; here it is a warning."""
     name = "cert-manager"
     reachable = isinstance(probe, Probe) and probe_reached_sdg(probe)
     unreachable = isinstance(probe, Probe) and _probe_unreachable(probe)
@@ -618,7 +619,9 @@ def judge_cert_manager(
             return Check(
                 name, True, f"installed (no Certificate {cert}: the webhook's comes from elsewhere)"
             )
-        return Check(name, False, f"installed, but there is no Certificate {cert}", INSTALL)
+        if unreachable:
+            return Check(name, False, f"installed, but there is no Certificate {cert}", INSTALL)
+        return Check(name, None, f"installed; no Certificate {cert} yet", INSTALL)
     ready = _condition(certificate, "Ready")
     if not ready or ready.get("status") != "True":
         why = (ready or {}).get("message") or (ready or {}).get("reason") or "no Ready condition"

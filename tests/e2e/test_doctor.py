@@ -4,7 +4,9 @@ broken one fails naming exactly what was broken.
 SDG runs in-process (``run_sdg``) with leader election, its webhooks registered as a
 loopback URL and config/policy installed, so there is no manager Deployment: doctor's
 ``manager`` check then passes on the live leader Lease alone (shown in its detail).
-cert-manager is not installed here, which doctor reports as a warning while the webhook
+cert-manager does not run here; its CRD may be installed by another test of the session
+(tests/integration/test_kustomize_apply.py), so the cert-manager check is a warning (no
+CRD) or passes (CRD, no Certificate, webhook answers): never a failure while the webhook
 answers. doctor runs through the CLI's ``main`` in a worker thread (it starts its own
 event loop) with the admin kubeconfig.
 """
@@ -162,9 +164,10 @@ async def test_healthy_cluster_passes(
         )
     print(out)
     assert (code, err) == (0, ""), out
-    assert marks(out) == {
+    got = marks(out)
+    assert got.pop("cert-manager") in ("!", "✓")
+    assert got == {
         "CRD": "✓",
-        "cert-manager": "!",
         "webhook configurations": "✓",
         "pod webhook": "✓",
         "admission policies": "✓",
@@ -188,7 +191,8 @@ async def test_healthy_cluster_passes(
         out, "node doc-gpu-2: devices"
     )
     assert f"RuntimeClass {rc} (handler nvidia) exists" in line_of(out, "RuntimeClass")
-    assert out.endswith("0 problem(s), 2 warning(s) in 16 checks\n")
+    warnings = 1 + (marks(out)["cert-manager"] == "!")
+    assert out.endswith(f"0 problem(s), {warnings} warning(s) in 16 checks\n")
     # the probe was a dry run: no pod of it exists
     pods, _ = await client.list_all(PODS, "default")
     assert not [p for p in pods if p["metadata"]["name"].startswith("sdg-doctor-probe-")]
@@ -255,6 +259,7 @@ async def test_broken_cluster_names_exactly_what_is_wrong(
     assert fix_of("node doc-gpu-1: foreign device pods") == [
         f"kubectl delete pod -n {namespace} thief   (or run them on a node that is not shared)"
     ]
+    assert marks(out)["cert-manager"] == "!"  # no CRD, or no Certificate: not the cause here
     assert out.endswith("4 problem(s), 1 warning(s) in 16 checks\n")
 
     assert jcode == 1

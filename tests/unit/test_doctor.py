@@ -431,6 +431,13 @@ def test_policies() -> None:
         ),
         ({}, None, REACHED, True, "the webhook's comes from elsewhere"),
         ({}, None, UNREACHABLE, False, "there is no Certificate deviceshare-system/"),
+        (
+            {},
+            None,
+            ADMITTED,
+            None,
+            "no Certificate deviceshare-system/deviceshare-serving-cert yet",
+        ),
     ],
 )
 def test_cert_manager(
