@@ -169,6 +169,8 @@ async def test_shrunk_node_and_pod_events(
 
         cond = await eventually(missing, what="DevicesMissing")
         assert cond["reason"] == "DevicesMissing"
-        assert "no longer offers nvidia.com/gpu 2 (gone), nvidia.com/gpu 3 (gone)" in cond["message"]
+        assert (
+            "no longer offers nvidia.com/gpu 2 (gone), nvidia.com/gpu 3 (gone)" in cond["message"]
+        )
         # Counted, not identified: the condition says the lost device cannot be known.
         assert "which one was lost cannot be known" in cond["message"]

@@ -18,6 +18,12 @@ from api.conditions import (
     set_condition,
 )
 from api.envvars import env_var_for, parse_env_table
+from api.pods import (
+    delivered_devices,
+    devices_annotation,
+    devices_from_env,
+    parse_devices_annotation,
+)
 from api.v1alpha1 import (
     SharedDeviceGroup,
     SharedDeviceGroupSpec,
@@ -309,13 +315,15 @@ def test_crd_identity_and_printer_columns() -> None:
     columns = {col["name"]: col for col in version["additionalPrinterColumns"]}
     assert [n for n, col in columns.items() if not col.get("priority")] == [
         "Phase",
+        "Ready",
         "Node",
         "Devices",
         "Pods",
         "Age",
     ]
     assert columns["Pods"]["jsonPath"] == ".status.podCount"
-    assert columns["Devices"]["jsonPath"] == ".status.selectedDevices"
+    assert columns["Devices"]["jsonPath"] == ".status.deviceSummary"
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
 
 
 def test_crd_rules_use_the_python_patterns() -> None:
@@ -416,3 +424,62 @@ def test_status_model_refuses_more_pods_than_the_crd() -> None:
         SharedDeviceGroupStatus(allocated_pods=pods, pod_count=len(pods))
     ok = SharedDeviceGroupStatus(allocated_pods=pods[:-1], pod_count=len(pods))
     assert ok.pod_count == c.MAX_ALLOCATED_PODS + 1
+
+
+# --- the devices a pod was given -------------------------------------------------------------
+
+
+def _pod(annotations: dict[str, str] | None = None, env: list | None = None) -> dict:
+    meta: dict = {"name": "p", "namespace": "ns"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"metadata": meta, "spec": {"containers": [{"name": "a", "env": env or []}]}}
+
+
+GPU_ENV = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}]
+
+
+def test_devices_annotation_is_compact_sorted_json() -> None:
+    assert devices_annotation({"nvidia.com/gpu": [1, 0], "amd.com/gpu": [3]}) == (
+        '{"amd.com/gpu":"3","nvidia.com/gpu":"0,1"}'
+    )
+    assert parse_devices_annotation('{"nvidia.com/gpu":"1,0"}') == {"nvidia.com/gpu": [0, 1]}
+
+
+def test_delivered_devices_reads_the_annotation_first() -> None:
+    """Whatever the env says (UUIDs, void): the record names the IDs."""
+    record = {c.DEVICES_ANNOTATION: '{"nvidia.com/gpu":"2,3"}'}
+    void = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    table = c.DEFAULT_ENV_TABLE
+    assert delivered_devices(_pod(record, void), {"nvidia.com/gpu": 2}, table) == {
+        "nvidia.com/gpu": [2, 3]
+    }
+    assert delivered_devices(_pod(record, GPU_ENV), {"nvidia.com/gpu": 2}, table) == {
+        "nvidia.com/gpu": [2, 3]
+    }
+    # Returned whole: a pod given other resources than its group's now shows it.
+    both = {c.DEVICES_ANNOTATION: '{"amd.com/gpu":"0","nvidia.com/gpu":"1"}'}
+    assert delivered_devices(_pod(both), {"nvidia.com/gpu": 1}, table) == {
+        "amd.com/gpu": [0],
+        "nvidia.com/gpu": [1],
+    }
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "0,1", "[]", '{"nvidia.com/gpu":[0,1]}', '{"nvidia.com/gpu":"0,x"}', '{"g":"1,1"}', "{"],
+)
+def test_a_malformed_record_gives_none_not_the_env(value: str) -> None:
+    p = _pod({c.DEVICES_ANNOTATION: value}, GPU_ENV)
+    assert delivered_devices(p, {"nvidia.com/gpu": 2}, c.DEFAULT_ENV_TABLE) is None
+
+
+def test_pods_admitted_before_the_record_fall_back_to_env() -> None:
+    table = c.DEFAULT_ENV_TABLE
+    assert delivered_devices(_pod({}, GPU_ENV), {"nvidia.com/gpu": 2}, table) == {
+        "nvidia.com/gpu": [0, 1]
+    }
+    assert delivered_devices(_pod(None, GPU_ENV), {"nvidia.com/gpu": 2}, table) == (
+        devices_from_env(_pod(None, GPU_ENV), {"nvidia.com/gpu": 2}, table)
+    )
+    assert delivered_devices(_pod(None, []), {"nvidia.com/gpu": 2}, table) is None
