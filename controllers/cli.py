@@ -25,6 +25,7 @@ from api.pods import pod_group
 from controllers import doctor
 from controllers.claims import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.cliviews import devices_view, explain_group, explain_pod
+from controllers.inventory import RESOURCESLICES
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
@@ -164,11 +165,19 @@ async def _claim_records(client: Client, namespace: str) -> list[dict]:
     )
 
 
+async def _resource_slices(client: Client) -> list[dict]:
+    """DRA ResourceSlices (the device inventory's best source); none where not served."""
+    try:
+        return await _list(client, RESOURCESLICES)
+    except (errors.NotFound, errors.Forbidden):
+        return []
+
+
 async def _devices(client: Client, args: argparse.Namespace) -> str:
     nodes = await _list(client, NODES)
     groups = await _groups(client)
     records = await _claim_records(client, args.claims_namespace)
-    return devices_view(nodes, groups, records)
+    return devices_view(nodes, groups, records, await _resource_slices(client))
 
 
 async def _get_or_none(client: Client, kind: Any, name: str, namespace: str | None = None) -> Any:
@@ -194,7 +203,8 @@ async def _explain(client: Client, args: argparse.Namespace) -> str:
         nodes = await _list(client, NODES)
         records = await _claim_records(client, args.claims_namespace)
         pods = await _list(client, PODS)
-        return explain_group(name, groups, nodes, records, pods)
+        slices = await _resource_slices(client)
+        return explain_group(name, groups, nodes, records, pods, slices)
     namespace = args.namespace or _context_namespace(args.kubeconfig, args.context)
     pod = await _get_or_none(client, PODS, name, namespace)
     if pod is None:
