@@ -33,6 +33,19 @@ _EXPORTS: dict[str, str] = {
     "And": "sdgruntime.predicate",
     "Or": "sdgruntime.predicate",
     "Not": "sdgruntime.predicate",
+    "LabelSelectorPredicate": "sdgruntime.predicate",
+    "label_selector_predicate": "sdgruntime.predicate",
+    # controllerutil
+    "AlreadyOwnedError": "sdgruntime.controllerutil",
+    "OperationResult": "sdgruntime.controllerutil",
+    "add_finalizer": "sdgruntime.controllerutil",
+    "contains_finalizer": "sdgruntime.controllerutil",
+    "create_or_patch": "sdgruntime.controllerutil",
+    "create_or_update": "sdgruntime.controllerutil",
+    "is_controlled_by": "sdgruntime.controllerutil",
+    "remove_finalizer": "sdgruntime.controllerutil",
+    "set_controller_reference": "sdgruntime.controllerutil",
+    "set_owner_reference": "sdgruntime.controllerutil",
     # manager, leader election, tracing
     "Manager": "sdgruntime.manager",
     "ManagerOptions": "sdgruntime.manager",
@@ -49,6 +62,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "AlreadyOwnedError",
     "And",
     "AnnotationChangedPredicate",
     "Builder",
@@ -64,11 +78,13 @@ __all__ = [
     "GenerationChangedPredicate",
     "Kind",
     "LabelChangedPredicate",
+    "LabelSelectorPredicate",
     "LeaderElectionLost",
     "LeaderElector",
     "Manager",
     "ManagerOptions",
     "Not",
+    "OperationResult",
     "Or",
     "Predicate",
     "Reconciler",
@@ -79,6 +95,15 @@ __all__ = [
     "TerminalError",
     "WebhookServer",
     "WorkQueue",
+    "add_finalizer",
+    "contains_finalizer",
+    "create_or_patch",
+    "create_or_update",
+    "is_controlled_by",
+    "label_selector_predicate",
+    "remove_finalizer",
+    "set_controller_reference",
+    "set_owner_reference",
     "setup_tracing",
 ]
 assert set(__all__) == set(_EXPORTS)
@@ -102,6 +127,18 @@ if TYPE_CHECKING:
     from sdgruntime.cache import Cache
     from sdgruntime.client import Client
     from sdgruntime.controller import Controller
+    from sdgruntime.controllerutil import (
+        AlreadyOwnedError,
+        OperationResult,
+        add_finalizer,
+        contains_finalizer,
+        create_or_patch,
+        create_or_update,
+        is_controlled_by,
+        remove_finalizer,
+        set_controller_reference,
+        set_owner_reference,
+    )
     from sdgruntime.events import EventRecorder
     from sdgruntime.handler import (
         EnqueueRequestForObject,
@@ -118,10 +155,12 @@ if TYPE_CHECKING:
         Funcs,
         GenerationChangedPredicate,
         LabelChangedPredicate,
+        LabelSelectorPredicate,
         Not,
         Or,
         Predicate,
         ResourceVersionChangedPredicate,
+        label_selector_predicate,
     )
     from sdgruntime.reconcile import Reconciler, ReconcilerFunc, Request, Result, TerminalError
     from sdgruntime.tracing import setup_tracing
