@@ -113,3 +113,38 @@ DEFAULT_ENV_TABLE: Final = MappingProxyType(
 #: The manager command-line flag that adds/overrides env table entries, repeated as
 #: ``--device-env RESOURCE_GLOB=ENV_VAR`` (parsed by ``api.envvars.parse_env_table``).
 DEVICE_ENV_FLAG: Final = "--device-env"
+
+# --- Device delivery ----------------------------------------------------------------------
+#: Pod annotation the pod webhook stamps on every group pod: the device IDs it was given,
+#: as compact JSON (``{"nvidia.com/gpu":"0,1"}``), whatever the delivery mode. It is the
+#: one record of a pod's devices (env values may be UUIDs or ``void``); the API server's
+#: policy (config/policy) keeps it from changing after creation.
+DEVICES_ANNOTATION: Final = "deviceshare.io/devices"
+
+#: Node label overriding the manager's delivery mode for the pods of groups on that node.
+DELIVERY_LABEL: Final = "deviceshare.io/delivery"
+#: How a group pod is given its devices (the ``--delivery`` flag and the node label):
+#: ``env`` vendor env vars; ``runtimeclass`` the same plus ``spec.runtimeClassName``;
+#: ``cdi`` per-container CDI device annotations, with the vendor env var set to ``void``.
+DELIVERY_ENV: Final = "env"
+DELIVERY_RUNTIMECLASS: Final = "runtimeclass"
+DELIVERY_CDI: Final = "cdi"
+DELIVERY_MODES: Final = (DELIVERY_ENV, DELIVERY_RUNTIMECLASS, DELIVERY_CDI)
+
+#: How devices are named to the runtime (``--device-ids``): ``index`` the IDs placement
+#: booked (what nvidia-smi numbers them); ``uuid`` the group's ``status.physicalDevices``
+#: where known, else the IDs.
+DEVICE_IDS_INDEX: Final = "index"
+DEVICE_IDS_UUID: Final = "uuid"
+DEVICE_IDS_FORMATS: Final = (DEVICE_IDS_INDEX, DEVICE_IDS_UUID)
+
+#: The GPU Operator's RuntimeClass (handler ``nvidia``).
+DEFAULT_RUNTIME_CLASS: Final = "nvidia"
+#: NRI device-injector's per-container CDI annotation: ``<prefix><container name>``.
+DEFAULT_CDI_ANNOTATION_PREFIX: Final = "cdi-devices.nri.io/container."
+#: The annotation families NRI's device-injector reads CDI devices from (current and
+#: deprecated; a more specific key of either wins, then ``<family>/pod``, then
+#: ``<family>``). In cdi mode the webhook owns every key of these on a group pod.
+CDI_ANNOTATION_FAMILIES: Final = ("cdi-devices.noderesource.dev", "cdi-devices.nri.io")
+#: The env value that makes NVIDIA's legacy runtime hook expose no GPU (as runc would).
+VOID_DEVICES: Final = "void"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from api.constants import GROUP_ANNOTATION
+from api.constants import DEVICES_ANNOTATION, GROUP_ANNOTATION
 from api.envvars import env_var_for
-from api.v1alpha1 import parse_ids
+from api.v1alpha1 import format_ids, parse_ids
 
 #: Cache index: pods by the group their annotation names.
 POD_GROUP_INDEX = "group"
@@ -64,3 +65,47 @@ def devices_from_env(
         except ValueError:
             return None
     return out
+
+
+def devices_annotation(devices: Mapping[str, list[int]]) -> str:
+    """The ``deviceshare.io/devices`` value for ``devices``: compact JSON, keys sorted, IDs
+    ascending (``{"nvidia.com/gpu":"0,1"}``), so equal devices give equal strings."""
+    return json.dumps(
+        {res: format_ids(ids) for res, ids in sorted(devices.items())}, separators=(",", ":")
+    )
+
+
+def parse_devices_annotation(value: Any) -> dict[str, list[int]] | None:
+    """``deviceshare.io/devices`` parsed, or None when it is not a JSON object of ID lists."""
+    if not isinstance(value, str) or len(value) > 65536:
+        return None
+    try:
+        raw = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    out: dict[str, list[int]] = {}
+    for res, ids in raw.items():
+        try:
+            out[res] = parse_ids(ids)
+        except ValueError:
+            return None
+    return out
+
+
+def delivered_devices(
+    pod: Mapping[str, Any], resources: Mapping[str, int], env_table: Mapping[str, str]
+) -> dict[str, list[int]] | None:
+    """The device IDs a group pod was given, or None when that cannot be told.
+
+    The ``deviceshare.io/devices`` annotation first: it names the IDs in every delivery
+    mode (env values may be UUIDs, or ``void`` under CDI). It is returned whole, so a pod
+    given other resources than ``resources`` (its group was recreated) shows it; malformed
+    gives None (never a guess from env that may not hold IDs). Pods admitted before the
+    annotation existed fall back to the env of their first container.
+    """
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if DEVICES_ANNOTATION in annotations:
+        return parse_devices_annotation(annotations[DEVICES_ANNOTATION])
+    return devices_from_env(pod, resources, env_table)
