@@ -1,17 +1,21 @@
 """The kustomize builds in config/ as the real API server accepts them.
 
-Every overlay (``default``, ``overlays/dev``, ``overlays/production``) is built with the
-pinned kubectl and applied to the local kube-apiserver with server-side apply and
-``--dry-run=server``: every object goes through decoding, schema validation (an unknown
-field fails server-side apply), defaulting and admission, but nothing is stored. So the
-overlays, which share object names, never see each other, and the session's other tests
-never meet webhook configurations pointing at a Service that does not exist.
+Every overlay (``default``, ``overlays/dev``, ``overlays/production``,
+``overlays/prometheus``, ``overlays/network-policy``) is built with the pinned kubectl and
+applied to the local kube-apiserver with server-side apply and ``--dry-run=server``: every
+object goes through decoding, schema validation (an unknown field fails server-side apply),
+defaulting and admission, but nothing is stored. So the overlays, which share object names,
+never see each other, and the session's other tests never meet webhook configurations
+pointing at a Service that does not exist.
+
+Each overlay is applied to a server with exactly the third-party CRDs it needs: always
+cert-manager's; the Prometheus Operator's ServiceMonitor only for the overlays that add
+monitoring. So ``config/default`` is proven to install where only cert-manager is.
 
 What is stored: the ``deviceshare-system`` Namespace (plain, so namespaced objects can be
 dry-run into it; left in place, since without a namespace controller a deleted namespace
-would stay Terminating and block others) and test stand-ins of the third-party CRDs the
-build uses (cert-manager's Issuer and Certificate, the Prometheus Operator's
-ServiceMonitor; ``hack/testdata/``), which add kinds no other test uses.
+would stay Terminating and block others) and test stand-ins of those third-party CRDs
+(``hack/testdata/``), which add kinds no other test uses.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,12 +34,21 @@ import yaml
 
 from controllers.settings import parse
 from sdgruntime.envtest.controlplane import ControlPlane
+from tests.integration import thirdparty
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = Path(sys.executable).parent / "kubectl"
-OVERLAYS = ["default", "overlays/dev", "overlays/production"]
+OVERLAYS = [
+    "default",
+    "overlays/dev",
+    "overlays/production",
+    "overlays/prometheus",
+    "overlays/network-policy",
+]
+# The overlays with a ServiceMonitor and the Grafana dashboard (config/prometheus).
+MONITORED = {"overlays/production", "overlays/prometheus"}
 NAMESPACE = "deviceshare-system"
 CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"
 
@@ -52,31 +66,39 @@ def kustomize(overlay: str) -> list[Obj]:
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
+def dry_run(kubeconfig: str, docs: list[Obj]) -> subprocess.CompletedProcess[str]:
+    """``kubectl apply --server-side --dry-run=server -o json`` of ``docs``."""
+    with tempfile.TemporaryDirectory() as cache:
+        return subprocess.run(
+            [
+                str(KUBECTL),
+                "apply",
+                "--server-side",
+                "--dry-run=server",
+                # The e2e tests may have stored the same admission policies under another field
+                # manager; the API server's defaults in their atomic matchConstraints differ from
+                # the manifest and would count as a conflict. Nothing is stored here anyway.
+                "--force-conflicts",
+                "--field-manager=sdg-kustomize-test",
+                "--kubeconfig",
+                kubeconfig,
+                # Fresh discovery: the tests add and remove CRDs within one session.
+                f"--cache-dir={cache}",
+                "-o",
+                "json",
+                "-f",
+                "-",
+            ],
+            input=yaml.safe_dump_all(docs),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+
 def dry_run_apply(kubeconfig: str, docs: list[Obj]) -> list[Obj]:
     """``kubectl apply --server-side --dry-run=server``; returns what the server made of it."""
-    out = subprocess.run(
-        [
-            str(KUBECTL),
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            # The e2e tests may have stored the same admission policies under another field
-            # manager; the API server's defaults in their atomic matchConstraints differ from
-            # the manifest and would count as a conflict. Nothing is stored here anyway.
-            "--force-conflicts",
-            "--field-manager=sdg-kustomize-test",
-            "--kubeconfig",
-            kubeconfig,
-            "-o",
-            "json",
-            "-f",
-            "-",
-        ],
-        input=yaml.safe_dump_all(docs),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    out = dry_run(kubeconfig, docs)
     assert out.returncode == 0, f"server-side dry-run apply failed:\n{out.stderr}"
     result = json.loads(out.stdout)
     return result["items"] if result.get("kind") == "List" else [result]
@@ -94,10 +116,18 @@ def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
+def kinds_served(cp: ControlPlane, built: list[Obj]) -> None:
+    """The server gets the ServiceMonitor CRD exactly when the build has one."""
+    if any(o["kind"] == "ServiceMonitor" for o in built):
+        thirdparty.install(cp, thirdparty.MONITORING)
+    else:
+        thirdparty.remove(cp, thirdparty.MONITORING)
+
+
 @pytest.fixture(scope="module")
 def cluster(control_plane: ControlPlane) -> ControlPlane:
-    """The control plane with the third-party CRD stand-ins and the namespace."""
-    control_plane.install_crds([ROOT / "hack" / "testdata"])
+    """The control plane with cert-manager's CRD stand-ins and the namespace."""
+    thirdparty.install(control_plane, thirdparty.CERT_MANAGER)
     r = control_plane.http.post(
         "/api/v1/namespaces",
         json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
@@ -112,6 +142,7 @@ def applied(
 ) -> Iterator[tuple[str, list[Obj], list[Obj]]]:
     """(overlay, built objects, the server's dry-run answer for each)."""
     built = kustomize(request.param)
+    kinds_served(cluster, built)
     yield request.param, built, dry_run_apply(str(cluster.kubeconfig_path), built)
 
 
@@ -126,7 +157,6 @@ def test_every_object_is_accepted_and_nothing_is_stored(
     expected = {
         "ClusterRole",
         "ClusterRoleBinding",
-        "ConfigMap",
         "CustomResourceDefinition",
         "Deployment",
         "Issuer",
@@ -137,13 +167,16 @@ def test_every_object_is_accepted_and_nothing_is_stored(
         "RoleBinding",
         "Service",
         "ServiceAccount",
-        "ServiceMonitor",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingWebhookConfiguration",
     }
     if overlay == "overlays/production":
         expected.add("PodDisruptionBudget")
+    if overlay in MONITORED:
+        expected |= {"ServiceMonitor", "ConfigMap"}  # the ConfigMap is the Grafana dashboard
+    if overlay == "overlays/network-policy":
+        expected.add("NetworkPolicy")
     assert set(kinds) == expected
     cluster_scoped = {
         "ClusterRole",
@@ -267,7 +300,7 @@ def test_manager_deployment(applied: tuple[str, list[Obj], list[Obj]]) -> None:
 
 
 def test_services_and_monitor_reach_the_manager(applied: tuple[str, list[Obj], list[Obj]]) -> None:
-    _, _, answered = applied
+    overlay, _, answered = applied
     deploy = one(answered, "Deployment", "deviceshare-manager")
     labels = deploy["spec"]["template"]["metadata"]["labels"]
     port_names = {p["name"] for p in deploy["spec"]["template"]["spec"]["containers"][0]["ports"]}
@@ -281,6 +314,9 @@ def test_services_and_monitor_reach_the_manager(applied: tuple[str, list[Obj], l
     (mport,) = metrics["spec"]["ports"]
     assert mport["targetPort"] in port_names
 
+    if overlay not in MONITORED:  # nothing that needs the Prometheus Operator
+        assert not [o for o in answered if o["kind"] in ("ServiceMonitor", "ConfigMap")]
+        return
     monitor = one(answered, "ServiceMonitor")
     assert matches(monitor["spec"]["selector"]["matchLabels"], metrics["metadata"]["labels"])
     assert not matches(monitor["spec"]["selector"]["matchLabels"], webhook["metadata"]["labels"])
@@ -291,6 +327,122 @@ def test_services_and_monitor_reach_the_manager(applied: tuple[str, list[Obj], l
     dashboard = one(answered, "ConfigMap", "deviceshare-grafana-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["sdg-dashboard.json"])["uid"] == "shared-device-group"
+
+
+def test_default_installs_where_only_cert_manager_is(cluster: ControlPlane) -> None:
+    """config/default needs no Prometheus Operator; config/overlays/prometheus does, and
+    renders the ServiceMonitor. The refused overlay is the control: this server really
+    lacks the kind."""
+    kc = str(cluster.kubeconfig_path)
+    thirdparty.remove(cluster, thirdparty.MONITORING)
+    assert cluster.http.get(thirdparty.MONITORING_API).status_code == 404
+
+    built = kustomize("default")
+    assert [o["metadata"]["name"] for o in dry_run_apply(kc, built)] == [
+        o["metadata"]["name"] for o in built
+    ]
+
+    monitored = kustomize("overlays/prometheus")
+    refused = dry_run(kc, monitored)
+    assert refused.returncode != 0
+    assert 'no matches for kind "ServiceMonitor"' in refused.stderr, refused.stderr
+
+    thirdparty.install(cluster, thirdparty.MONITORING)
+    monitor = one(dry_run_apply(kc, monitored), "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    # Only the monitoring objects are added to config/default.
+    added = {(o["kind"], o["metadata"]["name"]) for o in monitored} - {
+        (o["kind"], o["metadata"]["name"]) for o in built
+    }
+    assert added == {
+        ("ServiceMonitor", "deviceshare-manager-metrics-monitor"),
+        ("ConfigMap", "deviceshare-grafana-dashboard"),
+    }
+
+
+def ingress_allowed(
+    policies: list[Obj], pod: dict[str, str], port: int, ns: dict[str, str]
+) -> bool:
+    """NetworkPolicy semantics for what our policies use: may a pod in a namespace labelled
+    ``ns`` reach ``port`` (TCP) of a pod labelled ``pod``? Refuses any other construct, so
+    a change to the policies cannot be judged by rules this does not know."""
+    selecting = [p for p in policies if matches(p["spec"]["podSelector"]["matchLabels"], pod)]
+    if not selecting:
+        return True  # not isolated
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            if ports is not None and not any(
+                p["port"] == port and p.get("protocol", "TCP") == "TCP" for p in ports
+            ):
+                continue
+            sources = rule.get("from")
+            if sources is None:
+                return True
+            for peer in sources:
+                assert set(peer) == {"namespaceSelector"}, peer
+                assert set(peer["namespaceSelector"]) == {"matchLabels"}, peer
+                if matches(peer["namespaceSelector"]["matchLabels"], ns):
+                    return True
+    return False
+
+
+def test_network_policy_overlay_admits_only_metrics_scrapers_and_webhook_calls(
+    applied: tuple[str, list[Obj], list[Obj]],
+) -> None:
+    overlay, _, answered = applied
+    policies = [o for o in answered if o["kind"] == "NetworkPolicy"]
+    if overlay != "overlays/network-policy":
+        assert not policies  # optional: no other overlay isolates the manager
+        return
+    deploy = one(answered, "Deployment", "deviceshare-manager")
+    pod = deploy["spec"]["template"]["metadata"]["labels"]
+    ports = {
+        p["name"]: p["containerPort"]
+        for p in deploy["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
+    assert {p["metadata"]["name"] for p in policies} == {
+        "deviceshare-allow-metrics-traffic",
+        "deviceshare-allow-webhook-traffic",
+    }
+    for policy in policies:
+        assert policy["metadata"]["namespace"] == NAMESPACE
+        assert matches(policy["spec"]["podSelector"]["matchLabels"], pod)
+        # Ingress only: the manager keeps reaching the API server.
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+    scraper, other = {"metrics": "enabled"}, {"kubernetes.io/metadata.name": "team-a"}
+    assert ingress_allowed(policies, pod, ports["metrics"], scraper)
+    assert not ingress_allowed(policies, pod, ports["metrics"], other)
+    # The API server calls the webhooks from outside any namespace: allowed from anywhere.
+    assert ports["webhook"] == 9443
+    assert ingress_allowed(policies, pod, ports["webhook"], other)
+    assert ingress_allowed(policies, pod, ports["webhook"], {})
+    # Nothing else is opened (the kubelet's probes come from the node, always allowed).
+    assert not ingress_allowed(policies, pod, ports["health"], scraper)
+    # The control: another pod in the namespace is not isolated by these policies.
+    assert ingress_allowed(policies, {"app": "other"}, ports["health"], other)
+
+
+def test_user_roles_aggregate_into_view_and_edit(
+    applied: tuple[str, list[Obj], list[Obj]],
+) -> None:
+    """Every install carries kubebuilder's viewer and editor roles for SharedDeviceGroups,
+    labelled so that the API server's aggregation adds them to view, edit and admin
+    (tests/integration/test_user_roles.py proves their rules against the API server)."""
+    _, _, answered = applied
+    viewer = one(answered, "ClusterRole", "shareddevicegroup-viewer-role")
+    editor = one(answered, "ClusterRole", "shareddevicegroup-editor-role")
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in viewer["metadata"]["labels"].items() if k.startswith(aggregate)} == {
+        f"{aggregate}view"
+    }
+    assert viewer["metadata"]["labels"][f"{aggregate}view"] == "true"
+    assert {k for k, v in editor["metadata"]["labels"].items() if v == "true"} >= {
+        f"{aggregate}edit",
+        f"{aggregate}admin",
+    }
+    assert f"{aggregate}view" not in editor["metadata"]["labels"]
 
 
 def test_webhooks_get_a_certificate_and_ca_from_cert_manager(

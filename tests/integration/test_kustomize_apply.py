@@ -1,9 +1,11 @@
 """``kubectl apply --server-side -k config/default`` for real, stored by the local API server.
 
 The dry-run tests (test_kustomize.py) check every overlay; this one stores the default
-install, checks what the server kept, and removes what could affect other tests (the
-webhook configurations point at a Service with no endpoints here). The CRD, RBAC, the
-admission policies and the namespace stay: they are the same objects the e2e tests install.
+install on a server with cert-manager's CRDs and no Prometheus Operator (the ServiceMonitor
+CRD is removed first, whatever an earlier test installed), checks what the server kept, and
+removes what could affect other tests (the webhook configurations point at a Service with
+no endpoints here). The CRD, RBAC, the admission policies and the namespace stay: they are
+the same objects the e2e tests install.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 import yaml
 
 from sdgruntime.envtest import ControlPlane
+from tests.integration import thirdparty
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +41,10 @@ def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
 
 
 def test_apply_k_config_default_is_stored(control_plane: ControlPlane) -> None:
-    control_plane.install_crds([ROOT / "hack" / "testdata"])  # cert-manager, ServiceMonitor
+    # A cluster with cert-manager only: config/default must not need the Prometheus Operator.
+    thirdparty.install(control_plane, thirdparty.CERT_MANAGER)
+    thirdparty.remove(control_plane, thirdparty.MONITORING)
+    assert control_plane.http.get(thirdparty.MONITORING_API).status_code == 404
     kc = control_plane.kubeconfig_path
     built = [
         d
@@ -77,6 +83,20 @@ def test_apply_k_config_default_is_stored(control_plane: ControlPlane) -> None:
         )
         container = deploy["spec"]["template"]["spec"]["containers"][0]
         assert container["command"] == ["sdg-manager"]
+        # The metrics Service stays in config/default: any scraper can use it.
+        metrics = yaml.safe_load(
+            kubectl(
+                kc,
+                "-n",
+                "deviceshare-system",
+                "get",
+                "service",
+                "deviceshare-manager-metrics-service",
+                "-o",
+                "yaml",
+            )
+        )
+        assert metrics["spec"]["ports"][0]["targetPort"] == "metrics"
         assert "--leader-elect" in container["args"]
         assert deploy["spec"]["template"]["spec"]["serviceAccountName"] == "deviceshare-manager"
         hook = yaml.safe_load(
