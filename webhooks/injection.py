@@ -1,7 +1,8 @@
 """Pod mutation for SharedDeviceGroup members: the pure decisions, no I/O.
 
-Given the pod being created and its group, either a JSON patch (RFC 6902) that points
-every container at the group's devices and at our scheduler and lets the pod onto tainted
+Given the pod being created, its group and the group's node, either a JSON patch (RFC
+6902) that gives every container the group's devices the way the node's runtime takes
+them (``webhooks.delivery``), points the pod at our scheduler and lets it onto tainted
 shared nodes, or a denial whose message tells the user what to change. The same for the
 ephemeral containers (``kubectl debug``) added to a group's pod. The admission handler
 does the lookups and wraps this.
@@ -10,8 +11,8 @@ does the lookups and wraps this.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from api.conditions import find_condition
@@ -22,55 +23,68 @@ from api.constants import (
     DEFAULT_ENV_TABLE,
     DEFAULT_SCHEDULER_NAME,
     DEVICE_ENV_FLAG,
+    DEVICE_IDS_UUID,
+    DEVICES_ANNOTATION,
     GROUP_ANNOTATION,
     PHASE_BOUND,
     SCHEDULER_NAME,
     SHARED_TAINT_KEY,
     SHARED_TAINT_VALUE,
+    VOID_DEVICES,
 )
 from api.envvars import env_var_for
+from api.pods import parse_devices_annotation
+from api.v1alpha1 import format_ids, parse_ids
 from api.validation import is_dns_subdomain
+from webhooks.delivery import (
+    CUDA_DEVICE_ORDER,
+    Delivery,
+    Denial,
+    Patch,
+    ResourceDevices,
+    containers,
+    delivery_ops,
+    env_ops,
+    escape_pointer,
+    pointer,
+)
+
+__all__ = [
+    "SHARED_TOLERATION",
+    "Delivery",
+    "Denial",
+    "Patch",
+    "apply_operations",
+    "build_ephemeral_injection",
+    "build_injection",
+    "check_annotation",
+    "escape_pointer",
+    "group_annotation",
+    "inject_into",
+    "pointer",
+]
 
 Obj = Mapping[str, Any]
 
-#: Lets group pods onto shared nodes tainted ``deviceshare.io/mode=shared:NoSchedule``,
-#: which keeps every other pod off them.
+#: Lets group pods onto shared nodes tainted ``deviceshare.io/mode=shared`` with any
+#: effect: NoSchedule keeps every other pod off them, and NoExecute also evicts the ones
+#: already there. Group placement ignores this taint whatever its effect, so a group pod
+#: must tolerate every effect, or a NoExecute taint would evict it from its group's node.
 SHARED_TOLERATION: Mapping[str, str] = {
     "key": SHARED_TAINT_KEY,
     "operator": "Equal",
     "value": SHARED_TAINT_VALUE,
-    "effect": "NoSchedule",
 }
-_SHARED_TAINT = {"key": SHARED_TAINT_KEY, "value": SHARED_TAINT_VALUE, "effect": "NoSchedule"}
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 #: Env vars an ephemeral container must copy from the pod's first container, whatever the
 #: env table says; the API server's policy (config/policy) checks the same names.
 DEVICE_ENV_SUFFIX = "_VISIBLE_DEVICES"
 
+#: ``status.physicalDevices`` entries: a device UUID as the inventory accepts it.
+_UUID = re.compile(r"[^\s=,]{1,128}")
 
-@dataclass(frozen=True, slots=True)
-class Patch:
-    """Allow, with these JSON patch operations (possibly none)."""
-
-    operations: list[dict[str, Any]] = field(default_factory=list)
-    allowed: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Denial:
-    """Deny the pod; ``message`` is shown to the user by kubectl."""
-
-    message: str
-    allowed: bool = False
-
-
-def escape_pointer(token: str | int) -> str:
-    """One JSON pointer reference token (RFC 6901): ``~`` -> ``~0``, ``/`` -> ``~1``."""
-    return str(token).replace("~", "~0").replace("/", "~1")
-
-
-def pointer(*tokens: str | int) -> str:
-    return "".join("/" + escape_pointer(t) for t in tokens)
+_DEFAULT_DELIVERY = Delivery()
 
 
 def group_annotation(pod: Obj) -> str | None:
@@ -105,17 +119,8 @@ def check_annotation(pod: Obj, scheduler_name: str = SCHEDULER_NAME) -> Denial |
     return None
 
 
-def _containers(pod: Obj) -> list[tuple[str, int, Obj]]:
-    spec = pod.get("spec") or {}
-    return [
-        (kind, i, c)
-        for kind in ("initContainers", "containers")
-        for i, c in enumerate(spec.get(kind) or ())
-    ]
-
-
 def _requested_devices(pod: Obj, resources: Mapping[str, Any]) -> Denial | None:
-    for kind, _i, c in _containers(pod):
+    for kind, _i, c in containers(pod):
         res = c.get("resources") or {}
         for section in ("limits", "requests"):
             for name in sorted(res.get(section) or {}):
@@ -124,8 +129,8 @@ def _requested_devices(pod: Obj, resources: Mapping[str, Any]) -> Denial | None:
                     return Denial(
                         f"{what} {c.get('name', '')!r} requests {name} in resources.{section}; "
                         f"the device plugin would hand it other devices than the group's. "
-                        f"Remove the {name} limit and request: the group's devices are "
-                        "injected through the environment"
+                        f"Remove the {name} limit and request: SDG gives the pod the "
+                        "group's devices"
                     )
     pod_level = (pod.get("spec") or {}).get("resources") or {}
     for section in ("limits", "requests"):
@@ -134,18 +139,22 @@ def _requested_devices(pod: Obj, resources: Mapping[str, Any]) -> Denial | None:
                 return Denial(
                     f"pod requests {name} in spec.resources.{section}; the device plugin "
                     f"would hand it other devices than the group's. Remove the {name} "
-                    "limit and request: the group's devices are injected through the "
-                    "environment"
+                    "limit and request: SDG gives the pod the group's devices"
                 )
     return None
 
 
-def _group_env(group: Obj, env_table: Mapping[str, str]) -> dict[str, str] | Denial:
-    """env var -> value for the group's resources, or a denial."""
+def _group_devices(
+    group: Obj, env_table: Mapping[str, str], *, uuids_used: bool = False
+) -> list[ResourceDevices] | Denial:
+    """The bound group's devices per resource (sorted), with env var and, when
+    ``uuids_used``, the UUIDs ``status.physicalDevices`` records for them; or a denial."""
     name = (group.get("metadata") or {}).get("name", "")
     resources = sorted((group.get("spec") or {}).get("resources") or {})
-    selected = (group.get("status") or {}).get("selectedDevices") or {}
-    env: dict[str, str] = {}
+    status = group.get("status") or {}
+    selected = status.get("selectedDevices") or {}
+    physical = status.get("physicalDevices") or {}
+    out: list[ResourceDevices] = []
     owner: dict[str, str] = {}
     for res in resources:
         var = env_var_for(res, env_table)
@@ -161,60 +170,67 @@ def _group_env(group: Obj, env_table: Mapping[str, str]) -> dict[str, str] | Den
                 f"{var}; one variable cannot list both, so use one resource per group or "
                 f"configure distinct variables with {DEVICE_ENV_FLAG}"
             )
-        ids = selected.get(res)
+        try:
+            ids = parse_ids(selected.get(res) or "")
+        except ValueError as err:
+            return Denial(
+                f"SharedDeviceGroup {name!r} is Bound but its status.selectedDevices is "
+                f"malformed for {res} ({err}); this is a controller inconsistency, check the "
+                "manager's logs"
+            )
         if not ids:
             return Denial(
                 f"SharedDeviceGroup {name!r} is Bound but has no devices recorded for {res}; "
                 "this is a controller inconsistency, check the manager's logs"
             )
+        uuids: tuple[str, ...] | None = None
+        if uuids_used and physical.get(res):
+            listed = str(physical[res]).split(",")
+            if len(listed) != len(ids) or not all(_UUID.fullmatch(u) for u in listed):
+                return Denial(
+                    f"SharedDeviceGroup {name!r} records UUIDs {physical[res]!r} for {res} "
+                    f"devices {format_ids(ids)}, which do not match them one to one; this is "
+                    "a controller inconsistency, check the manager's logs"
+                )
+            uuids = tuple(listed)
         owner[var] = res
-        env[var] = str(ids)
-    return env
+        out.append(ResourceDevices(res, var, tuple(ids), uuids))
+    return out
 
 
-def _env_ops(kind: str, index: int, container: Obj, env: Mapping[str, Any]) -> list[dict]:
-    """Set each ``env`` var (a value, or a whole env entry) in one container: replace every
-    entry of that name (the kubelet lets the last one win), append the missing ones."""
-    base = ("spec", kind, index, "env")
-    entries = {
-        var: dict(value) if isinstance(value, Mapping) else {"name": var, "value": value}
-        for var, value in env.items()
-    }
-    existing = container.get("env")
-    if not existing:
-        op = "replace" if existing is not None else "add"
-        return [{"op": op, "path": pointer(*base), "value": list(entries.values())}]
-    ops: list[dict[str, Any]] = []
-    for var, entry in entries.items():
-        positions = [i for i, e in enumerate(existing) if e.get("name") == var]
-        if not positions:
-            ops.append({"op": "add", "path": pointer(*base, "-"), "value": entry})
-        for i in positions:
-            if existing[i] != entry:
-                ops.append({"op": "replace", "path": pointer(*base, i), "value": entry})
-    return ops
+def _group_env(group: Obj, env_table: Mapping[str, str]) -> dict[str, str] | Denial:
+    """env var -> the group's IDs: what the webhook injected before delivery modes."""
+    devices = _group_devices(group, env_table)
+    if isinstance(devices, Denial):
+        return devices
+    return {d.env_var: format_ids(d.ids) for d in devices}
 
 
-def tolerates_shared_taint(toleration: Obj) -> bool:
-    """Kubernetes' ToleratesTaint for the shared-node taint: an empty effect matches every
-    effect, an empty key with Exists every key, operator "" means Equal."""
-    effect = toleration.get("effect") or ""
-    if effect and effect != _SHARED_TAINT["effect"]:
+def tolerates_shared_taint(toleration: Obj, effect: str = "NoSchedule") -> bool:
+    """Kubernetes' ToleratesTaint for the shared-node taint with ``effect``: an empty
+    effect matches every effect, an empty key with Exists every key, operator "" means
+    Equal. For NoExecute, ``tolerationSeconds`` only delays the eviction: not tolerated."""
+    own = toleration.get("effect") or ""
+    if own and own != effect:
+        return False
+    if effect == "NoExecute" and toleration.get("tolerationSeconds") is not None:
         return False
     key = toleration.get("key") or ""
-    if key and key != _SHARED_TAINT["key"]:
+    if key and key != SHARED_TAINT_KEY:
         return False
     op = toleration.get("operator") or "Equal"
     if op == "Exists":
         return True
-    return op == "Equal" and (toleration.get("value") or "") == _SHARED_TAINT["value"]
+    return op == "Equal" and (toleration.get("value") or "") == SHARED_TAINT_VALUE
 
 
 def _toleration_ops(pod: Obj) -> list[dict[str, Any]]:
-    tolerations = (pod.get("spec") or {}).get("tolerations")
-    if any(tolerates_shared_taint(t) for t in tolerations or ()):
+    """Add ``SHARED_TOLERATION`` unless the pod's own tolerations already tolerate the
+    shared taint with every effect (one for NoSchedule only stays, ours goes beside it)."""
+    tolerations = (pod.get("spec") or {}).get("tolerations") or ()
+    if all(any(tolerates_shared_taint(t, e) for t in tolerations) for e in _TAINT_EFFECTS):
         return []
-    if tolerations is None:
+    if (pod.get("spec") or {}).get("tolerations") is None:
         return [{"op": "add", "path": "/spec/tolerations", "value": [dict(SHARED_TOLERATION)]}]
     return [{"op": "add", "path": "/spec/tolerations/-", "value": dict(SHARED_TOLERATION)}]
 
@@ -243,13 +259,16 @@ def build_injection(
     group: Obj | None,
     env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
     scheduler_name: str = SCHEDULER_NAME,
+    delivery: Delivery = _DEFAULT_DELIVERY,
+    node: Obj | None = None,
 ) -> Patch | Denial:
     """Decide a pod CREATE: the patch to apply, or why it is denied.
 
-    ``group`` is the SharedDeviceGroup the annotation names (None when it does not exist).
-    A pod without the annotation and not naming our scheduler gets an empty Patch. The
-    patch is idempotent: applied to its own result it yields no operations (the webhook
-    is reinvoked after other mutating webhooks).
+    ``group`` is the SharedDeviceGroup the annotation names (None when it does not exist);
+    ``node`` its node (None when unknown), whose ``deviceshare.io/delivery`` label may
+    override ``delivery.mode``. A pod without the annotation and not naming our scheduler
+    gets an empty Patch. The patch is idempotent: applied to its own result it yields no
+    operations (the webhook is reinvoked after other mutating webhooks).
     """
     denial = check_annotation(pod, scheduler_name)
     if denial is not None:
@@ -278,11 +297,11 @@ def build_injection(
             "Pods can join once it is Bound; fix the cause (kubectl describe sdg "
             f"{name}) or use another group."
         )
-    node = (pod.get("spec") or {}).get("nodeName")
-    if node and node != status.get("nodeName"):
+    pinned = (pod.get("spec") or {}).get("nodeName")
+    if pinned and pinned != status.get("nodeName"):
         # The kubelet would run it on another node's GPUs with these IDs: someone else's.
         return Denial(
-            f"pod sets spec.nodeName {node}, but SharedDeviceGroup {name!r} is bound to node "
+            f"pod sets spec.nodeName {pinned}, but SharedDeviceGroup {name!r} is bound to node "
             f"{status.get('nodeName')}; remove spec.nodeName and {scheduler_name} places "
             "the pod on the group's node"
         )
@@ -296,12 +315,18 @@ def build_injection(
             f"pod uses schedulerName {scheduler}, but pods of SharedDeviceGroup {name!r} "
             f"must use {scheduler_name} (or leave it unset) to run on the group's node"
         )
-    env = _group_env(group, env_table)
-    if isinstance(env, Denial):
-        return env
-    ops: list[dict[str, Any]] = []
-    for kind, i, c in _containers(pod):
-        ops.extend(_env_ops(kind, i, c, env))
+    devices = _group_devices(group, env_table, uuids_used=delivery.device_ids == DEVICE_IDS_UUID)
+    if isinstance(devices, Denial):
+        return devices
+    if node is not None and (node.get("metadata") or {}).get("name") != status["nodeName"]:
+        node = None  # not the group's node: its label says nothing about this pod
+    how = delivery.for_node(node, name)
+    if isinstance(how, Denial):
+        return how
+    delivered = delivery_ops(pod, devices, how)
+    if isinstance(delivered, Denial):
+        return delivered
+    ops = list(delivered)
     ops.extend(_toleration_ops(pod))
     if scheduler != scheduler_name:
         op = "add" if scheduler is None else "replace"
@@ -326,7 +351,7 @@ def _added_ephemeral(pod: Obj, old_pod: Obj) -> list[tuple[int, Obj]]:
 
 def _stale_device_env(pod: Obj, env: Mapping[str, str]) -> str | None:
     """Where the pod's containers do not carry the group's current device env, if anywhere."""
-    for kind, _i, c in _containers(pod):
+    for kind, _i, c in containers(pod):
         entries = c.get("env") or []
         what = "init container" if kind == "initContainers" else "container"
         for var, value in env.items():
@@ -340,6 +365,32 @@ def _stale_device_env(pod: Obj, env: Mapping[str, str]) -> str | None:
     return None
 
 
+def _describe(devices: Mapping[str, list[int]]) -> str:
+    return ", ".join(f"{res} {format_ids(ids) or '(none)'}" for res, ids in sorted(devices.items()))
+
+
+def _pod_device_env(pod: Obj, devices: list[ResourceDevices]) -> tuple[dict[str, Any], str | None]:
+    """The device env entries of the pod's first container, when its
+    ``deviceshare.io/devices`` record names the group's devices; else why not."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    given = parse_devices_annotation(annotations[DEVICES_ANNOTATION])
+    if given is None:
+        return {}, f"its annotation {DEVICES_ANNOTATION} is not readable"
+    holds = {d.resource: list(d.ids) for d in devices}
+    if given != holds:
+        return {}, f"it was given {_describe(given)}, the group holds {_describe(holds)}"
+    first = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+    entries = {str(e.get("name")): e for e in first.get("env") or ()}
+    env: dict[str, Any] = {}
+    for d in devices:
+        if d.env_var not in entries:
+            return {}, f"container {first.get('name', '')!r} has no {d.env_var}"
+        env[d.env_var] = entries[d.env_var]
+    if CUDA_DEVICE_ORDER in entries:
+        env[CUDA_DEVICE_ORDER] = entries[CUDA_DEVICE_ORDER]
+    return env, None
+
+
 def build_ephemeral_injection(
     pod: Obj,
     old_pod: Obj,
@@ -349,12 +400,17 @@ def build_ephemeral_injection(
     """Decide an UPDATE of ``pods/ephemeralcontainers`` (``kubectl debug``).
 
     New ephemeral containers of a group's pod get exactly the device env the pod's
-    containers have: the group's env plus any other ``*_VISIBLE_DEVICES`` entry of the
-    first container (the API server's policy demands the same), replacing what the user
-    set for those names. Container images often name devices themselves (CUDA images:
+    containers have: the device env of the first container (the group's variables, any
+    other ``*_VISIBLE_DEVICES`` entry, CUDA_DEVICE_ORDER unless the new container sets its
+    own; the API server's policy demands the same), replacing what the user set for those
+    names. Container images often name devices themselves (CUDA images:
     ``NVIDIA_VISIBLE_DEVICES=all``), so without it a debug container would see every GPU.
-    Denied when the pod no longer runs on its group's devices, or when the new container
-    sets a device variable the pod does not have.
+    Pods given their devices by CDI annotations carry ``void`` there: their debug
+    containers see no GPU (annotations cannot change on this subresource, and the CDI
+    injector read them when the pod started), and kubectl shows a warning saying so.
+    Denied when the pod no longer runs on its group's devices (by its
+    ``deviceshare.io/devices`` record, or by its env for pods admitted before that), or
+    when the new container sets a device variable the pod does not have.
     """
     name = group_annotation(pod)
     added = _added_ephemeral(pod, old_pod)
@@ -374,10 +430,15 @@ def build_ephemeral_injection(
             f"SharedDeviceGroup {name!r} of pod {ref} is not Bound, so ephemeral container "
             f"{names} cannot be given its devices; kubectl describe sdg {name} says why"
         )
-    env = _group_env(group, env_table)
-    if isinstance(env, Denial):
-        return env
-    stale = _stale_device_env(pod, env)
+    devices = _group_devices(group, env_table)
+    if isinstance(devices, Denial):
+        return devices
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if DEVICES_ANNOTATION in annotations:
+        env, stale = _pod_device_env(pod, devices)
+    else:  # admitted before the record existed: env held the IDs
+        env = {d.env_var: format_ids(d.ids) for d in devices}
+        stale = _stale_device_env(pod, env)
     if stale is not None:
         return Denial(
             f"pod {ref} does not run on the devices SharedDeviceGroup {name!r} holds now "
@@ -385,10 +446,11 @@ def build_ephemeral_injection(
             f"Delete the pod and create it again to run on the group's devices "
             f"(kubectl describe sdg {name})"
         )
-    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    order = env.pop(CUDA_DEVICE_ORDER, None)
+    containers_ = (pod.get("spec") or {}).get("containers") or [{}]
     required: dict[str, Any] = {
         e["name"]: e
-        for e in containers[0].get("env") or ()
+        for e in containers_[0].get("env") or ()
         if str(e.get("name", "")).endswith(DEVICE_ENV_SUFFIX)
     }
     required.update(env)
@@ -409,8 +471,25 @@ def build_ephemeral_injection(
                 f"other devices than SharedDeviceGroup {name!r} holds. Remove "
                 f"{'it' if len(extra) == 1 else 'them'} from the ephemeral container"
             )
-        ops.extend(_env_ops("ephemeralContainers", i, c, required))
-    return Patch(ops)
+        want = dict(required)
+        if order is not None and not any(
+            e.get("name") == CUDA_DEVICE_ORDER for e in c.get("env") or ()
+        ):
+            want[CUDA_DEVICE_ORDER] = order
+        ops.extend(env_ops("ephemeralContainers", i, c, want))
+    void = sorted(
+        var for var, e in env.items() if isinstance(e, Mapping) and e.get("value") == VOID_DEVICES
+    )
+    warnings: tuple[str, ...] = ()
+    if void:
+        warnings = (
+            f"ephemeral container {names} of pod {ref} sees none of SharedDeviceGroup "
+            f"{name!r}'s devices: the pod gets them through CDI annotations, which were read "
+            f"when it started and cannot name a new container ({', '.join(void)}=void keeps "
+            "the image from seeing other devices). To use the GPUs, kubectl exec into one "
+            "of the pod's containers",
+        )
+    return Patch(ops, warnings=warnings)
 
 
 def _unescape(token: str) -> str:
@@ -421,16 +500,24 @@ def apply_operations(doc: Obj, operations: list[dict[str, Any]]) -> dict[str, An
     """Apply this module's ``add``/``replace`` operations to a deep copy of ``doc``.
 
     For mutators that prefer to return the edited object (and for tests): the result is
-    exactly what the API server makes of the patch.
+    exactly what the API server makes of the patch (``remove`` included).
     """
     out: dict[str, Any] = json.loads(json.dumps(doc))
     for op in operations:
-        if op["op"] not in ("add", "replace"):
+        if op["op"] not in ("add", "replace", "remove"):
             raise ValueError(f"unsupported operation {op['op']!r}")
         *parents, last = [_unescape(t) for t in op["path"].split("/")[1:]]
         target: Any = out
         for token in parents:
             target = target[int(token)] if isinstance(target, list) else target[token]
+        if op["op"] == "remove":
+            if isinstance(target, list):
+                del target[int(last)]
+            elif last in target:
+                del target[last]
+            else:
+                raise ValueError(f"remove of missing member {op['path']}")
+            continue
         value = json.loads(json.dumps(op["value"]))
         if isinstance(target, list):
             if last == "-":
@@ -447,10 +534,14 @@ def apply_operations(doc: Obj, operations: list[dict[str, Any]]) -> dict[str, An
 
 
 def inject_into(
-    pod: Obj, group: Obj | None, env_table: Mapping[str, str] = DEFAULT_ENV_TABLE
+    pod: Obj,
+    group: Obj | None,
+    env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
+    delivery: Delivery = _DEFAULT_DELIVERY,
+    node: Obj | None = None,
 ) -> dict[str, Any] | Denial:
     """``build_injection`` as an edited copy of the pod instead of a patch."""
-    result = build_injection(pod, group, env_table)
+    result = build_injection(pod, group, env_table, delivery=delivery, node=node)
     if isinstance(result, Denial):
         return result
     return apply_operations(pod, result.operations)

@@ -1,9 +1,11 @@
-"""Mutating webhook for pods of a SharedDeviceGroup: inject the group's device env.
+"""Mutating webhook for pods of a SharedDeviceGroup: give them the group's devices.
 
 Pod CREATE, and UPDATE of ``pods/ephemeralcontainers`` (``kubectl debug``) of a group's
 pod. It only reads: the group from the shared cache (a live GET when the cache has not
-seen it yet), waiting briefly for a group that was just created and is still being bound.
-The decisions themselves are pure (``webhooks.injection``).
+seen it yet), waiting briefly for a group that was just created and is still being bound,
+and the group's node the same way (its ``deviceshare.io/delivery`` label chooses how the
+devices are given). The decisions themselves are pure (``webhooks.injection``,
+``webhooks.delivery``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from api.constants import (
 from sdgruntime import errors
 from sdgruntime.cache import Cache, CacheNotSynced
 from sdgruntime.client import Client
+from sdgruntime.kinds import NODES
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed, denied, patch_ops
 from webhooks.injection import (
+    Delivery,
     Denial,
     build_ephemeral_injection,
     build_injection,
@@ -50,8 +54,9 @@ def _still_binding(group: Mapping[str, Any]) -> bool:
 
 
 class PodMutator:
-    """``/mutate-v1-pod``: devices env into every container (ephemeral ones too), our
-    schedulerName, the shared-node toleration."""
+    """``/mutate-v1-pod``: the group's devices into every container as the node's runtime
+    takes them (device env into ephemeral ones too), our schedulerName, the shared-node
+    toleration. ``delivery`` is the manager's delivery settings (``Settings.delivery_settings``)."""
 
     def __init__(
         self,
@@ -60,12 +65,14 @@ class PodMutator:
         env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
         binding_wait: float = BINDING_WAIT,
         scheduler_name: str = SCHEDULER_NAME,
+        delivery: Delivery | None = None,
     ) -> None:
         self.scheduler_name = scheduler_name
         self.cache = cache
         self.client = client
         self.env_table = env_table
         self.binding_wait = binding_wait
+        self.delivery = delivery if delivery is not None else Delivery()
 
     async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = request.object or {}
@@ -80,10 +87,13 @@ class PodMutator:
             return denied(bad.message)
         name = group_annotation(pod)
         group = await self._group(name) if name else None
-        result = build_injection(pod, group, self.env_table, self.scheduler_name)
+        node = await self._node(group) if group is not None else None
+        result = build_injection(
+            pod, group, self.env_table, self.scheduler_name, delivery=self.delivery, node=node
+        )
         if isinstance(result, Denial):
             return denied(result.message)
-        return patch_ops(result.operations)
+        return patch_ops(result.operations, warnings=result.warnings)
 
     async def _ephemeral(
         self, pod: Mapping[str, Any], old_pod: Mapping[str, Any]
@@ -96,7 +106,7 @@ class PodMutator:
         result = build_ephemeral_injection(pod, old_pod, group, self.env_table)
         if isinstance(result, Denial):
             return denied(result.message)
-        return patch_ops(result.operations)
+        return patch_ops(result.operations, warnings=result.warnings)
 
     async def _group(self, name: str) -> dict[str, Any] | None:
         group = await self._lookup(name)
@@ -108,6 +118,21 @@ class PodMutator:
             except (errors.NotFound, CacheNotSynced):
                 continue  # seen live, not cached yet: keep what the live read said
         return group
+
+    async def _node(self, group: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The bound group's node (None when not bound or gone): its label may override
+        the delivery mode. The cache first, like groups; the API server when it cannot say."""
+        name = (group.get("status") or {}).get("nodeName")
+        if not name or (group.get("status") or {}).get("phase") != PHASE_BOUND:
+            return None
+        try:
+            return self.cache.get(NODES, name)
+        except (errors.NotFound, CacheNotSynced):
+            pass  # a node added a moment ago, or the cache has not synced: ask
+        try:
+            return await self.client.get(NODES, name)
+        except errors.NotFound:
+            return None
 
     async def _lookup(self, name: str) -> dict[str, Any] | None:
         try:

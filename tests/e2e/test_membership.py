@@ -37,12 +37,10 @@ KUBECTL = Path(sys.executable).parent / "kubectl"
 KEY = "deviceshare.io/group"
 MEMBERSHIP = "ValidatingAdmissionPolicy 'deviceshare-group-membership'"
 EPHEMERAL = "ValidatingAdmissionPolicy 'deviceshare-ephemeral-container-devices'"
-TOLERATION = {
-    "key": "deviceshare.io/mode",
-    "operator": "Equal",
-    "value": "shared",
-    "effect": "NoSchedule",
-}
+#: No effect: tolerates the shared taint with NoSchedule and NoExecute alike.
+TOLERATION = {"key": "deviceshare.io/mode", "operator": "Equal", "value": "shared"}
+#: Injected beside index-named NVIDIA GPUs, so CUDA numbers them as nvidia-smi does.
+ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 async def refused(call: Any, policy: str = MEMBERSHIP) -> str:
@@ -190,7 +188,8 @@ async def test_victim_and_thief_no_longer_share_a_gpu(
         victim = await client.get(SDG_KIND, "victim")
         assert victim["status"]["selectedDevices"] == {GPU: "0"}
         assert env_of(await client.get(PODS, "victim-pod", namespace)) == {
-            "NVIDIA_VISIBLE_DEVICES": "0"
+            "NVIDIA_VISIBLE_DEVICES": "0",
+            **ORDER,
         }
 
 
@@ -236,13 +235,13 @@ async def test_debug_containers_of_group_pods_get_the_groups_devices(
         )
         assert rc == 0, err
         member = await client.get(PODS, "member", namespace)
-        assert ephemeral_env(member, "dbg") == {"NVIDIA_VISIBLE_DEVICES": "0,1"}
+        assert ephemeral_env(member, "dbg") == {"NVIDIA_VISIBLE_DEVICES": "0,1", **ORDER}
 
         # The value the image or the user asks for is replaced, like in the pod's containers.
         greedy = debugger("greedy", [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
         member = await add_ephemeral(client, "member", namespace, greedy)
-        assert ephemeral_env(member, "greedy") == {"NVIDIA_VISIBLE_DEVICES": "0,1"}
-        assert ephemeral_env(member, "dbg") == {"NVIDIA_VISIBLE_DEVICES": "0,1"}
+        assert ephemeral_env(member, "greedy") == {"NVIDIA_VISIBLE_DEVICES": "0,1", **ORDER}
+        assert ephemeral_env(member, "dbg") == {"NVIDIA_VISIBLE_DEVICES": "0,1", **ORDER}
 
         # A pod outside any group is none of SDG's business.
         plain = await add_ephemeral(client, "plain", namespace, debugger("dbg"))
@@ -328,7 +327,7 @@ async def test_injected_device_env_cannot_be_changed_by_a_pod_update(
         await wait_bound(client, "g")
         created = await client.create(PODS, pod("member", "g"), namespace)
     remove_webhooks(cluster)
-    assert env_of(created) == {"NVIDIA_VISIBLE_DEVICES": "0"}
+    assert env_of(created) == {"NVIDIA_VISIBLE_DEVICES": "0", **ORDER}
     for ops in (
         [{"op": "replace", "path": "/spec/containers/0/env/0/value", "value": "all"}],
         [{"op": "remove", "path": "/spec/containers/0/env/0"}],
@@ -344,7 +343,10 @@ async def test_injected_device_env_cannot_be_changed_by_a_pod_update(
             await client.patch(PODS, "member", ops, namespace, patch_type="json")
         assert info.value.code == 422
         assert "pod updates may not change fields other than" in info.value.message
-    assert env_of(await client.get(PODS, "member", namespace)) == {"NVIDIA_VISIBLE_DEVICES": "0"}
+    assert env_of(await client.get(PODS, "member", namespace)) == {
+        "NVIDIA_VISIBLE_DEVICES": "0",
+        **ORDER,
+    }
 
 
 async def test_a_group_with_a_devices_conflict_takes_no_new_pods(

@@ -1,5 +1,6 @@
-"""Pod env injection: the patch for a bound group (env, scheduler, shared-node toleration),
-ephemeral containers of a group's pod, and every denial a user can hit."""
+"""Pod injection: the patch for a bound group (devices by env, RuntimeClass or CDI,
+the devices record, scheduler, shared-node toleration), ephemeral containers of a group's
+pod, and every denial a user can hit."""
 
 from __future__ import annotations
 
@@ -7,11 +8,20 @@ import copy
 from typing import Any
 
 import pytest
+import yaml
 
 from api.constants import CONFLICT_REASONS
 from api.envvars import parse_env_table
+from webhooks.delivery import (
+    ResourceDevices,
+    cdi_delivery,
+    delivery_ops,
+    env_delivery,
+    runtimeclass_delivery,
+)
 from webhooks.injection import (
     SHARED_TOLERATION,
+    Delivery,
     Denial,
     Patch,
     apply_operations,
@@ -82,6 +92,15 @@ def env_of(c: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in c.get("env", [])}
 
 
+GPUS = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}
+ORDER = {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"}
+RECORD = {
+    "op": "add",
+    "path": "/metadata/annotations/deviceshare.io~1devices",
+    "value": '{"nvidia.com/gpu":"0,1"}',
+}
+
+
 def test_injects_env_into_every_container_and_sets_the_scheduler() -> None:
     p = pod(
         containers=[{"name": "a", "image": "x"}, {"name": "b", "image": "x"}],
@@ -91,26 +110,18 @@ def test_injects_env_into_every_container_and_sets_the_scheduler() -> None:
     result = build_injection(p, group())
     assert isinstance(result, Patch) and result.allowed
     assert result.operations == [
-        {
-            "op": "add",
-            "path": "/spec/initContainers/0/env",
-            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}],
-        },
-        {
-            "op": "add",
-            "path": "/spec/containers/0/env",
-            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}],
-        },
-        {
-            "op": "add",
-            "path": "/spec/containers/1/env",
-            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}],
-        },
+        {"op": "add", "path": "/spec/initContainers/0/env", "value": [GPUS, ORDER]},
+        {"op": "add", "path": "/spec/containers/0/env", "value": [GPUS, ORDER]},
+        {"op": "add", "path": "/spec/containers/1/env", "value": [GPUS, ORDER]},
+        RECORD,
         {"op": "add", "path": "/spec/tolerations", "value": [dict(SHARED_TOLERATION)]},
         {"op": "replace", "path": "/spec/schedulerName", "value": "deviceshare-scheduler"},
     ]
     out = apply_operations(p, result.operations)
-    assert out["metadata"] == p["metadata"]
+    assert out["metadata"]["annotations"] == {
+        **p["metadata"]["annotations"],
+        "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
+    }
 
 
 def test_missing_scheduler_name_is_added_and_ours_is_kept() -> None:
@@ -142,7 +153,7 @@ def test_user_value_is_replaced_in_place_keeping_other_entries() -> None:
         "value": {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"},
     }
     env = apply_operations(p, result.operations)["spec"]["containers"][0]["env"]
-    assert [e["name"] for e in env] == ["A", "NVIDIA_VISIBLE_DEVICES", "B"]
+    assert [e["name"] for e in env] == ["A", "NVIDIA_VISIBLE_DEVICES", "B", "CUDA_DEVICE_ORDER"]
     assert env[1] == {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}
     assert env[2] == containers[0]["env"][2]
 
@@ -162,6 +173,7 @@ def test_value_from_and_duplicates_are_all_overwritten() -> None:
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"},
         {"name": "X", "value": "1"},
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"},
+        ORDER,
     ]
 
 
@@ -169,15 +181,41 @@ def test_existing_env_gets_appended_and_empty_env_replaced() -> None:
     c1 = {"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}]}
     c2 = {"name": "b", "image": "x", "env": []}
     out = patched(pod(containers=[c1, c2]), group())
-    assert env_of(out["spec"]["containers"][0]) == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "0,1"}
-    assert env_of(out["spec"]["containers"][1]) == {"NVIDIA_VISIBLE_DEVICES": "0,1"}
+    assert env_of(out["spec"]["containers"][0]) == {
+        "A": "1",
+        "NVIDIA_VISIBLE_DEVICES": "0,1",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    assert out["spec"]["containers"][1]["env"] == [GPUS, ORDER]
 
 
 def test_already_correct_value_needs_no_env_operation() -> None:
-    c = {"name": "a", "image": "x", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}]}
+    c = {"name": "a", "image": "x", "env": [GPUS, ORDER]}
     p = pod(containers=[c], scheduler="deviceshare-scheduler")
     p["spec"]["tolerations"] = [dict(SHARED_TOLERATION)]
+    p["metadata"]["annotations"]["deviceshare.io/devices"] = '{"nvidia.com/gpu":"0,1"}'
     assert build_injection(p, group()) == Patch([])
+
+
+def test_the_containers_own_cuda_device_order_is_kept() -> None:
+    """A numbering preference, not a device choice: the pod's own value stays."""
+    c = {
+        "name": "a",
+        "image": "x",
+        "env": [{"name": "CUDA_DEVICE_ORDER", "value": "FASTEST_FIRST"}],
+    }
+    out = patched(pod(containers=[c]), group())
+    assert env_of(out["spec"]["containers"][0]) == {
+        "CUDA_DEVICE_ORDER": "FASTEST_FIRST",
+        "NVIDIA_VISIBLE_DEVICES": "0,1",
+    }
+
+
+def test_cuda_device_order_is_for_nvidia_gpus_only() -> None:
+    g = group(resources={"amd.com/gpu": 1}, devices={"amd.com/gpu": "1"})
+    out = patched(pod(), g)
+    assert env_of(out["spec"]["containers"][0]) == {"AMD_VISIBLE_DEVICES": "1"}
+    assert out["metadata"]["annotations"]["deviceshare.io/devices"] == '{"amd.com/gpu":"1"}'
 
 
 def test_several_resources_each_get_their_variable() -> None:
@@ -186,7 +224,11 @@ def test_several_resources_each_get_their_variable() -> None:
     assert env_of(out["spec"]["containers"][0]) == {
         "ASCEND_VISIBLE_DEVICES": "0,1",
         "NVIDIA_VISIBLE_DEVICES": "3",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     }
+    assert out["metadata"]["annotations"]["deviceshare.io/devices"] == (
+        '{"huawei.com/Ascend910":"0,1","nvidia.com/gpu":"3"}'
+    )
 
 
 def test_input_pod_is_not_modified() -> None:
@@ -323,23 +365,25 @@ def test_pointer_escaping() -> None:
     )
     assert out == {"metadata": {"annotations": {"a/b~c": "v"}}}
     with pytest.raises(ValueError):
-        apply_operations(doc, [{"op": "remove", "path": "/metadata"}])
+        apply_operations(doc, [{"op": "move", "from": "/metadata", "path": "/m"}])
     with pytest.raises(ValueError):
         apply_operations(doc, [{"op": "replace", "path": "/spec", "value": 1}])
+    with pytest.raises(ValueError):
+        apply_operations(doc, [{"op": "remove", "path": "/metadata/annotations/gone"}])
+    assert apply_operations(out, [{"op": "remove", "path": "/metadata/annotations/a~1b~0c"}]) == (
+        doc
+    )
 
 
 # --- the shared-node toleration -----------------------------------------------------------
 
 
 def test_toleration_is_added_so_group_pods_land_on_tainted_shared_nodes() -> None:
+    """No effect: it tolerates NoSchedule and NoExecute alike. Group placement ignores the
+    shared taint with either effect, so a NoExecute one must not evict the group's pods."""
     out = patched(pod(init=[{"name": "i", "image": "x"}]), group())
     assert out["spec"]["tolerations"] == [
-        {
-            "key": "deviceshare.io/mode",
-            "operator": "Equal",
-            "value": "shared",
-            "effect": "NoSchedule",
-        }
+        {"key": "deviceshare.io/mode", "operator": "Equal", "value": "shared"}
     ]
 
 
@@ -352,24 +396,26 @@ def test_toleration_is_appended_to_the_pods_own() -> None:
     assert patched(p, group())["spec"]["tolerations"] == [dict(SHARED_TOLERATION)]
 
 
+NO_SCHEDULE = {"key": "deviceshare.io/mode", "value": "shared", "effect": "NoSchedule"}
+NO_EXECUTE = {"key": "deviceshare.io/mode", "value": "shared", "effect": "NoExecute"}
+PREFER = {"key": "deviceshare.io/mode", "value": "shared", "effect": "PreferNoSchedule"}
+
+
 @pytest.mark.parametrize(
-    "toleration",
+    "tolerations",
     [
-        {
-            "key": "deviceshare.io/mode",
-            "operator": "Equal",
-            "value": "shared",
-            "effect": "NoSchedule",
-        },
-        {"key": "deviceshare.io/mode", "value": "shared", "effect": "NoSchedule"},  # "" is Equal
-        {"key": "deviceshare.io/mode", "value": "shared"},  # every effect
-        {"key": "deviceshare.io/mode", "operator": "Exists", "effect": "NoSchedule"},
-        {"operator": "Exists"},  # tolerates everything
+        [{"key": "deviceshare.io/mode", "operator": "Equal", "value": "shared"}],
+        [{"key": "deviceshare.io/mode", "value": "shared"}],  # "" is Equal
+        [{"key": "deviceshare.io/mode", "operator": "Exists"}],
+        [{"operator": "Exists"}],  # tolerates everything
+        [NO_SCHEDULE, PREFER, NO_EXECUTE],  # every effect, one by one
     ],
 )
-def test_an_equivalent_toleration_is_kept_and_none_added(toleration: dict[str, str]) -> None:
+def test_an_equivalent_toleration_is_kept_and_none_added(
+    tolerations: list[dict[str, str]],
+) -> None:
     p = pod()
-    p["spec"]["tolerations"] = [toleration]
+    p["spec"]["tolerations"] = tolerations
     result = build_injection(p, group())
     assert isinstance(result, Patch)
     assert not [op for op in result.operations if op["path"].startswith("/spec/tolerations")]
@@ -378,15 +424,25 @@ def test_an_equivalent_toleration_is_kept_and_none_added(toleration: dict[str, s
 @pytest.mark.parametrize(
     "toleration",
     [
-        {"key": "deviceshare.io/mode", "value": "shared", "effect": "NoExecute"},
-        {"key": "deviceshare.io/mode", "value": "other", "effect": "NoSchedule"},
+        NO_SCHEDULE,  # a NoExecute shared taint would still evict the pod
+        {"key": "deviceshare.io/mode", "operator": "Exists", "effect": "NoSchedule"},
+        NO_EXECUTE,
+        {**NO_EXECUTE, "tolerationSeconds": 300},
+        {"key": "deviceshare.io/mode", "value": "other"},
         {"key": "other", "operator": "Exists"},
     ],
 )
-def test_a_toleration_for_something_else_does_not_count(toleration: dict[str, str]) -> None:
+def test_a_toleration_for_something_else_does_not_count(toleration: dict[str, Any]) -> None:
     p = pod()
     p["spec"]["tolerations"] = [toleration]
     assert patched(p, group())["spec"]["tolerations"] == [toleration, dict(SHARED_TOLERATION)]
+
+
+def test_a_bounded_no_execute_toleration_is_not_enough() -> None:
+    """tolerationSeconds only delays the eviction from the group's node."""
+    p = pod()
+    p["spec"]["tolerations"] = [NO_SCHEDULE, PREFER, {**NO_EXECUTE, "tolerationSeconds": 60}]
+    assert patched(p, group())["spec"]["tolerations"][-1] == dict(SHARED_TOLERATION)
 
 
 def test_reinvocation_after_other_webhooks_adds_nothing_twice() -> None:
@@ -402,11 +458,7 @@ def test_reinvocation_after_other_webhooks_adds_nothing_twice() -> None:
     result = build_injection(once, group())
     assert isinstance(result, Patch)
     assert result.operations == [
-        {
-            "op": "add",
-            "path": "/spec/containers/1/env",
-            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}],
-        }
+        {"op": "add", "path": "/spec/containers/1/env", "value": [GPUS, ORDER]}
     ]
     assert apply_operations(once, result.operations)["spec"]["tolerations"] == [
         dict(SHARED_TOLERATION)
@@ -578,3 +630,386 @@ def test_a_debug_container_of_a_pod_whose_group_is_gone_or_unbound_is_denied() -
         member(), member([debug()]), None
     )
     assert "is not Bound" in ephemeral_denial(member(), member([debug()]), group(phase="Pending"))
+
+
+# --- delivery modes -------------------------------------------------------------------------
+
+UUIDS = "GPU-aaa,GPU-bbb"
+CDI = "cdi-devices.nri.io/container."
+VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+
+
+def with_uuids(g: dict[str, Any], uuids: str = UUIDS) -> dict[str, Any]:
+    g["status"]["physicalDevices"] = {GPU: uuids}
+    return g
+
+
+def node(name: str = "n1", mode: str | None = None) -> dict[str, Any]:
+    labels = {"deviceshare.io/mode": "shared"}
+    if mode is not None:
+        labels["deviceshare.io/delivery"] = mode
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def sidecar_pod() -> dict[str, Any]:
+    """A main container, an init container and a native sidecar (restartPolicy Always)."""
+    return pod(
+        containers=[{"name": "app", "image": "cuda"}],
+        init=[
+            {"name": "setup", "image": "x"},
+            {"name": "proxy", "image": "x", "restartPolicy": "Always"},
+        ],
+    )
+
+
+def every_container(p: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*p["spec"].get("initContainers", []), *p["spec"]["containers"]]
+
+
+def test_env_mode_names_devices_by_uuid_when_asked_and_known() -> None:
+    """NVIDIA_VISIBLE_DEVICES takes UUIDs; CUDA_DEVICE_ORDER is for index numbering only.
+    The record keeps the IDs."""
+    out = patched(pod(), with_uuids(group()), delivery=Delivery(device_ids="uuid"))
+    assert out["spec"]["containers"][0]["env"] == [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-aaa,GPU-bbb"}
+    ]
+    assert out["metadata"]["annotations"]["deviceshare.io/devices"] == '{"nvidia.com/gpu":"0,1"}'
+    # index mode ignores the UUIDs; uuid mode without them falls back to the IDs.
+    out = patched(pod(), with_uuids(group()))
+    assert out["spec"]["containers"][0]["env"] == [GPUS, ORDER]
+    out = patched(pod(), group(), delivery=Delivery(device_ids="uuid"))
+    assert out["spec"]["containers"][0]["env"] == [GPUS, ORDER]
+
+
+@pytest.mark.parametrize("uuids", ["GPU-aaa", "GPU-aaa,GPU-bbb,GPU-ccc", "GPU-a a,GPU-b", ","])
+def test_uuids_that_do_not_match_the_ids_are_denied(uuids: str) -> None:
+    msg = denial(pod(), with_uuids(group(), uuids), delivery=Delivery(device_ids="uuid"))
+    assert msg.startswith(f"SharedDeviceGroup 'g' records UUIDs {uuids!r} for nvidia.com/gpu")
+    assert "controller inconsistency" in msg
+    # Index mode does not use them: nothing to deny.
+    assert isinstance(build_injection(pod(), with_uuids(group(), uuids)), Patch)
+
+
+def test_env_mode_reaches_init_containers_and_native_sidecars() -> None:
+    out = patched(sidecar_pod(), group())
+    for c in every_container(out):
+        assert c["env"] == [GPUS, ORDER], c["name"]
+
+
+def test_runtimeclass_mode_sets_the_runtime_class_and_the_env() -> None:
+    rc = Delivery("runtimeclass")
+    result = build_injection(sidecar_pod(), group(), delivery=rc)
+    assert isinstance(result, Patch)
+    assert {"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"} in result.operations
+    out = apply_operations(sidecar_pod(), result.operations)
+    assert out["spec"]["runtimeClassName"] == "nvidia"
+    assert all(c["env"] == [GPUS, ORDER] for c in every_container(out))
+    assert build_injection(out, group(), delivery=rc) == Patch([])
+    # Another configured name; an empty field is filled in; the same name stays as it is.
+    out = patched(pod(), group(), delivery=Delivery("runtimeclass", runtime_class_name="gpu"))
+    assert out["spec"]["runtimeClassName"] == "gpu"
+    p = pod()
+    p["spec"]["runtimeClassName"] = ""
+    assert patched(p, group(), delivery=rc)["spec"]["runtimeClassName"] == "nvidia"
+    p["spec"]["runtimeClassName"] = "nvidia"
+    result = build_injection(p, group(), delivery=rc)
+    assert isinstance(result, Patch)
+    assert not [op for op in result.operations if op["path"] == "/spec/runtimeClassName"]
+
+
+def test_runtimeclass_mode_refuses_a_pod_naming_another_runtime_class() -> None:
+    p = pod()
+    p["spec"]["runtimeClassName"] = "kata"
+    msg = denial(p, group(), delivery=Delivery("runtimeclass"))
+    assert msg == (
+        "pod sets runtimeClassName kata, but SharedDeviceGroup 'g' gets its devices on its "
+        "node through RuntimeClass nvidia (delivery runtimeclass): under another runtime the "
+        "pod would see no GPUs or other ones. Remove spec.runtimeClassName (SDG sets it) or "
+        "set it to nvidia"
+    )
+    # Other modes leave the pod's RuntimeClass alone.
+    assert patched(p, group())["spec"]["runtimeClassName"] == "kata"
+
+
+def test_cdi_mode_annotates_every_container_and_voids_the_vendor_env() -> None:
+    result = build_injection(sidecar_pod(), group(), delivery=Delivery("cdi"))
+    assert isinstance(result, Patch)
+    out = apply_operations(sidecar_pod(), result.operations)
+    names = '["nvidia.com/gpu=0","nvidia.com/gpu=1"]'
+    assert out["metadata"]["annotations"] == {
+        "deviceshare.io/group": "g",
+        "other": "x",
+        "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
+        CDI + "setup": names,
+        CDI + "proxy": names,
+        CDI + "app": names,
+    }
+    for c in every_container(out):
+        assert c["env"] == [VOID, ORDER], c["name"]
+    assert "runtimeClassName" not in out["spec"]
+    assert build_injection(out, group(), delivery=Delivery("cdi")) == Patch([])
+    # The value is a YAML list (JSON is YAML), as the device-injector unmarshals it.
+    assert yaml.safe_load(names) == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+
+
+def test_cdi_mode_names_uuids_and_every_resource() -> None:
+    g = with_uuids(group())
+    out = patched(pod(), g, delivery=Delivery("cdi", device_ids="uuid"))
+    assert out["metadata"]["annotations"][CDI + "app"] == (
+        '["nvidia.com/gpu=GPU-aaa","nvidia.com/gpu=GPU-bbb"]'
+    )
+    assert out["spec"]["containers"][0]["env"] == [VOID]  # UUIDs: no index order to keep
+    g = group(resources={GPU: 1, "amd.com/gpu": 1}, devices={GPU: "3", "amd.com/gpu": "0"})
+    out = patched(pod(), g, delivery=Delivery("cdi"))
+    assert out["metadata"]["annotations"][CDI + "app"] == '["amd.com/gpu=0","nvidia.com/gpu=3"]'
+    assert env_of(out["spec"]["containers"][0]) == {
+        "AMD_VISIBLE_DEVICES": "void",
+        "NVIDIA_VISIBLE_DEVICES": "void",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+
+
+def test_cdi_mode_owns_the_injectors_annotations_on_a_group_pod() -> None:
+    """The group decides: a container's own key is overwritten, and keys the injector
+    would prefer over ours or hand to other containers are removed; other annotations stay."""
+    p = pod(containers=[{"name": "app", "image": "cuda", "env": [GPUS]}])
+    p["metadata"]["annotations"].update(
+        {
+            CDI + "app": '["nvidia.com/gpu=all"]',
+            "cdi-devices.noderesource.dev/container.app": '["nvidia.com/gpu=5"]',
+            "cdi-devices.nri.io/pod": '["nvidia.com/gpu=all"]',
+            "cdi-devices.noderesource.dev": '["nvidia.com/gpu=all"]',
+            CDI + "debugger": '["nvidia.com/gpu=all"]',
+            "devices.noderesource.dev/container.app": "- path: /dev/null",
+            "deviceshare.io/devices": '{"nvidia.com/gpu":"7"}',
+        }
+    )
+    result = build_injection(p, group(), delivery=Delivery("cdi"))
+    assert isinstance(result, Patch)
+    out = apply_operations(p, result.operations)
+    assert out["metadata"]["annotations"] == {
+        "deviceshare.io/group": "g",
+        "other": "x",
+        "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
+        CDI + "app": '["nvidia.com/gpu=0","nvidia.com/gpu=1"]',
+        "devices.noderesource.dev/container.app": "- path: /dev/null",
+    }
+    assert out["spec"]["containers"][0]["env"] == [VOID, ORDER]
+    assert build_injection(out, group(), delivery=Delivery("cdi")) == Patch([])
+
+
+def test_cdi_mode_reinvoked_after_another_webhook_adds_a_container() -> None:
+    once = patched(pod(), group(), delivery=Delivery("cdi"))
+    once["spec"]["containers"].append({"name": "late", "image": "x"})
+    result = build_injection(once, group(), delivery=Delivery("cdi"))
+    assert isinstance(result, Patch)
+    assert result.operations == [
+        {"op": "add", "path": "/spec/containers/1/env", "value": [VOID, ORDER]},
+        {
+            "op": "add",
+            "path": "/metadata/annotations/cdi-devices.nri.io~1container.late",
+            "value": '["nvidia.com/gpu=0","nvidia.com/gpu=1"]',
+        },
+    ]
+
+
+def test_cdi_mode_with_another_prefix() -> None:
+    d = Delivery("cdi", cdi_annotation_prefix="cdi.example.com/ctr-")
+    p = pod()
+    p["metadata"]["annotations"]["cdi.example.com/ctr-ghost"] = '["nvidia.com/gpu=all"]'
+    out = patched(p, group(), delivery=d)
+    annotations = out["metadata"]["annotations"]
+    assert annotations["cdi.example.com/ctr-app"] == '["nvidia.com/gpu=0","nvidia.com/gpu=1"]'
+    assert "cdi.example.com/ctr-ghost" not in annotations
+
+
+def test_cdi_mode_refuses_a_container_name_too_long_for_its_key() -> None:
+    long = "c" * 54  # "container." + 54 > 63 characters
+    msg = denial(pod(containers=[{"name": long, "image": "x"}]), group(), delivery=Delivery("cdi"))
+    assert msg.startswith(f"container name {long!r} is too long for its CDI annotation")
+    assert "use a container name of at most 53 characters" in msg
+    assert isinstance(build_injection(pod(containers=[{"name": "c" * 53}]), group()), Patch)
+    ok = pod(containers=[{"name": "c" * 53, "image": "x"}])
+    assert isinstance(build_injection(ok, group(), delivery=Delivery("cdi")), Patch)
+
+
+def test_cdi_mode_refuses_devices_it_cannot_name() -> None:
+    g = with_uuids(group(), "GPU:aaa:,GPU-bbb")  # a CDI name ends in a letter or digit
+    msg = denial(pod(), g, delivery=Delivery("cdi", device_ids="uuid"))
+    assert msg.startswith("device 'GPU:aaa:' of nvidia.com/gpu cannot be named as a CDI device")
+    assert "label deviceshare.io/delivery=env" in msg
+
+
+def test_cdi_mode_on_a_pod_without_annotations_adds_them_whole() -> None:
+    """Only reachable through the pure function (a group pod has its group annotation)."""
+    p = pod()
+    del p["metadata"]["annotations"]
+    devices = [ResourceDevices(GPU, "NVIDIA_VISIBLE_DEVICES", (0,))]
+    ops = cdi_delivery(p, devices, Delivery("cdi"))
+    assert not isinstance(ops, Denial)
+    assert ops[-1] == {
+        "op": "add",
+        "path": "/metadata/annotations",
+        "value": {
+            "deviceshare.io/devices": '{"nvidia.com/gpu":"0"}',
+            CDI + "app": '["nvidia.com/gpu=0"]',
+        },
+    }
+
+
+def test_each_mode_is_a_pure_function_of_pod_devices_and_settings() -> None:
+    devices = [ResourceDevices(GPU, "NVIDIA_VISIBLE_DEVICES", (2,), ("GPU-c",))]
+    p = pod()
+    before = copy.deepcopy(p)
+    for mode in ("env", "runtimeclass", "cdi"):
+        for ids in ("index", "uuid"):
+            d = Delivery(mode, device_ids=ids)
+            assert delivery_ops(p, devices, d) == delivery_ops(copy.deepcopy(p), devices, d)
+    assert p == before
+    ops = env_delivery(p, devices, Delivery(device_ids="uuid"))
+    assert ops == [
+        {
+            "op": "add",
+            "path": "/spec/containers/0/env",
+            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-c"}],
+        },
+        {
+            "op": "add",
+            "path": "/metadata/annotations/deviceshare.io~1devices",
+            "value": '{"nvidia.com/gpu":"2"}',
+        },
+    ]
+    ops = runtimeclass_delivery(p, devices, Delivery("runtimeclass"))
+    assert not isinstance(ops, Denial)
+    assert ops[-1] == {"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"}
+
+
+# --- the node label chooses the mode ---------------------------------------------------------
+
+
+def test_the_nodes_label_overrides_the_managers_mode() -> None:
+    out = patched(pod(), group(), node=node(mode="cdi"))
+    assert CDI + "app" in out["metadata"]["annotations"]
+    assert out["spec"]["containers"][0]["env"] == [VOID, ORDER]
+    out = patched(pod(), group(), delivery=Delivery("cdi"), node=node(mode="env"))
+    assert CDI + "app" not in out["metadata"]["annotations"]
+    assert out["spec"]["containers"][0]["env"] == [GPUS, ORDER]
+    out = patched(pod(), group(), node=node(mode="runtimeclass"))
+    assert out["spec"]["runtimeClassName"] == "nvidia"
+    # Settings other than the mode stay the manager's.
+    d = Delivery(device_ids="uuid", runtime_class_name="gpu")
+    out = patched(pod(), with_uuids(group()), delivery=d, node=node(mode="runtimeclass"))
+    assert out["spec"]["runtimeClassName"] == "gpu"
+    assert env_of(out["spec"]["containers"][0]) == {"NVIDIA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}
+
+
+def test_no_label_or_another_node_means_the_managers_mode() -> None:
+    assert patched(pod(), group(), node=node())["spec"]["containers"][0]["env"] == [GPUS, ORDER]
+    out = patched(pod(), group(), node=node("n2", mode="cdi"))  # not the group's node
+    assert out["spec"]["containers"][0]["env"] == [GPUS, ORDER]
+
+
+def test_an_unknown_label_value_is_denied_naming_node_and_values() -> None:
+    msg = denial(pod(), group(), node=node(mode="docker"))
+    assert msg == (
+        "node n1 of SharedDeviceGroup 'g' has label deviceshare.io/delivery='docker', which is "
+        "not a delivery mode SDG knows (env, runtimeclass, cdi), so it cannot tell how that "
+        "node's runtime takes devices. Fix the label (kubectl label node n1 "
+        "deviceshare.io/delivery=<env|runtimeclass|cdi> --overwrite) or remove it to use the "
+        "manager's default (env)"
+    )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"mode": "nri"},
+        {"device_ids": "serial"},
+        {"runtime_class_name": "Not_A_Name"},
+        {"cdi_annotation_prefix": "no-slash."},
+        {"cdi_annotation_prefix": "deviceshare.io/cdi."},
+        {"cdi_annotation_prefix": "a.io/" + "x" * 63},
+    ],
+)
+def test_delivery_settings_are_checked(kw: dict[str, str]) -> None:
+    with pytest.raises(ValueError):
+        Delivery(**kw)
+
+
+# --- ephemeral containers of pods with a devices record -------------------------------------
+
+
+def admitted(g: dict[str, Any], delivery: Delivery | None = None) -> dict[str, Any]:
+    """A pod as the webhook admitted it into ``g``."""
+    return patched(pod(), g, delivery=delivery or Delivery())
+
+
+def test_a_debug_container_copies_the_device_env_the_pod_was_given() -> None:
+    g = with_uuids(group())
+    old = admitted(g, Delivery(device_ids="uuid"))
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [
+        debug(env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+    ]
+    out = ephemeral_patched(old, new, g)
+    assert env_of(out["spec"]["ephemeralContainers"][0]) == {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"
+    }
+    old = admitted(group())
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [debug()]
+    out = ephemeral_patched(old, new, group())
+    assert out["spec"]["ephemeralContainers"][0]["env"] == [GPUS, ORDER]
+    assert build_ephemeral_injection(out, old, group()) == Patch([])
+    # The debug container's own numbering preference stays.
+    new["spec"]["ephemeralContainers"] = [debug(env=[{"name": "CUDA_DEVICE_ORDER", "value": "F"}])]
+    out = ephemeral_patched(old, new, group())
+    assert env_of(out["spec"]["ephemeralContainers"][0]) == {
+        "CUDA_DEVICE_ORDER": "F",
+        "NVIDIA_VISIBLE_DEVICES": "0,1",
+    }
+
+
+def test_a_debug_container_of_a_cdi_pod_gets_void_and_a_warning() -> None:
+    old = admitted(group(), Delivery("cdi"))
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [debug()]
+    result = build_ephemeral_injection(new, old, group())
+    assert isinstance(result, Patch)
+    out = apply_operations(new, result.operations)
+    assert out["spec"]["ephemeralContainers"][0]["env"] == [VOID, ORDER]
+    assert out["metadata"] == old["metadata"]  # no annotation can change here
+    (warning,) = result.warnings
+    assert warning.startswith(
+        "ephemeral container 'dbg' of pod ns/p sees none of SharedDeviceGroup 'g''s devices: "
+        "the pod gets them through CDI annotations"
+    )
+    assert "kubectl exec into one of the pod's containers" in warning
+
+
+def test_a_debug_container_of_a_pod_whose_record_differs_is_denied() -> None:
+    old = admitted(group())
+    old["metadata"]["annotations"]["deviceshare.io/devices"] = '{"nvidia.com/gpu":"2,3"}'
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [debug()]
+    msg = ephemeral_denial(old, new, group())
+    assert msg.startswith(
+        "pod ns/p does not run on the devices SharedDeviceGroup 'g' holds now (it was given "
+        "nvidia.com/gpu 2,3, the group holds nvidia.com/gpu 0,1), so ephemeral container "
+        "'dbg' cannot be given the pod's devices"
+    )
+    for value in ("garbage", None):
+        if value is None:
+            old["metadata"]["annotations"]["deviceshare.io/devices"] = '{"nvidia.com/gpu":"0,1"}'
+            old["spec"]["containers"][0]["env"] = []
+        else:
+            old["metadata"]["annotations"]["deviceshare.io/devices"] = value
+        new = copy.deepcopy(old)
+        new["spec"]["ephemeralContainers"] = [debug()]
+        msg = ephemeral_denial(old, new, group())
+        why = (
+            "its annotation deviceshare.io/devices is not readable"
+            if value
+            else "container 'app' has no NVIDIA_VISIBLE_DEVICES"
+        )
+        assert f"holds now ({why})" in msg

@@ -1,5 +1,5 @@
-"""The pod webhook: its group lookup (cache first, the API server when the cache cannot say)
-and which requests it judges."""
+"""The pod webhook: its group and node lookups (cache first, the API server when the cache
+cannot say), the delivery settings it is given, and which requests it judges."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 from api.constants import SDG_KIND
 from sdgruntime import errors
 from sdgruntime.cache import CacheNotSynced
-from sdgruntime.kinds import Kind
+from sdgruntime.kinds import NODES, Kind
 from sdgruntime.webhook import AdmissionRequest
+from webhooks.delivery import Delivery
 from webhooks.podmutator import PodMutator
 
 pytestmark = pytest.mark.anyio
@@ -29,16 +30,17 @@ class UnsyncedCache:
 
 
 class LiveClient:
-    def __init__(self, groups: dict[str, dict[str, Any]]) -> None:
-        self.groups = groups
+    def __init__(
+        self, groups: dict[str, dict[str, Any]], nodes: dict[str, dict[str, Any]] | None = None
+    ) -> None:
+        self.objects = {SDG_KIND: groups, NODES: nodes or {}}
         self.gets: list[str] = []
 
     async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
-        assert kind == SDG_KIND
-        self.gets.append(name)
-        if name not in self.groups:
+        self.gets.append(name if kind == SDG_KIND else f"{kind.kind}/{name}")
+        if name not in self.objects[kind]:
             raise errors.NotFound(f"{name} not found")
-        return self.groups[name]
+        return self.objects[kind][name]
 
 
 async def test_unsynced_cache_falls_back_to_a_live_get() -> None:
@@ -56,15 +58,17 @@ async def test_unsynced_cache_while_waiting_keeps_the_live_answer() -> None:
 
 
 class GroupCache:
-    def __init__(self, groups: dict[str, dict[str, Any]]) -> None:
-        self.groups = groups
+    def __init__(
+        self, groups: dict[str, dict[str, Any]], nodes: dict[str, dict[str, Any]] | None = None
+    ) -> None:
+        self.objects = {SDG_KIND: groups, NODES: nodes or {}}
         self.gets: list[str] = []
 
     def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
-        self.gets.append(name)
-        if name not in self.groups:
+        self.gets.append(name if kind == SDG_KIND else f"{kind.kind}/{name}")
+        if name not in self.objects[kind]:
             raise errors.NotFound(f"{name} not found")
-        return self.groups[name]
+        return self.objects[kind][name]
 
 
 def review(
@@ -129,3 +133,81 @@ async def test_other_pod_updates_are_not_judged_by_the_webhook() -> None:
     response = await mutator.mutate(review("UPDATE", debugged, plain, "ephemeralcontainers"))
     assert response.allowed and not response.patch
     assert cache.gets == []  # none of these needed the group
+
+
+def labelled(name: str, mode: str | None) -> dict[str, Any]:
+    labels = {"deviceshare.io/delivery": mode} if mode else {}
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def new_pod() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "annotations": {"deviceshare.io/group": "g"}},
+        "spec": {"containers": [{"name": "app", "image": "x"}]},
+    }
+
+
+def annotations_of(patch: list[dict[str, Any]] | None) -> dict[str, Any]:
+    prefix = "/metadata/annotations/"
+    return {
+        op["path"][len(prefix) :]: op["value"]
+        for op in patch or []
+        if op["path"].startswith(prefix)
+    }
+
+
+async def test_the_groups_node_label_chooses_the_delivery() -> None:
+    cache = GroupCache({"g": BOUND}, {"n1": labelled("n1", "cdi")})
+    mutator = PodMutator(cache, LiveClient({}))  # type: ignore[arg-type]
+    response = await mutator.mutate(review("CREATE", new_pod()))
+    assert response.allowed
+    assert annotations_of(response.patch)["cdi-devices.nri.io~1container.app"] == (
+        '["nvidia.com/gpu=0"]'
+    )
+    assert cache.gets == ["g", "Node/n1"]
+
+
+async def test_the_managers_delivery_settings_are_used_without_a_label() -> None:
+    cache = GroupCache({"g": BOUND}, {"n1": labelled("n1", None)})
+    rc = Delivery("runtimeclass", runtime_class_name="gpu")
+    mutator = PodMutator(cache, LiveClient({}), delivery=rc)  # type: ignore[arg-type]
+    response = await mutator.mutate(review("CREATE", new_pod()))
+    assert {"op": "add", "path": "/spec/runtimeClassName", "value": "gpu"} in (response.patch or [])
+    assert annotations_of(response.patch) == {"deviceshare.io~1devices": '{"nvidia.com/gpu":"0"}'}
+
+
+async def test_a_node_the_cache_has_not_seen_is_read_live_and_a_gone_one_is_none() -> None:
+    client = LiveClient({}, {"n1": labelled("n1", "bogus")})
+    mutator = PodMutator(GroupCache({"g": BOUND}), client)  # type: ignore[arg-type]
+    response = await mutator.mutate(review("CREATE", new_pod()))
+    assert not response.allowed
+    assert "node n1 of SharedDeviceGroup 'g' has label deviceshare.io/delivery='bogus'" in (
+        response.message
+    )
+    assert client.gets == ["Node/n1"]
+    # The node is gone: the manager's mode (the pod scheduler says the node is gone).
+    mutator = PodMutator(GroupCache({"g": BOUND}), LiveClient({}))  # type: ignore[arg-type]
+    response = await mutator.mutate(review("CREATE", new_pod()))
+    assert response.allowed
+    assert annotations_of(response.patch) == {"deviceshare.io~1devices": '{"nvidia.com/gpu":"0"}'}
+
+
+async def test_a_debug_container_warning_reaches_the_response() -> None:
+    pod = new_pod()
+    pod["metadata"]["annotations"]["deviceshare.io/devices"] = '{"nvidia.com/gpu":"0"}'
+    pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    new = {**pod, "spec": {**pod["spec"], "ephemeralContainers": [{"name": "dbg"}]}}
+    mutator = PodMutator(GroupCache({"g": BOUND}), LiveClient({}))  # type: ignore[arg-type]
+    response = await mutator.mutate(review("UPDATE", new, pod, "ephemeralcontainers"))
+    assert response.allowed
+    assert response.patch == [
+        {
+            "op": "add",
+            "path": "/spec/ephemeralContainers/0/env",
+            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+        }
+    ]
+    assert (
+        response.warnings
+        and "sees none of SharedDeviceGroup 'g''s devices" in (response.warnings[0])
+    )

@@ -1,0 +1,387 @@
+"""How a group pod is given its devices: the delivery modes, as pure functions.
+
+A node's container runtime decides how a pod can be handed GPUs, so the mode is chosen
+per node (the manager's ``--delivery``, overridden by the node label
+``deviceshare.io/delivery``). Each mode turns (pod, the group's devices, settings) into
+JSON patch operations (RFC 6902), or a denial that says what to change:
+
+- ``env``: the vendor env var (``NVIDIA_VISIBLE_DEVICES=0,1``, or UUIDs) in every
+  container, init container and native sidecar. Needs a runtime hook that reads it from
+  unprivileged pods (nvidia-container-toolkit's legacy mode).
+- ``runtimeclass``: the same, plus ``spec.runtimeClassName`` (the GPU Operator's
+  ``nvidia``), for nodes whose default runtime has no GPU hook.
+- ``cdi``: CDI device names (``nvidia.com/gpu=0``) in the per-container annotation NRI's
+  device-injector reads, for runtimes that refuse env injection; the vendor env var is
+  ``void`` so an image's ``NVIDIA_VISIBLE_DEVICES=all`` cannot expose every GPU.
+
+Every mode also records the IDs given in the pod annotation ``deviceshare.io/devices``
+(see ``api.pods.delivered_devices``), and adds ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` when the
+pod's NVIDIA GPUs are named by index, so CUDA numbers them as nvidia-smi does (CUDA's
+default, fastest first, can swap them). Only ``nvidia.com/gpu``: no other vendor's
+runtime reads that variable. A container's own CUDA_DEVICE_ORDER is kept (a numbering
+preference, not a device choice).
+
+All operations are computed against the pod as given, and applied to their own result
+they yield none, so the webhook can be reinvoked after other mutating webhooks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from api.constants import (
+    CDI_ANNOTATION_FAMILIES,
+    DEFAULT_CDI_ANNOTATION_PREFIX,
+    DEFAULT_RUNTIME_CLASS,
+    DELIVERY_CDI,
+    DELIVERY_ENV,
+    DELIVERY_LABEL,
+    DELIVERY_MODES,
+    DELIVERY_RUNTIMECLASS,
+    DEVICE_IDS_FORMATS,
+    DEVICE_IDS_INDEX,
+    DEVICE_IDS_UUID,
+    DEVICES_ANNOTATION,
+    GROUP,
+    GROUP_ANNOTATION,
+    VOID_DEVICES,
+)
+from api.pods import devices_annotation
+from api.validation import is_dns_subdomain, is_label_key
+
+Obj = Mapping[str, Any]
+
+#: The resource whose index-named devices get ``CUDA_DEVICE_ORDER``.
+NVIDIA_GPU: Final = "nvidia.com/gpu"
+CUDA_DEVICE_ORDER: Final = "CUDA_DEVICE_ORDER"
+PCI_BUS_ID: Final = "PCI_BUS_ID"
+
+# CDI qualified device names: ``<vendor>/<class>=<name>`` (container-device-interface).
+_CDI_KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_CDI_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?")
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """Allow, with these JSON patch operations (possibly none) and warnings for kubectl."""
+
+    operations: list[dict[str, Any]] = field(default_factory=list)
+    allowed: bool = True
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """Deny the pod; ``message`` is shown to the user by kubectl."""
+
+    message: str
+    allowed: bool = False
+
+
+def escape_pointer(token: str | int) -> str:
+    """One JSON pointer reference token (RFC 6901): ``~`` -> ``~0``, ``/`` -> ``~1``."""
+    return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def pointer(*tokens: str | int) -> str:
+    return "".join("/" + escape_pointer(t) for t in tokens)
+
+
+def containers(pod: Obj) -> list[tuple[str, int, Obj]]:
+    """(kind, index, container) for init containers (native sidecars among them) and
+    containers: every container that runs when the pod starts."""
+    spec = pod.get("spec") or {}
+    return [
+        (kind, i, c)
+        for kind in ("initContainers", "containers")
+        for i, c in enumerate(spec.get(kind) or ())
+    ]
+
+
+def env_ops(kind: str, index: int, container: Obj, env: Mapping[str, Any]) -> list[dict]:
+    """Set each ``env`` var (a value, or a whole env entry) in one container: replace every
+    entry of that name (the kubelet lets the last one win), append the missing ones."""
+    base = ("spec", kind, index, "env")
+    entries = {
+        var: dict(value) if isinstance(value, Mapping) else {"name": var, "value": value}
+        for var, value in env.items()
+    }
+    existing = container.get("env")
+    if not existing:
+        if not entries:
+            return []
+        op = "replace" if existing is not None else "add"
+        return [{"op": op, "path": pointer(*base), "value": list(entries.values())}]
+    ops: list[dict[str, Any]] = []
+    for var, entry in entries.items():
+        positions = [i for i, e in enumerate(existing) if e.get("name") == var]
+        if not positions:
+            ops.append({"op": "add", "path": pointer(*base, "-"), "value": entry})
+        for i in positions:
+            if existing[i] != entry:
+                ops.append({"op": "replace", "path": pointer(*base, i), "value": entry})
+    return ops
+
+
+def annotation_ops(pod: Obj, wanted: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """Set (a string) or remove (None) each annotation; nothing for what already holds."""
+    current = (pod.get("metadata") or {}).get("annotations")
+    if not current:
+        values = {k: v for k, v in wanted.items() if v is not None}
+        if not values:
+            return []
+        op = "replace" if current is not None else "add"
+        return [{"op": op, "path": "/metadata/annotations", "value": values}]
+    ops: list[dict[str, Any]] = []
+    for key, value in wanted.items():
+        path = pointer("metadata", "annotations", key)
+        if value is None:
+            if key in current:
+                ops.append({"op": "remove", "path": path})
+        elif key not in current:
+            ops.append({"op": "add", "path": path, "value": value})
+        elif current[key] != value:
+            ops.append({"op": "replace", "path": path, "value": value})
+    return ops
+
+
+# --- the devices of a group -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceDevices:
+    """One resource of a bound group: its env var, the IDs placement booked and, when the
+    node's inventory knows every one, their UUIDs in the same (ascending ID) order."""
+
+    resource: str
+    env_var: str
+    ids: tuple[int, ...]
+    uuids: tuple[str, ...] | None = None
+
+    def names(self, device_ids: str) -> list[str]:
+        """How the runtime is told these devices: UUIDs when asked for and known."""
+        if device_ids == DEVICE_IDS_UUID and self.uuids is not None:
+            return list(self.uuids)
+        return [str(i) for i in self.ids]
+
+    def by_index(self, device_ids: str) -> bool:
+        return device_ids != DEVICE_IDS_UUID or self.uuids is None
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+def cdi_prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` cannot start a per-container annotation key, if it cannot."""
+    domain, sep, name = prefix.partition("/")
+    if not sep or "/" in name or not is_dns_subdomain(domain):
+        return (
+            f"{prefix!r} must be '<DNS subdomain>/<start of a name>', "
+            f"e.g. {DEFAULT_CDI_ANNOTATION_PREFIX}"
+        )
+    if domain == GROUP or domain.endswith("." + GROUP):
+        return f"{prefix!r} is in SDG's own annotation domain {GROUP}"
+    if not is_label_key(prefix + "c"):
+        return (
+            f"{prefix!r} followed by a container name is not a valid annotation key "
+            "(the part after '/' takes letters, digits, '-', '_' and '.', at most 62 characters)"
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The manager's delivery settings (``--delivery``, ``--device-ids``,
+    ``--runtime-class-name``, ``--cdi-annotation-prefix``)."""
+
+    mode: str = DELIVERY_ENV
+    device_ids: str = DEVICE_IDS_INDEX
+    runtime_class_name: str = DEFAULT_RUNTIME_CLASS
+    cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
+
+    def __post_init__(self) -> None:
+        if self.mode not in DELIVERY_MODES:
+            raise ValueError(f"delivery {self.mode!r}: expected one of {', '.join(DELIVERY_MODES)}")
+        if self.device_ids not in DEVICE_IDS_FORMATS:
+            raise ValueError(
+                f"device IDs {self.device_ids!r}: expected one of {', '.join(DEVICE_IDS_FORMATS)}"
+            )
+        if not is_dns_subdomain(self.runtime_class_name):
+            raise ValueError(f"RuntimeClass name {self.runtime_class_name!r} is not a valid name")
+        problem = cdi_prefix_problem(self.cdi_annotation_prefix)
+        if problem is not None:
+            raise ValueError(f"CDI annotation prefix {problem}")
+
+    def for_node(self, node: Obj | None, group_name: str = "") -> Delivery | Denial:
+        """These settings with the mode the node's ``deviceshare.io/delivery`` label names.
+
+        No node (it is gone: the pod scheduler will say so) or no label: the manager's
+        mode. A value SDG does not know is denied rather than guessed: the wrong mode
+        hands the runtime devices in a form it ignores, or every GPU.
+        """
+        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        value = labels.get(DELIVERY_LABEL)
+        if value is None or value == self.mode:
+            return self
+        if value not in DELIVERY_MODES:
+            name = (node or {}).get("metadata", {}).get("name", "")
+            of = f" of SharedDeviceGroup {group_name!r}" if group_name else ""
+            return Denial(
+                f"node {name}{of} has label {DELIVERY_LABEL}={value!r}, which is not a "
+                f"delivery mode SDG knows ({', '.join(DELIVERY_MODES)}), so it cannot tell "
+                "how that node's runtime takes devices. Fix the label (kubectl label node "
+                f"{name} {DELIVERY_LABEL}=<{'|'.join(DELIVERY_MODES)}> --overwrite) or remove "
+                f"it to use the manager's default ({self.mode})"
+            )
+        return replace(self, mode=value)
+
+
+# --- the modes -------------------------------------------------------------------------------
+
+
+def _record(devices: Sequence[ResourceDevices]) -> str:
+    return devices_annotation({d.resource: list(d.ids) for d in devices})
+
+
+def _cuda_order(container: Obj, devices: Sequence[ResourceDevices], delivery: Delivery) -> dict:
+    """``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for a container whose NVIDIA GPUs go by index and
+    that does not choose an order itself."""
+    nvidia = next((d for d in devices if d.resource == NVIDIA_GPU), None)
+    if nvidia is None or not nvidia.by_index(delivery.device_ids):
+        return {}
+    if any(e.get("name") == CUDA_DEVICE_ORDER for e in container.get("env") or ()):
+        return {}
+    return {CUDA_DEVICE_ORDER: PCI_BUS_ID}
+
+
+def _vendor_env_ops(
+    pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery, *, void: bool = False
+) -> list[dict[str, Any]]:
+    ops: list[dict[str, Any]] = []
+    for kind, i, c in containers(pod):
+        env: dict[str, str] = {
+            d.env_var: VOID_DEVICES if void else ",".join(d.names(delivery.device_ids))
+            for d in devices
+        }
+        env.update(_cuda_order(c, devices, delivery))
+        ops.extend(env_ops(kind, i, c, env))
+    return ops
+
+
+def _env_mode_ops(
+    pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery
+) -> list[dict[str, Any]]:
+    ops = _vendor_env_ops(pod, devices, delivery)
+    ops.extend(annotation_ops(pod, {DEVICES_ANNOTATION: _record(devices)}))
+    return ops
+
+
+def env_delivery(
+    pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery
+) -> list[dict[str, Any]] | Denial:
+    """``env``: the vendor env var with the devices' IDs (or UUIDs) in every container."""
+    return _env_mode_ops(pod, devices, delivery)
+
+
+def runtimeclass_delivery(
+    pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery
+) -> list[dict[str, Any]] | Denial:
+    """``runtimeclass``: ``env``, run by the configured RuntimeClass. A pod naming another
+    RuntimeClass is denied: under it the GPU hook may not run (no GPUs) or another one may
+    (other GPUs); silently replacing it would break what the pod asked that runtime for."""
+    spec = pod.get("spec") or {}
+    want = delivery.runtime_class_name
+    have = spec.get("runtimeClassName")
+    if have and have != want:
+        name = ((pod.get("metadata") or {}).get("annotations") or {}).get(GROUP_ANNOTATION)
+        return Denial(
+            f"pod sets runtimeClassName {have}, but SharedDeviceGroup {name!r} gets its "
+            f"devices on its node through RuntimeClass {want} (delivery "
+            f"{DELIVERY_RUNTIMECLASS}): under another runtime the pod would see no GPUs or "
+            f"other ones. Remove spec.runtimeClassName (SDG sets it) or set it to {want}"
+        )
+    ops = _env_mode_ops(pod, devices, delivery)
+    if have != want:
+        op = "add" if "runtimeClassName" not in spec else "replace"
+        ops.append({"op": op, "path": "/spec/runtimeClassName", "value": want})
+    return ops
+
+
+def cdi_value(devices: Sequence[ResourceDevices], device_ids: str) -> str:
+    """The annotation value NRI's device-injector reads: a YAML list of CDI device names
+    (written as JSON, which is YAML), e.g. ``["nvidia.com/gpu=0","nvidia.com/gpu=1"]``.
+    The CDI kind is the resource name: NVIDIA's and AMD's CDI specs use exactly that."""
+    names = [f"{d.resource}={n}" for d in devices for n in d.names(device_ids)]
+    return json.dumps(names, separators=(",", ":"))
+
+
+def _cdi_key_owned(key: str, prefix: str) -> bool:
+    """A key the CDI injector may read devices from: ours, or of NRI's families."""
+    if key.startswith(prefix):
+        return True
+    return any(key == f or key.startswith(f + "/") for f in CDI_ANNOTATION_FAMILIES)
+
+
+def cdi_delivery(
+    pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery
+) -> list[dict[str, Any]] | Denial:
+    """``cdi``: the CDI device names under ``<prefix><container name>`` for every container,
+    init container and native sidecar, and the vendor env var ``void`` in each.
+
+    The group decides a member's devices, so on a group pod SDG owns every key of the
+    device-injector's CDI annotation families: a container's key the pod set to other
+    devices is overwritten, and any other key (``.../pod``, the bare family, keys of
+    containers the pod does not have) is removed. Left in place, the injector would prefer
+    a more specific key of the other family over ours, or hand a pod-wide key's devices
+    to a later ``kubectl debug`` container. (A container's other CDI devices cannot be
+    asked for through these annotations on a group pod.) ``void`` (not a device list) keeps
+    NVIDIA's legacy hook, where it is still installed, from reading a CUDA image's
+    ``NVIDIA_VISIBLE_DEVICES=all``; other vendors' variables get the same value, naming no
+    device.
+    """
+    prefix = delivery.cdi_annotation_prefix
+    value = cdi_value(devices, delivery.device_ids)
+    for d in devices:
+        bad = next((n for n in d.names(delivery.device_ids) if not _CDI_NAME.fullmatch(n)), None)
+        if not _CDI_KIND.fullmatch(d.resource) or bad is not None:
+            what = f"device {bad!r} of {d.resource}" if bad is not None else d.resource
+            return Denial(
+                f"{what} cannot be named as a CDI device (<vendor>/<class>=<name>); "
+                f"deliver it by env on this node (label {DELIVERY_LABEL}=env)"
+            )
+    wanted: dict[str, str | None] = {DEVICES_ANNOTATION: _record(devices)}
+    for _kind, _i, c in containers(pod):
+        key = prefix + str(c.get("name", ""))
+        if not is_label_key(key):
+            return Denial(
+                f"container name {c.get('name', '')!r} is too long for its CDI annotation "
+                f"{key}: the part after '/' may have at most 63 characters; use a container "
+                f"name of at most {63 - len(prefix.partition('/')[2])} characters"
+            )
+        wanted[key] = value
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    for key in sorted(annotations):
+        if key not in wanted and _cdi_key_owned(key, prefix):
+            wanted[key] = None
+    ops = _vendor_env_ops(pod, devices, delivery, void=True)
+    ops.extend(annotation_ops(pod, wanted))
+    return ops
+
+
+#: Each mode's patch builder, by the name the settings and node label use.
+MODES: Final = {
+    DELIVERY_ENV: env_delivery,
+    DELIVERY_RUNTIMECLASS: runtimeclass_delivery,
+    DELIVERY_CDI: cdi_delivery,
+}
+
+
+def delivery_ops(
+    pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery
+) -> list[dict[str, Any]] | Denial:
+    """The patch of ``delivery.mode`` for ``pod``."""
+    return MODES[delivery.mode](pod, devices, delivery)
