@@ -135,7 +135,13 @@ class SDG:
         server = mgr.webhook_server
         server.register(
             POD_WEBHOOK_PATH,
-            PodMutator(cache, mgr.client, self.env_table, scheduler_name=settings.scheduler_name),
+            PodMutator(
+                cache,
+                mgr.client,
+                self.env_table,
+                scheduler_name=settings.scheduler_name,
+                delivery=settings.delivery_settings(),
+            ),
         )
         server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))
 

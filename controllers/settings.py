@@ -14,8 +14,15 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from api.constants import DEFAULT_ENV_TABLE, SCHEDULER_NAME
+from api.constants import (
+    DEFAULT_CDI_ANNOTATION_PREFIX,
+    DEFAULT_ENV_TABLE,
+    DEFAULT_RUNTIME_CLASS,
+    SCHEDULER_NAME,
+)
 from api.envvars import parse_env_table
+from api.validation import is_dns_subdomain
+from webhooks.delivery import Delivery, cdi_prefix_problem
 
 ENV_PREFIX = "SDG_"
 
@@ -31,6 +38,16 @@ class Settings(BaseModel):
     leader_election_namespace: str | None = None
     leader_election_id: str = "deviceshare-manager"
     scheduler_name: str = SCHEDULER_NAME
+    #: How group pods get their devices, matching the nodes' container runtime: ``env``
+    #: (vendor env vars), ``runtimeclass`` (the same, run by ``runtime_class_name``) or
+    #: ``cdi`` (CDI device annotations); the node label deviceshare.io/delivery overrides.
+    delivery: Literal["env", "runtimeclass", "cdi"] = "env"
+    #: ``index``: devices named by ID; ``uuid``: by the group's status.physicalDevices
+    #: where the inventory knows them (else by ID).
+    device_ids: Literal["index", "uuid"] = "index"
+    runtime_class_name: str = DEFAULT_RUNTIME_CLASS
+    #: Group pods get ``<prefix><container name>: ["nvidia.com/gpu=0", ...]`` in cdi mode.
+    cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
     claims_namespace: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
@@ -48,6 +65,21 @@ class Settings(BaseModel):
     @classmethod
     def _check_env(cls, value: list[str]) -> list[str]:
         parse_env_table(value)
+        return value
+
+    @field_validator("runtime_class_name")
+    @classmethod
+    def _check_runtime_class(cls, value: str) -> str:
+        if not is_dns_subdomain(value):
+            raise ValueError(f"--runtime-class-name {value!r} is not a valid RuntimeClass name")
+        return value
+
+    @field_validator("cdi_annotation_prefix")
+    @classmethod
+    def _check_cdi_prefix(cls, value: str) -> str:
+        problem = cdi_prefix_problem(value)
+        if problem is not None:
+            raise ValueError(f"--cdi-annotation-prefix {problem}")
         return value
 
     @property
@@ -81,6 +113,12 @@ class Settings(BaseModel):
                 if line:
                     items.append(line)
         return parse_env_table(items, DEFAULT_ENV_TABLE)
+
+    def delivery_settings(self) -> Delivery:
+        """What the pod webhook needs to give group pods their devices."""
+        return Delivery(
+            self.delivery, self.device_ids, self.runtime_class_name, self.cdi_annotation_prefix
+        )
 
 
 def _flag(name: str) -> str:

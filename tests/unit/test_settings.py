@@ -65,3 +65,53 @@ def test_bad_values_exit_with_a_message(argv: list[str], capsys: pytest.CaptureF
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "sdg-manager: error:" in err
+
+
+def test_delivery_defaults_and_their_webhook_settings() -> None:
+    s = parse([], environ={})
+    assert (s.delivery, s.device_ids) == ("env", "index")
+    assert s.runtime_class_name == "nvidia"
+    assert s.cdi_annotation_prefix == "cdi-devices.nri.io/container."
+    d = s.delivery_settings()
+    assert (d.mode, d.device_ids, d.runtime_class_name, d.cdi_annotation_prefix) == (
+        "env",
+        "index",
+        "nvidia",
+        "cdi-devices.nri.io/container.",
+    )
+
+
+def test_delivery_flags_and_env() -> None:
+    env = {
+        "SDG_DELIVERY": "cdi",
+        "SDG_DEVICE_IDS": "uuid",
+        "SDG_RUNTIME_CLASS_NAME": "nvidia-cdi",
+        "SDG_CDI_ANNOTATION_PREFIX": "cdi-devices.noderesource.dev/container.",
+    }
+    s = parse([], environ=env)
+    assert s.delivery_settings().mode == "cdi"
+    assert s.device_ids == "uuid"
+    assert s.runtime_class_name == "nvidia-cdi"
+    assert s.cdi_annotation_prefix == "cdi-devices.noderesource.dev/container."
+    s = parse(["--delivery", "runtimeclass", "--runtime-class-name", "gpu"], environ=env)
+    assert (s.delivery, s.runtime_class_name) == ("runtimeclass", "gpu")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--delivery", "nri"],
+        ["--device-ids", "serial"],
+        ["--runtime-class-name", "Not_A_Name"],
+        ["--cdi-annotation-prefix", "no-slash"],
+        ["--cdi-annotation-prefix", "deviceshare.io/container."],
+    ],
+)
+def test_bad_delivery_values_exit_with_a_message(
+    argv: list[str], capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse(argv, environ={})
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "sdg-manager: error:" in err and argv[0].lstrip("-").replace("-", "_") in err
