@@ -1,0 +1,286 @@
+"""Delivery that matches the node's runtime, against the real API server: env with
+CUDA_DEVICE_ORDER (and UUIDs from the inventory), a RuntimeClass set by the manager's
+settings, CDI annotations chosen by a node label; and the records they leave on a pod
+(``deviceshare.io/devices``, CDI annotations) cannot change afterwards (config/policy)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from api.constants import SDG_KIND
+from controllers.inventory import annotation_key
+from sdgruntime import errors
+from sdgruntime.client import Client
+from sdgruntime.envtest import ControlPlane
+from sdgruntime.kinds import NODES, PODS
+from tests.e2e.harness import (
+    GPU,
+    add_node,
+    env_of,
+    eventually,
+    group,
+    pod,
+    remove_webhooks,
+    run_sdg,
+    wait_bound,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+DEVICES = "deviceshare.io/devices"
+CDI = "cdi-devices.nri.io/container."
+MEMBERSHIP = "ValidatingAdmissionPolicy 'deviceshare-group-membership'"
+WEBHOOK = 'admission webhook "mpod.deviceshare.io" denied the request'
+
+
+def annotations(p: dict[str, Any]) -> dict[str, str]:
+    return p["metadata"].get("annotations") or {}
+
+
+def annotate(key: str, value: str | None) -> dict[str, Any]:
+    return {"metadata": {"annotations": {key: value}}}
+
+
+async def refused(call: Any) -> str:
+    """The API server's membership policy refused the request; its message."""
+    with pytest.raises(errors.ApiError) as info:
+        await call
+    assert info.value.code == 403, info.value.message
+    assert MEMBERSHIP in info.value.message, info.value.message
+    return info.value.message
+
+
+def sidecar_pod(name: str, group_name: str) -> dict[str, Any]:
+    """Two containers, an init container and a native sidecar (restartPolicy Always)."""
+    p = pod(name, group_name, containers=2)
+    p["spec"]["initContainers"] = [
+        {"name": "setup", "image": "busybox", "command": ["true"]},
+        {"name": "proxy", "image": "busybox", "restartPolicy": "Always"},
+    ]
+    return p
+
+
+def every_container(p: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*p["spec"].get("initContainers", []), *p["spec"]["containers"]]
+
+
+@contextlib.asynccontextmanager
+async def runtime_class(cp: ControlPlane, name: str) -> AsyncIterator[None]:
+    """A RuntimeClass (as the GPU Operator creates ``nvidia``): pods naming a missing one
+    are refused by the API server itself."""
+    cp.apply(
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": name},
+            "handler": name,
+        }
+    )
+    try:
+        yield
+    finally:
+        cp.delete("node.k8s.io/v1", "RuntimeClass", name)
+
+
+async def test_env_mode_pods_carry_cuda_order_and_a_devices_record_that_cannot_change(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    await add_node(client, "n1", 4)
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("g", {GPU: 2}))
+        await wait_bound(client, "g")
+        created = await client.create(PODS, sidecar_pod("member", "g"), namespace)
+        for c in every_container(created):
+            assert env_of({"spec": {"containers": [c]}}) == {
+                "NVIDIA_VISIBLE_DEVICES": "0,1",
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            }, c["name"]
+        assert annotations(created)[DEVICES] == '{"nvidia.com/gpu":"0,1"}'
+        assert not [k for k in annotations(created) if k.startswith("cdi-devices.")]
+        assert "runtimeClassName" not in created["spec"]
+        plain = await client.create(PODS, pod("plain", None), namespace)
+        busy = pod("busy", "g")
+        busy["metadata"]["annotations"].update({f"a.example.com/k{i}": "v" for i in range(500)})
+        await client.create(PODS, busy, namespace)
+    remove_webhooks(cluster)  # nothing of SDG left but the API server's policy
+
+    for value, verb in (('{"nvidia.com/gpu":"2,3"}', "changed"), (None, "removed")):
+        msg = await refused(client.patch(PODS, "member", annotate(DEVICES, value), namespace))
+        assert (
+            f"annotation deviceshare.io/devices of pod {namespace}/member records the devices "
+            f'SDG gave it when it was created ({{"nvidia.com/gpu":"0,1"}}); it cannot be {verb} '
+            "afterwards"
+        ) in msg
+        await refused(
+            client.patch(PODS, "member", annotate(DEVICES, value), namespace, subresource="status")
+        )
+    msg = await refused(client.patch(PODS, "plain", annotate(DEVICES, '{"a.b/c":"0"}'), namespace))
+    assert "it cannot be added afterwards" in msg
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "plain", "annotations": {DEVICES: '{"nvidia.com/gpu":"0"}'}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+    }
+    msg = await refused(
+        client.request("POST", f"/api/v1/namespaces/{namespace}/pods/plain/binding", json=binding)
+    )
+    assert "sets annotation deviceshare.io/devices" in msg
+    # Other annotations still change, also among many (within the CEL cost budget); the
+    # record is as the webhook wrote it.
+    await client.patch(PODS, "member", annotate("team", "ml"), namespace)
+    await client.patch(PODS, "busy", annotate("a.example.com/k7", "w"), namespace)
+    await refused(
+        client.patch(PODS, "busy", annotate(CDI + "c0", '["nvidia.com/gpu=all"]'), namespace)
+    )
+    assert annotations(await client.get(PODS, "member", namespace))[DEVICES] == (
+        '{"nvidia.com/gpu":"0,1"}'
+    )
+    assert annotations(plain).get(DEVICES) is None
+
+
+async def test_uuids_from_the_inventory_reach_the_env_and_the_record_keeps_ids(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    node = await add_node(client, "n1", 3)
+    node["metadata"].setdefault("annotations", {})[annotation_key(GPU)] = "GPU-a,GPU-b,GPU-c"
+    await client.update(NODES, node)
+    async with run_sdg(cluster, device_ids="uuid"):
+        await client.create(SDG_KIND, group("g", {GPU: 2}))
+        g = await wait_bound(client, "g")
+        assert g["status"]["physicalDevices"] == {GPU: "GPU-a,GPU-b"}
+        created = await client.create(PODS, pod("member", "g"), namespace)
+        # UUIDs carry no numbering to keep: no CUDA_DEVICE_ORDER.
+        assert env_of(created) == {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
+        assert annotations(created)[DEVICES] == '{"nvidia.com/gpu":"0,1"}'
+
+
+async def test_a_node_labelled_cdi_gets_cdi_annotations_and_void_env(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    await add_node(client, "n1", 4, labels={"deviceshare.io/delivery": "cdi"})
+    async with run_sdg(cluster):  # the manager's default is env: the label decides
+        await client.create(SDG_KIND, group("g", {GPU: 2}))
+        await wait_bound(client, "g")
+        p = sidecar_pod("member", "g")
+        p["metadata"]["annotations"].update(
+            {
+                "cdi-devices.nri.io/pod": '["nvidia.com/gpu=all"]',  # would reach kubectl debug
+                CDI + "c0": '["nvidia.com/gpu=3"]',  # the group decides
+                "team": "ml",
+            }
+        )
+        created = await client.create(PODS, p, namespace)
+        names = '["nvidia.com/gpu=0","nvidia.com/gpu=1"]'
+        assert annotations(created) == {
+            "deviceshare.io/group": "g",
+            "team": "ml",
+            DEVICES: '{"nvidia.com/gpu":"0,1"}',
+            CDI + "setup": names,
+            CDI + "proxy": names,
+            CDI + "c0": names,
+            CDI + "c1": names,
+        }
+        for c in every_container(created):
+            assert env_of({"spec": {"containers": [c]}}) == {
+                "NVIDIA_VISIBLE_DEVICES": "void",
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            }, c["name"]
+
+        # kubectl debug: the debug container gets void too (no annotation can name it).
+        dbg = {"name": "dbg", "image": "nvidia/cuda", "command": ["sleep", "60"]}
+        dbg["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+        member = await client.patch(
+            PODS,
+            "member",
+            {"spec": {"ephemeralContainers": [dbg]}},
+            namespace,
+            patch_type="strategic",
+            subresource="ephemeralcontainers",
+        )
+        (debugged,) = member["spec"]["ephemeralContainers"]
+        assert env_of({"spec": {"containers": [debugged]}})["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+        # The CDI annotations cannot change afterwards, with the manager running or not.
+        for key, value in (
+            (CDI + "c0", '["nvidia.com/gpu=all"]'),
+            (CDI + "c1", None),
+            ("cdi-devices.noderesource.dev/pod", '["nvidia.com/gpu=all"]'),
+            (CDI + "dbg", '["nvidia.com/gpu=all"]'),
+        ):
+            msg = await refused(client.patch(PODS, "member", annotate(key, value), namespace))
+            assert (
+                f"pod {namespace}/member of SharedDeviceGroup 'g' gets its devices when it is "
+                f"created; its CDI device annotation {key} cannot be added, changed or removed"
+            ) in msg
+        # A pod outside any group keeps its annotations its own.
+        plain = await client.create(PODS, pod("plain", None), namespace)
+        await client.patch(PODS, "plain", annotate(CDI + "c0", '["vendor.com/x=0"]'), namespace)
+        assert annotations(plain).get(DEVICES) is None
+
+
+async def test_a_runtimeclass_manager_sets_it_and_refuses_another(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    await add_node(client, "n1", 2)
+    async with (
+        runtime_class(cluster, "nvidia"),
+        runtime_class(cluster, "kata"),  # a missing one the API server refuses itself
+        run_sdg(cluster, delivery="runtimeclass"),
+    ):
+        await client.create(SDG_KIND, group("g", {GPU: 1}))
+        await wait_bound(client, "g")
+        created = await client.create(PODS, pod("member", "g"), namespace)
+        assert created["spec"]["runtimeClassName"] == "nvidia"
+        assert env_of(created) == {"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        assert annotations(created)[DEVICES] == '{"nvidia.com/gpu":"0"}'
+        named = pod("named", "g", runtimeClassName="nvidia")
+        assert (await client.create(PODS, named, namespace))["spec"]["runtimeClassName"] == (
+            "nvidia"
+        )
+
+        with pytest.raises(errors.ApiError) as info:
+            await client.create(PODS, pod("kata", "g", runtimeClassName="kata"), namespace)
+        assert WEBHOOK in info.value.message
+        assert (
+            "pod sets runtimeClassName kata, but SharedDeviceGroup 'g' gets its devices on its "
+            "node through RuntimeClass nvidia (delivery runtimeclass)"
+        ) in info.value.message
+        assert "Remove spec.runtimeClassName (SDG sets it) or set it to nvidia" in (
+            info.value.message
+        )
+
+        # A node labelled env takes the env only, whatever the manager's default.
+        node = await client.get(NODES, "n1")
+        node["metadata"]["labels"]["deviceshare.io/delivery"] = "env"
+        await client.update(NODES, node)
+
+        made: list[str] = []
+
+        async def env_only() -> dict[str, Any] | None:
+            made.append(f"env-{len(made)}")
+            p = await client.create(PODS, pod(made[-1], "g"), namespace)
+            return p if "runtimeClassName" not in p["spec"] else None
+
+        p = await eventually(env_only, what="the node label read by the webhook")
+        assert env_of(p)["NVIDIA_VISIBLE_DEVICES"] == "0"
+
+
+async def test_an_unknown_delivery_label_is_refused_naming_the_node(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    await add_node(client, "n1", 1, labels={"deviceshare.io/delivery": "docker"})
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("g", {GPU: 1}))
+        await wait_bound(client, "g")
+        with pytest.raises(errors.ApiError) as info:
+            await client.create(PODS, pod("member", "g"), namespace)
+        assert WEBHOOK in info.value.message
+        assert (
+            "node n1 of SharedDeviceGroup 'g' has label deviceshare.io/delivery='docker', "
+            "which is not a delivery mode SDG knows (env, runtimeclass, cdi)"
+        ) in info.value.message
