@@ -4,9 +4,15 @@ Like controller-runtime's envtest, but the binaries are built here from the Kube
 Go modules in ``hack/controlplane`` (there is nowhere to download them from).
 """
 
-from sdgruntime.envtest.build import BuildError, ensure_binaries
-from sdgruntime.envtest.certs import CertificateAuthority, KeyPair
-from sdgruntime.envtest.controlplane import ControlPlane, ControlPlaneError, load_manifests
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sdgruntime.envtest.build import BuildError, ensure_binaries
+    from sdgruntime.envtest.certs import CertificateAuthority, KeyPair
+    from sdgruntime.envtest.controlplane import ControlPlane, ControlPlaneError, load_manifests
 
 __all__ = [
     "BuildError",
@@ -17,3 +23,25 @@ __all__ = [
     "ensure_binaries",
     "load_manifests",
 ]
+
+# Imported on first use, not with the package: `python -m sdgruntime.envtest.build` imports
+# this package before it runs build.py as __main__, and a build module imported here already
+# would make runpy warn and run the module a second time.
+_HOME = {
+    "BuildError": "build",
+    "ensure_binaries": "build",
+    "CertificateAuthority": "certs",
+    "KeyPair": "certs",
+    "ControlPlane": "controlplane",
+    "ControlPlaneError": "controlplane",
+    "load_manifests": "controlplane",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value

@@ -303,3 +303,49 @@ def test_cli_refuses_webhook_options_it_cannot_use(tmp_path: Path) -> None:
         )
         assert run.returncode == 2
         assert message in run.stderr
+
+
+def test_kubebuilder_assets_are_used_and_nothing_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KUBEBUILDER_ASSETS, controller-runtime's convention, names the binaries to run: the
+    control plane starts from there, on a machine whose build cache is empty, and the build
+    is never reached."""
+    from sdgruntime.envtest import build
+
+    cached = ensure_binaries()
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    for name in ("etcd", "kube-apiserver"):  # no kube-scheduler: ControlPlane needs neither
+        (assets / name).symlink_to(cached / name)
+    empty_cache = tmp_path / "cache"
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(empty_cache))
+    monkeypatch.delenv("SDG_CONTROLPLANE_BIN", raising=False)
+
+    def no_build(*_: object) -> None:
+        raise AssertionError("built although KUBEBUILDER_ASSETS is set")
+
+    monkeypatch.setattr(build, "_build", no_build)
+    with ControlPlane() as cp:
+        assert cp.binaries == assets
+        for name, pid in cp.pids.items():
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            assert argv0 == str(assets / name)
+        assert cp.http.get("/readyz").text == "ok"
+    assert not empty_cache.exists()
+
+
+def test_kubebuilder_assets_without_a_binary_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sdgruntime.envtest import BuildError
+
+    (tmp_path / "etcd").symlink_to(ensure_binaries() / "etcd")
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(tmp_path))
+    cp = ControlPlane()
+    with pytest.raises(BuildError) as refused:
+        cp.start()
+    assert str(refused.value).startswith(f"KUBEBUILDER_ASSETS={tmp_path} lacks kube-apiserver")
+    assert "unset KUBEBUILDER_ASSETS to build them" in str(refused.value)
+    assert cp.pids == {}  # nothing was started
