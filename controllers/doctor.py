@@ -673,7 +673,7 @@ def has_shared_taint(node: Obj) -> bool:
         isinstance(t, Mapping)
         and t.get("key") == SHARED_TAINT_KEY
         and t.get("value") == SHARED_TAINT_VALUE
-        and t.get("effect") == "NoSchedule"
+        and t.get("effect") in ("NoSchedule", "NoExecute")
         for t in (node.get("spec") or {}).get("taints") or ()
     )
 
@@ -681,7 +681,8 @@ def has_shared_taint(node: Obj) -> bool:
 def judge_taint(node: Obj) -> Check:
     """A shared node is tainted so that pods outside any group stay off it: they would use
     its devices without SDG knowing which. Group pods get the toleration from the webhook
-    (for NoSchedule only, so another effect keeps them off too)."""
+    (for every effect: NoSchedule keeps others off, NoExecute also evicts them); another
+    value of the key would keep group pods off too."""
     node_name = _name(node)
     name = f"node {node_name}: taint"
     add = f"kubectl taint node {node_name} {_taint_text()}"
@@ -696,7 +697,8 @@ def judge_taint(node: Obj) -> Check:
         return Check(
             name,
             False,
-            f"tainted {', '.join(others)}, not {_taint_text()}: group pods tolerate only that",
+            f"tainted {', '.join(others)}, not {_taint_text()}: group pods tolerate only "
+            f"{SHARED_TAINT_KEY}={SHARED_TAINT_VALUE}",
             f"kubectl taint node {node_name} {SHARED_TAINT_KEY}-\n{add}",
         )
     return Check(

@@ -1,11 +1,12 @@
 """Devices used outside the books: pods that use vendor devices without being in a group.
 
-A pod that is not in a group but sets a vendor device env var itself (``all`` included)
-or requests the vendor resource through the device plugin sees devices SDG did not hand
-out, and SDG cannot know which. On a node where such pods run, no new group gets that
-resource (a wrong view may hand out less, never twice), and groups already bound there
-are reported (``Ready=False, reason ForeignDevicePods``). The pod itself gets a Warning
-Event (``ForeignPodReporter``).
+A pod that is not in a group but sets a vendor device env var itself (``all`` included),
+requests the vendor resource through the device plugin, or names vendor devices in CDI
+annotations (NRI's device-injector) sees devices SDG did not hand out, and SDG cannot
+know which. On a node where such pods run, no new group gets that resource (a wrong
+view may hand out less, never twice), and groups already bound there are reported
+(``Ready=False, reason ForeignDevicePods``). The pod itself gets a Warning Event
+(``ForeignPodReporter``).
 
 ``device_use`` is pure; ``ForeignDevices`` mirrors the pod cache, fed synchronously by
 the pod informer, so placement reads it in memory.
@@ -14,11 +15,13 @@ the pod informer, so placement reads it in memory.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from api.constants import (
+    CDI_ANNOTATION_FAMILIES,
     GROUP_ANNOTATION,
     NODE_MODE_LABEL,
     NODE_MODE_SHARED,
@@ -43,6 +46,9 @@ Obj = Mapping[str, Any]
 #: empty is unset). Anything else (IDs, UUIDs, ``all``) may reach devices.
 NO_DEVICE_VALUES = frozenset({"", "void", "none"})
 _CONTAINER_KINDS = ("initContainers", "containers", "ephemeralContainers")
+#: A CDI device name's kind (``nvidia.com/gpu`` in ``nvidia.com/gpu=0``).
+_CDI_DEVICE = re.compile(r"([a-z0-9][-a-z0-9.]*/[A-Za-z0-9][-A-Za-z0-9_.]*)=")
+_MAX_CDI_TEXT = 64 * 1024  # annotations total at most 256 KiB; read a bounded prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +95,12 @@ def device_use(pod: Obj, env_table: Mapping[str, str]) -> DeviceUse | None:
                     resources.add(res)
 
     requested(spec)
+    for key, value in (meta.get("annotations") or {}).items():
+        # CDI device annotations (NRI's device-injector) name devices as <kind>=<id>.
+        if key.startswith(CDI_ANNOTATION_FAMILIES) and isinstance(value, str):
+            for kind in _CDI_DEVICE.findall(value[:_MAX_CDI_TEXT]):
+                if env_var_for(kind, env_table) is not None:
+                    resources.add(kind)
     for kind in _CONTAINER_KINDS:
         for container in spec.get(kind) or ():
             requested(container)

@@ -37,7 +37,7 @@ from api.constants import (
     REASON_NOT_READY,
     SDG_KIND,
 )
-from api.pods import POD_GROUP_INDEX, devices_from_env, is_active, pod_key
+from api.pods import POD_GROUP_INDEX, delivered_devices, is_active, pod_key
 from api.v1alpha1 import format_ids, selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.claims import ClaimBook, nodes_named_by
@@ -362,7 +362,7 @@ class GroupScheduler:
         odd = []
         for pod in bound_pods(self.cache, group["metadata"]["name"]):
             where = pod["spec"]["nodeName"]
-            seen = devices_from_env(pod, resources, self.env_table)
+            seen = delivered_devices(pod, resources, self.env_table)
             if where != node or (seen is not None and seen != devices):
                 odd.append(f"{pod_key(pod)} on {where} with {seen}")
         if odd:

@@ -22,7 +22,7 @@ from opentelemetry import trace
 
 from api.conditions import find_condition, rfc3339
 from api.constants import DEFAULT_ENV_TABLE, PHASE_BOUND, SCHEDULER_NAME, SDG_KIND
-from api.pods import POD_NODE_INDEX, devices_from_env, pod_group
+from api.pods import POD_NODE_INDEX, delivered_devices, pod_group
 from api.v1alpha1 import selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.groupstatus import conflict_of
@@ -179,7 +179,7 @@ class PodScheduler:
         recreated between the pod's admission and its binding may hold other IDs now."""
         group = self.cache.get(SDG_KIND, group_name, copy=False)
         resources = (group.get("spec") or {}).get("resources") or {}
-        injected = devices_from_env(pod, resources, self.env_table)
+        injected = delivered_devices(pod, resources, self.env_table)
         try:
             holds = selected_devices(group)
         except ValueError:

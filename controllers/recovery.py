@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from api.constants import PHASE_BOUND, REASON_RECOVERY_CONFLICT, SDG_KIND
-from api.pods import devices_from_env, pod_key
+from api.pods import delivered_devices, pod_key
 from api.v1alpha1 import selected_devices
 from controllers.claims import ClaimBook, ClaimRecordBroken
 from controllers.groupstatus import Problem, describe, with_ready_problem
@@ -130,7 +130,7 @@ class Recovery:
         found: dict[tuple[str, str], Devices] = {}
         for pod in bound_pods(self.cache, name):
             node = pod["spec"]["nodeName"]
-            devices = devices_from_env(pod, resources, self.env_table)
+            devices = delivered_devices(pod, resources, self.env_table)
             if devices is None:
                 continue
             key = (node, describe(devices))

@@ -482,10 +482,13 @@ def test_taint() -> None:
         "scheduled here and use its devices unseen",
         "kubectl taint node a deviceshare.io/mode=shared:NoSchedule",
     )
+    # Group pods tolerate the shared taint with every effect: NoExecute also keeps others off.
     no_execute = d.judge_taint(node("a", taints=[{**TAINT, "effect": "NoExecute"}]))
-    assert no_execute.ok is False
-    assert no_execute.detail.startswith("tainted deviceshare.io/mode=shared:NoExecute, not ")
-    assert no_execute.fix.splitlines() == [
+    assert no_execute.ok is True
+    other_value = d.judge_taint(node("a", taints=[{**TAINT, "value": "yes"}]))
+    assert other_value.ok is False
+    assert other_value.detail.startswith("tainted deviceshare.io/mode=yes:NoSchedule, not ")
+    assert other_value.fix.splitlines() == [
         "kubectl taint node a deviceshare.io/mode-",
         "kubectl taint node a deviceshare.io/mode=shared:NoSchedule",
     ]

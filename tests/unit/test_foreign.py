@@ -112,3 +112,15 @@ def test_problem_message_stays_short_for_many_pods() -> None:
         mirror.observe(pod(f"p{i}", limits={GPU: "1"}))
     _reason, message = mirror.problem("n0", {GPU: 1}) or ("", "")
     assert "and 495 more" in message and len(message) < 1000
+
+
+def test_cdi_device_annotations_are_a_use() -> None:
+    p = pod()
+    p["metadata"]["annotations"] = {
+        "cdi-devices.noderesource.dev/container.c": '["nvidia.com/gpu=all"]',
+        "unrelated.example.com/x": "nvidia.com/gpu=0",
+    }
+    use = device_use(p, DEFAULT_ENV_TABLE)
+    assert use is not None and use.resources == {GPU}
+    p["metadata"]["annotations"] = {"cdi-devices.nri.io/pod": '["example.com/fpga=0"]'}
+    assert device_use(p, DEFAULT_ENV_TABLE) is None
