@@ -39,13 +39,15 @@ SA = f"system:serviceaccount:{NS}:deviceshare-manager"
 SHARED = {"deviceshare.io/mode": "shared"}
 NODES_SPEC: list[tuple[str, dict[str, str], dict[str, int]]] = [
     ("gpu-node-1", SHARED, {"nvidia.com/gpu": 8}),
-    ("gpu-node-2", SHARED, {"nvidia.com/gpu": 4}),
+    # Delivered through the GPU Operator's RuntimeClass (a per-node delivery override).
+    ("gpu-node-2", {**SHARED, "deviceshare.io/delivery": "runtimeclass"}, {"nvidia.com/gpu": 4}),
     ("gpu-node-3", {**SHARED, "gpu-type": "a100"}, {"nvidia.com/gpu": 2}),
     ("amd-node-1", SHARED, {"amd.com/gpu": 2}),
     ("cpu-node-1", {}, {"nvidia.com/gpu": 8}),  # has GPUs but did not opt in
     # GPUs published by a DRA driver (a ResourceSlice), none in allocatable: SDG books them
     # by index with their UUIDs; GPU 1 is unhealthy (tainted by the driver).
-    ("dra-node-1", {**SHARED, "gpu-inventory": "dra"}, {}),
+    # Delivered as CDI device names for NRI's device-injector.
+    ("dra-node-1", {**SHARED, "gpu-inventory": "dra", "deviceshare.io/delivery": "cdi"}, {}),
 ]
 DRA_GPUS = [(0, "GPU-6f1c0d2e-0000", True), (1, "GPU-6f1c0d2e-0001", False)]
 DRA_GPUS += [(2, "GPU-6f1c0d2e-0002", True), (3, "GPU-6f1c0d2e-0003", True)]
@@ -194,6 +196,27 @@ async def settle(client: Client, seconds: float = 20.0) -> None:
         await anyio.sleep(0.2)
 
 
+def _delivered(pod: dict[str, Any]) -> str:
+    """What the pod webhook gave the first container: device env, RuntimeClass, CDI names."""
+    container = pod["spec"]["containers"][0]
+    env = {
+        e["name"]: e.get("value", "")
+        for e in container.get("env") or []
+        if e["name"].endswith("_VISIBLE_DEVICES")
+    }
+    parts = [f"{k}={v}" for k, v in sorted(env.items())]
+    if pod["spec"].get("runtimeClassName"):
+        parts.append(f"runtimeClassName={pod['spec']['runtimeClassName']}")
+    cdi = (
+        pod["metadata"]
+        .get("annotations", {})
+        .get(f"cdi-devices.nri.io/container.{container['name']}")
+    )
+    if cdi:
+        parts.append(f"cdi={cdi}")
+    return " ".join(parts) or "-"
+
+
 def _age(ts: str) -> str:
     import datetime as dt
 
@@ -231,22 +254,16 @@ async def report(client: Client, denied: list[tuple[str, str]]) -> None:
     rows = []
     for p in sorted(pods, key=lambda p: p["metadata"]["name"]):
         group = p["metadata"].get("annotations", {}).get("deviceshare.io/group", "-")
-        env = {
-            e["name"]: e.get("value", "")
-            for c in p["spec"]["containers"]
-            for e in c.get("env") or []
-            if e["name"].endswith("_VISIBLE_DEVICES")
-        }
         rows.append(
             [
                 p["metadata"]["name"],
                 group,
                 p["spec"].get("nodeName") or "<pending>",
                 p.get("status", {}).get("phase", "?"),
-                " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "-",
+                _delivered(p),
             ]
         )
-    print(table(["POD", "GROUP", "NODE", "STATUS", "ENV"], rows))
+    print(table(["POD", "GROUP", "NODE", "STATUS", "DELIVERED"], rows))
 
     print("\n$ sdg devices")
     slices, _ = await client.list_all(RESOURCESLICES)
@@ -281,7 +298,16 @@ async def demo(keep: bool) -> int:
                     cp.apply(dra_slice(name))
                     gpu_text = f"{len(DRA_GPUS)} nvidia.com/gpu in a DRA ResourceSlice, 1 unhealthy"
                 shared = "shared" if labels.get("deviceshare.io/mode") else "NOT shared"
-                print(f"      {name}: {gpu_text}, {shared}")
+                delivery = labels.get("deviceshare.io/delivery", "env")
+                print(f"      {name}: {gpu_text}, {shared}, delivery {delivery}")
+            cp.apply(
+                {
+                    "apiVersion": "node.k8s.io/v1",
+                    "kind": "RuntimeClass",
+                    "metadata": {"name": "nvidia"},
+                    "handler": "nvidia",
+                }
+            )
             step(
                 3, total, "installing RBAC and policies; starting the manager as its ServiceAccount"
             )

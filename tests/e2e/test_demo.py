@@ -35,6 +35,11 @@ def test_demo_runs_end_to_end() -> None:
         "dra-gpus Bound True dra-node-1 nvidia.com/gpu=0,2 1",
         "Group dra-gpus holds physical devices nvidia.com/gpu: GPU-6f1c0d2e-0000,GPU-6f1c0d2e-0002",
         "dra-node-1 nvidia.com/gpu: 4 device(s), 1 unhealthy, from DRA ResourceSlices",
+        # One pod per delivery mode: env (above), a RuntimeClass, CDI names.
+        "trainer trainer-gpus gpu-node-2 Running NVIDIA_VISIBLE_DEVICES=0,1 "
+        "runtimeClassName=nvidia",
+        "dra-trainer dra-gpus dra-node-1 Running NVIDIA_VISIBLE_DEVICES=void "
+        'cdi=["nvidia.com/gpu=0","nvidia.com/gpu=2"]',
         "workload-1 my-gpu-group gpu-node-3 Running NVIDIA_VISIBLE_DEVICES=0,1",
         "workload-2 my-gpu-group gpu-node-3 Running NVIDIA_VISIBLE_DEVICES=0,1",
         "inference-demo-2 inference-gpus gpu-node-1 Running NVIDIA_VISIBLE_DEVICES=0,1",
