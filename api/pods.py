@@ -109,3 +109,20 @@ def delivered_devices(
     if DEVICES_ANNOTATION in annotations:
         return parse_devices_annotation(annotations[DEVICES_ANNOTATION])
     return devices_from_env(pod, resources, env_table)
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes' ``Toleration.ToleratesTaint``: an empty effect matches every effect, an
+    empty key (with Exists) every key; operator "" means Equal."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    if key and key != taint.get("key"):
+        return False
+    op = toleration.get("operator") or "Equal"
+    if op == "Exists":
+        return True
+    if op == "Equal":
+        return (toleration.get("value") or "") == (taint.get("value") or "")
+    return False

@@ -25,7 +25,7 @@ from api.constants import (
     SCHEDULER_NAME,
 )
 from api.envvars import env_var_for
-from api.pods import is_active, pod_group, pod_key
+from api.pods import is_active, pod_group, pod_key, tolerates
 from api.v1alpha1 import (
     format_ids,
     group_name,
@@ -53,7 +53,7 @@ from controllers.placement import (
     place,
     unaddressable_devices,
 )
-from controllers.podfit import pod_fits_node, tolerates
+from controllers.podfit import pod_fits_node
 from controllers.tracker import Devices, decode_claims
 
 Obj = Mapping[str, Any]

@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from api.constants import FILTERING_TAINT_EFFECTS
-from api.pods import is_active
+from api.pods import is_active, tolerates
 from controllers.quantity import format_units, parse_quantity, to_units
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -26,23 +26,6 @@ Obj = Mapping[str, Any]
 
 
 # --- tolerations ------------------------------------------------------------------------
-
-
-def tolerates(toleration: Obj, taint: Obj) -> bool:
-    """``Toleration.ToleratesTaint``: empty effect matches all effects, empty key (with
-    Exists) all keys; operator "" means Equal."""
-    effect = toleration.get("effect") or ""
-    if effect and effect != taint.get("effect"):
-        return False
-    key = toleration.get("key") or ""
-    if key and key != taint.get("key"):
-        return False
-    op = toleration.get("operator") or "Equal"
-    if op == "Exists":
-        return True
-    if op == "Equal":
-        return (toleration.get("value") or "") == (taint.get("value") or "")
-    return False
 
 
 def _tolerated(tolerations: Iterable[Obj], taint: Obj) -> bool:

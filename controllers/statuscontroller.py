@@ -8,12 +8,12 @@ and ``podCount`` stays exact; PodsJoined/PodsLeft events name at most ``EVENT_PO
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Final
 
 from api.constants import SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.v1alpha1 import pod_list_update
+from controllers.groupstatus import listed
 from controllers.watches import group_of_pod, pod_moved
 from sdgruntime import errors
 from sdgruntime.cache import Cache
@@ -26,13 +26,6 @@ from sdgruntime.reconcile import Request, Result
 
 #: Pods named in one PodsJoined/PodsLeft event; the rest are counted.
 EVENT_PODS: Final = 10
-
-
-def pods_text(keys: Sequence[str], limit: int = EVENT_PODS) -> str:
-    """``a, b and 3 more``: an event message that stays short however many pods moved."""
-    shown = ", ".join(keys[:limit])
-    more = len(keys) - limit
-    return f"{shown} and {more} more" if more > 0 else shown
 
 
 class StatusController:
@@ -70,11 +63,11 @@ class StatusController:
             return None
         if update.joined:
             self.recorder.emit(
-                updated, "Normal", "PodsJoined", f"pods joined: {pods_text(update.joined)}"
+                updated, "Normal", "PodsJoined", f"pods joined: {listed(update.joined, EVENT_PODS)}"
             )
         if update.left:
             self.recorder.emit(
-                updated, "Normal", "PodsLeft", f"pods left: {pods_text(update.left)}"
+                updated, "Normal", "PodsLeft", f"pods left: {listed(update.left, EVENT_PODS)}"
             )
         return None
 

@@ -33,7 +33,7 @@ from api.constants import (
     VOID_DEVICES,
 )
 from api.envvars import env_var_for
-from api.pods import parse_devices_annotation
+from api.pods import parse_devices_annotation, tolerates
 from api.v1alpha1 import format_ids, parse_ids
 from api.validation import is_dns_subdomain
 from webhooks.delivery import (
@@ -207,21 +207,12 @@ def _group_env(group: Obj, env_table: Mapping[str, str]) -> dict[str, str] | Den
 
 
 def tolerates_shared_taint(toleration: Obj, effect: str = "NoSchedule") -> bool:
-    """Kubernetes' ToleratesTaint for the shared-node taint with ``effect``: an empty
-    effect matches every effect, an empty key with Exists every key, operator "" means
-    Equal. For NoExecute, ``tolerationSeconds`` only delays the eviction: not tolerated."""
-    own = toleration.get("effect") or ""
-    if own and own != effect:
-        return False
+    """Whether ``toleration`` tolerates the shared-node taint with ``effect`` for good: for
+    NoExecute, ``tolerationSeconds`` only delays the eviction, so it does not count."""
     if effect == "NoExecute" and toleration.get("tolerationSeconds") is not None:
         return False
-    key = toleration.get("key") or ""
-    if key and key != SHARED_TAINT_KEY:
-        return False
-    op = toleration.get("operator") or "Equal"
-    if op == "Exists":
-        return True
-    return op == "Equal" and (toleration.get("value") or "") == SHARED_TAINT_VALUE
+    taint = {"key": SHARED_TAINT_KEY, "value": SHARED_TAINT_VALUE, "effect": effect}
+    return tolerates(toleration, taint)
 
 
 def _toleration_ops(pod: Obj) -> list[dict[str, Any]]:

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
+from api.pods import tolerates
 from controllers.podfit import (
     host_ports,
     matches_required_affinity,
     pod_fits_node,
     pod_requests,
-    tolerates,
 )
 
 
