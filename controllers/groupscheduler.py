@@ -204,9 +204,7 @@ class GroupScheduler:
                 )
                 return None
             nodes = self.cache.list(NODES, copy=False)
-            decision = place(
-                spec, nodes, self.claims.tracker, blocked=self.foreign.blocked(resources)
-            )
+            decision = place(spec, nodes, self.claims.tracker, blocked=self._blocked(resources))
             span.set_attribute("sdg.candidates", decision.candidates)
             for node_name, why in sorted(decision.reasons.items())[:50]:
                 span.set_attribute(f"sdg.filter.{node_name}", "; ".join(why))
@@ -236,6 +234,18 @@ class GroupScheduler:
             span.set_attribute("sdg.result", "bound")
             return await self._bind_status(group, decision.node, devices, started)
 
+    def _blocked(self, resources: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+        """Nodes where placement must not give out a requested resource, and why: pods
+        outside any group use it, or the node's claim record is unreadable."""
+        blocked = self.foreign.blocked(resources)
+        for node in self.claims.broken:
+            for res in resources:
+                blocked.setdefault(node, {})[res] = (
+                    "have a malformed claim record (nothing more is given out there until it "
+                    "is repaired; kubectl describe sdg of a group there says which)"
+                )
+        return blocked
+
     def _adoptable(self, group: Obj, node: str, devices: Devices) -> bool:
         """A claim a Pending group may finish binding with: made by this very group (UID),
         for its current spec, on a node that still fits that spec."""
@@ -255,7 +265,7 @@ class GroupScheduler:
             offer = offers.get(res)
             if offer is None or not set(ids) <= set(offer.usable()):
                 return False  # a device of the claim is gone or unhealthy
-        blocked = self.foreign.blocked(want)
+        blocked = self._blocked(want)
         return not filter_node(spec, node_obj, _FreeWithOwnClaim(tracker, devices), blocked=blocked)
 
     async def _bind_status(

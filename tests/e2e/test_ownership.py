@@ -166,13 +166,21 @@ async def _labelled_record(client: Client, name: str, node: str, claims: str = "
 async def test_a_record_whose_name_and_contents_disagree_blocks_never_fences(
     cluster: ControlPlane, client: Client, cm_name: str, names_node: str
 ) -> None:
-    await add_node(client, "n0", 4)
+    await add_node(client, "n0", 4, labels={"spare": "no"})
     await add_node(client, "n1", 1, labels={"spare": "yes"})
     async with run_sdg(cluster):
         await client.create(SDG_KIND, group("first", {GPU: 1}, nodeSelector={"spare": "yes"}))
         await wait_bound(client, "first")
-        # A decoy that says n0 is empty (or n0's real record made to describe another node).
-        await _labelled_record(client, cm_name, names_node)
+        await client.create(SDG_KIND, group("resident", {GPU: 1}, nodeSelector={"spare": "no"}))
+        await wait_bound(client, "resident")
+        # A decoy that says n0 is empty (or n0's real record edited to describe another node).
+        try:
+            record = await client.get(CONFIGMAPS, cm_name, MANAGER_NS)
+        except errors.NotFound:
+            await _labelled_record(client, cm_name, names_node)
+        else:
+            record["data"]["node"] = names_node
+            await client.update(CONFIGMAPS, record)
         await client.create(SDG_KIND, group("second", {GPU: 1}))
 
         async def judged() -> dict[str, Any] | None:
@@ -181,10 +189,17 @@ async def test_a_record_whose_name_and_contents_disagree_blocks_never_fences(
 
         second = await eventually(judged, what="second judged")
         assert second["status"]["phase"] == "Pending"  # n0 blocked, n1 full
+        assert "1 have a malformed claim record" in condition(second, "Scheduled")["message"]
+        # The group already on n0 keeps its devices and is told why nothing more goes there.
+        resident = await eventually(
+            lambda: ready_reason(client, "resident", "ClaimRecordMalformed"), what="told"
+        )
+        assert f"{MANAGER_NS}/{cm_name}" in condition(resident, "Ready")["message"]
         # Removing the bad object lifts the block.
         await client.delete(CONFIGMAPS, cm_name, MANAGER_NS)
         g = await wait_bound(client, "second")
         assert g["status"]["nodeName"] == "n0"
+        await eventually(lambda: ready_reason(client, "resident", "Ready"), what="resident Ready")
 
 
 async def test_group_recreated_under_the_same_name_never_inherits_the_old_claim(
