@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -63,12 +63,32 @@ def kubernetes_version(source: Path) -> str:
     return match.group(1)
 
 
+def cache_root() -> Path:
+    """~/.cache/sdg (or $XDG_CACHE_HOME/sdg): every tool built from a Go module under hack/."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sdg"
+
+
 def cache_dir(source: Path) -> Path:
     digest = hashlib.sha256()
     for name in _SOURCES:
         digest.update((source / name).read_bytes())
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sdg" / "controlplane"
-    return root / f"{kubernetes_version(source)}-{digest.hexdigest()[:12]}"
+    return cache_root() / "controlplane" / f"{kubernetes_version(source)}-{digest.hexdigest()[:12]}"
+
+
+def build_once(out: Path, binaries: Sequence[str], build: Callable[[Path], None]) -> Path:
+    """``out`` once it holds every one of ``binaries``, calling ``build(out)`` if it does not.
+
+    One build per machine at a time: parallel test sessions wait for the first, then find
+    the binaries there. ``build`` should move each binary into place only when complete.
+    """
+    if all((out / b).is_file() for b in binaries):
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not all((out / b).is_file() for b in binaries):
+            build(out)
+    return out
 
 
 def _ldflags(version: str) -> str:
@@ -113,16 +133,7 @@ def ensure_binaries() -> Path:
             raise BuildError(f"SDG_CONTROLPLANE_BIN={folder} lacks {', '.join(missing)}")
         return folder
     source = find_source_dir()
-    out = cache_dir(source)
-    if all((out / b).is_file() for b in BINARIES):
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    # One build per machine at a time: parallel test sessions wait for the first.
-    with open(out / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not all((out / b).is_file() for b in BINARIES):
-            _build(source, out)
-    return out
+    return build_once(cache_dir(source), BINARIES, lambda out: _build(source, out))
 
 
 def _build(source: Path, out: Path) -> None:
