@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 IMG    ?= ghcr.io/deviceshare/sdg-manager:dev
 
-.PHONY: install controlplane test unit lint fmt demo envtest docker-build deploy undeploy clean bench
+.PHONY: install controlplane helm test unit lint fmt demo envtest docker-build deploy undeploy clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,10 @@ install: $(BIN)/python  ## Install the project with its test extra into .venv
 controlplane: install  ## Build kube-apiserver, kube-scheduler and etcd once per machine (cached)
 	$(BIN)/python -m sdgruntime.envtest.build
 
-test: controlplane  ## Lint, then run every test (unit + integration against the real local API server)
+helm: install  ## Build the helm CLI from hack/helm once per machine (cached), for the chart tests
+	$(BIN)/python -m sdgruntime.envtest.helm
+
+test: controlplane helm  ## Lint, then run every test (unit + integration against the real local API server)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
@@ -52,3 +55,8 @@ clean:
 bench: controlplane  ## Benchmarks: placement at 1000 nodes (pure) and end to end
 	$(BIN)/python hack/bench/bench_placement.py
 	$(BIN)/python hack/bench/bench_e2e.py
+
+.PHONY: bench-compare
+bench-compare: controlplane  ## SDG vs kube-scheduler, a raw binder and kopf, S1-S8 (~20 min; SCALE=small ~2 min)
+	$(BIN)/pip install --quiet -e '.[test,otlp,bench]'
+	$(BIN)/python hack/bench/compare.py --scale $(or $(SCALE),full)
