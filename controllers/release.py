@@ -68,13 +68,13 @@ class ClaimReleaser:
         self, name: str, *, adoptable_on: str | None = None, live: Obj | None = None
     ) -> Obj | None:
         """Remove every claim of ``name`` that a live read shows to be stale; returns the
-        live group (None if it does not exist). ``adoptable_on`` names the node whose
-        claim a Pending group may still adopt."""
+        live group (None if it does not exist, or when no claim needed a read).
+        ``adoptable_on`` names the node whose claim a Pending group may still adopt."""
         nodes = self.claims.nodes_claiming(name)
+        if not nodes:
+            return live  # nothing to give back: no read needed
         if live is None:
             live = await self.writer.live(name)
-        if not nodes:
-            return live
         running = {(p.get("spec") or {}).get("nodeName") for p in bound_pods(self.cache, name)}
         for node in nodes:
             stale = should_release(
