@@ -83,7 +83,7 @@ async def test_malformed_record_blocks_its_node_and_is_not_overwritten(
         await client.create(SDG_KIND, group("second", {GPU: 1}))
         second = await eventually(lambda: _scheduled(client, "second"), what="judged")
         assert second["status"]["phase"] == "Pending"
-        assert "have 0 free nvidia.com/gpu (need 1)" in next(
+        assert "1 have a malformed claim record" in next(
             c["message"] for c in second["status"]["conditions"] if c["type"] == "Scheduled"
         )
         kept = await client.get(CONFIGMAPS, record_name("n0"), MANAGER_NS)
