@@ -76,7 +76,7 @@ def _client_for(kubeconfig: Path) -> httpx.Client:
 
 def test_version_and_readyz(control_plane: ControlPlane) -> None:
     version = control_plane.http.get("/version").json()
-    source = Path(__file__).resolve().parents[2] / "hack" / "controlplane" / "go.mod"
+    source = Path(__file__).resolve().parents[3] / "hack" / "controlplane" / "go.mod"
     required = next(
         line.split()[1]
         for line in source.read_text().splitlines()

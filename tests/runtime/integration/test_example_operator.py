@@ -27,7 +27,7 @@ from sdgruntime.manager import ManagerOptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "operator"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "operator"
 
 
 def load_example() -> ModuleType:
