@@ -1,8 +1,10 @@
 # syntax=docker/dockerfile:1
 # The SDG manager image: `make docker-build IMG=...`.
 #
-# builder: build the project's wheel and the wheels of all its dependencies, from only
-#          the files the package needs (.dockerignore allows nothing else into the context).
+# builder: build the two wheels (sdgruntime, its own distribution in sdgruntime/, and
+#          shared-device-group, which depends on it) and the wheels of all their
+#          dependencies, from only the files the packages need (.dockerignore allows
+#          nothing else into the context).
 # final:   a slim Python with those wheels installed into a venv, no compiler, no pip cache,
 #          running as a numeric non-root UID so `runAsNonRoot` can be verified by the kubelet.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -16,8 +18,8 @@ COPY sdgruntime/ sdgruntime/
 COPY api/ api/
 COPY controllers/ controllers/
 COPY webhooks/ webhooks/
-RUN pip wheel --wheel-dir /wheels . \
- && ls /wheels/shared_device_group-*.whl
+RUN pip wheel --wheel-dir /wheels ./sdgruntime . \
+ && ls /wheels/sdgruntime-*.whl /wheels/shared_device_group-*.whl
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="sdg-manager" \
@@ -29,7 +31,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     HOME=/tmp \
     PATH=/opt/sdg/bin:$PATH
-# Only wheels from the builder, nothing from an index: the image holds exactly what was built.
+# Only wheels from the builder, nothing from an index: the image holds exactly what was built
+# (sdgruntime, a dependency of shared-device-group, comes from /wheels like the others).
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python -m venv /opt/sdg \
  && /opt/sdg/bin/pip install --no-index --find-links=/wheels /wheels/shared_device_group-*.whl \

@@ -10,8 +10,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-install: $(BIN)/python  ## Install the project with its test extra into .venv
-	$(BIN)/pip install --quiet -e '.[test,otlp]'
+install: $(BIN)/python  ## Install sdgruntime (its own distribution) and SDG with its test extras into .venv
+	$(BIN)/pip install --quiet -e ./sdgruntime -e '.[test,otlp,docs]'
 
 controlplane: install  ## Build kube-apiserver, kube-scheduler and etcd once per machine (cached)
 	$(BIN)/python -m sdgruntime.envtest.build
@@ -24,7 +24,7 @@ test: controlplane helm  ## Lint, then run every test (unit + integration agains
 	$(BIN)/pytest -q
 
 unit: install  ## Fast unit tests only (no control plane)
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit tests/runtime -m "not integration"
 
 lint:
 	$(BIN)/ruff check .
@@ -50,7 +50,7 @@ undeploy: install
 	$(BIN)/kubectl delete --ignore-not-found -k config/default
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .tmp
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .tmp sdgruntime/build sdgruntime/*.egg-info
 
 bench: controlplane  ## Benchmarks: placement at 1000 nodes (pure) and end to end
 	$(BIN)/python hack/bench/bench_placement.py

@@ -1,11 +1,16 @@
 """sdgruntime: a controller runtime for Kubernetes in Python, after controller-runtime.
 
-The public API is importable from here; see docs/sdgruntime.md. Names are resolved on
+The public API is importable from here; see docs/index.md. Names are resolved on
 first use (PEP 562), so ``import sdgruntime.kinds`` stays cheap for code that needs no
 client or manager.
+
+sdgruntime is its own distribution (``sdgruntime/pyproject.toml``); ``__version__`` is its
+version, which that project's build reads (setuptools' ``attr:``): one place to bump it.
 """
 
 from __future__ import annotations
+
+__version__ = "0.1.0"
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any

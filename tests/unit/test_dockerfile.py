@@ -1,11 +1,13 @@
 """The manager image, checked without a Docker daemon.
 
 Static checks read the Dockerfile and .dockerignore the way Docker does (instructions,
-stages, allow-list matching). The wheel test then rebuilds what the builder stage builds:
-the build context after .dockerignore, the builder's COPY instructions, ``pip wheel`` —
-and checks the wheel holds the packages, their ``py.typed`` markers and the console
-scripts, i.e. what ends up in the image. It needs the package index for the build backend
-(setuptools), like the image build itself.
+stages, allow-list matching). The wheel tests then rebuild what the builder stage builds:
+the build context after .dockerignore, the builder's COPY instructions, its ``pip wheel``
+of the two projects (sdgruntime, its own distribution in sdgruntime/, and
+shared-device-group, which depends on it) — and check each wheel holds its own packages
+and their ``py.typed`` markers, SDG's the console scripts and a requirement on sdgruntime
+that the sdgruntime wheel satisfies, i.e. what ends up in the image. It needs the package
+index for the build backend (setuptools), like the image build itself.
 """
 
 from __future__ import annotations
@@ -23,9 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("sdgruntime", "api", "controllers", "webhooks")
+#: The packages of each wheel the image is built from, by wheel file name prefix.
+WHEELS = {
+    "sdgruntime": ("sdgruntime",),
+    "shared_device_group": ("api", "controllers", "webhooks"),
+}
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]
 
@@ -194,9 +201,20 @@ def test_entrypoint_is_the_manager_console_script() -> None:
     assert path and f"{venv.group(1)}/bin" in path.group(1).split(":")
 
 
+def builder_wheel_sources() -> list[str]:
+    """The project folders the builder's ``pip wheel`` builds, in order."""
+    built = [r for s in BUILDERS.values() for r in s.all("RUN") if "pip wheel" in r]
+    assert len(built) == 1, built
+    match = re.search(r"pip wheel --wheel-dir \S+ ((?:[^\s&]+ ?)+)", built[0])
+    assert match, built[0]
+    return match.group(1).split()
+
+
 def test_final_stage_installs_the_wheel_built_in_the_builder() -> None:
     built = [r for s in BUILDERS.values() for r in s.all("RUN") if "pip wheel" in r]
     assert built, "no builder stage runs pip wheel"
+    # Both projects: the --no-index install below finds sdgruntime only among these wheels.
+    assert builder_wheel_sources() == ["./sdgruntime", "."]
     (install,) = [r for r in FINAL.all("RUN") if "pip install" in r]
     mount = re.search(r"--mount=type=bind,from=(\w+),source=(\S+),target=(\S+)", install)
     assert mount and mount.group(1) in BUILDERS, install
@@ -213,7 +231,14 @@ def test_dockerignore_sends_only_the_package_sources() -> None:
         *sources, _dest = copy.split()
         for src in sources:
             assert not excluded(src.strip("/")), f"{src} is COPY'd but .dockerignore drops it"
-    for kept in ("pyproject.toml", "README.md", "api/v1alpha1.py", "sdgruntime/py.typed"):
+    for kept in (
+        "pyproject.toml",
+        "README.md",
+        "api/v1alpha1.py",
+        "sdgruntime/py.typed",
+        "sdgruntime/pyproject.toml",
+        "sdgruntime/README.md",
+    ):
         assert not excluded(kept), kept
     for dropped in (
         ".venv/bin/python",
@@ -223,16 +248,19 @@ def test_dockerignore_sends_only_the_package_sources() -> None:
         "config/crd/kustomization.yaml",
         "api/__pycache__/constants.cpython-311.pyc",
         "shared_device_group.egg-info/PKG-INFO",
+        "sdgruntime/sdgruntime.egg-info/PKG-INFO",
+        "sdgruntime/build/lib/sdgruntime/client.py",
     ):
         assert excluded(dropped), dropped
 
 
-# --- the image content: the wheel ----------------------------------------------------------
+# --- the image content: the wheels ----------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
-    """The wheel the builder stage builds, from exactly the files the builder copies."""
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, zipfile.ZipFile]:
+    """The wheels the builder stage builds, from exactly the files the builder copies,
+    by name prefix (``sdgruntime``, ``shared_device_group``)."""
     base = tmp_path_factory.mktemp("image")
     context, src, out = base / "context", base / "src", base / "wheels"
     build_context(context)
@@ -246,29 +274,60 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
                 shutil.copytree(origin, src / dest.strip("/"), dirs_exist_ok=True)
             else:
                 shutil.copy2(origin, src / dest / origin.name)
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out)]
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src)],
+        [*pip_wheel, *builder_wheel_sources()],
+        cwd=src,
         capture_output=True,
         text=True,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (path,) = out.glob("shared_device_group-*.whl")
-    return zipfile.ZipFile(path)
+    found = {}
+    for prefix in WHEELS:
+        (path,) = out.glob(f"{prefix}-*.whl")
+        found[prefix] = zipfile.ZipFile(path)
+    assert len(list(out.glob("*.whl"))) == len(WHEELS)
+    return found
 
 
-def test_wheel_holds_the_typed_packages_and_nothing_else(wheel: zipfile.ZipFile) -> None:
-    names = set(wheel.namelist())
+def metadata(wheel: zipfile.ZipFile) -> str:
+    (name,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    return wheel.read(name).decode()
+
+
+@pytest.mark.parametrize("prefix", sorted(WHEELS))
+def test_wheel_holds_its_typed_packages_and_nothing_else(
+    wheels: dict[str, zipfile.ZipFile], prefix: str
+) -> None:
+    names = set(wheels[prefix].namelist())
     top = {n.split("/")[0] for n in names}
     dist_info = {t for t in top if t.endswith(".dist-info")}
-    assert top - dist_info == set(PACKAGES)
-    for pkg in PACKAGES:
+    assert top - dist_info == set(WHEELS[prefix])
+    for pkg in WHEELS[prefix]:
         assert f"{pkg}/__init__.py" in names, pkg
         assert f"{pkg}/py.typed" in names, f"{pkg} is not marked typed"
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
 
-def test_wheel_declares_the_console_scripts(wheel: zipfile.ZipFile) -> None:
+def test_sdg_wheel_requires_the_sdgruntime_wheel_built_with_it(
+    wheels: dict[str, zipfile.ZipFile],
+) -> None:
+    """The final stage installs SDG's wheel with --no-index: its requirement on sdgruntime
+    must be met by the sdgruntime wheel of the same build."""
+    requires = [
+        Requirement(line.removeprefix("Requires-Dist:").strip())
+        for line in metadata(wheels["shared_device_group"]).splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    (runtime,) = [r for r in requires if r.name == "sdgruntime" and not r.marker]
+    version = re.search(r"^Version: (\S+)$", metadata(wheels["sdgruntime"]), re.M)
+    assert version, "the sdgruntime wheel has no version"
+    assert runtime.specifier.contains(version.group(1)), (runtime, version.group(1))
+
+
+def test_wheel_declares_the_console_scripts(wheels: dict[str, zipfile.ZipFile]) -> None:
+    wheel = wheels["shared_device_group"]
     (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
     parser = configparser.ConfigParser()
     parser.read_string(wheel.read(entry_points).decode())
@@ -277,10 +336,12 @@ def test_wheel_declares_the_console_scripts(wheel: zipfile.ZipFile) -> None:
     assert {"sdg-manager", "sdg", "kubectl-sdg"} <= set(declared)
 
 
-def test_console_script_targets_are_in_the_wheel(wheel: zipfile.ZipFile) -> None:
-    names = set(wheel.namelist())
+def test_console_script_targets_are_in_the_wheel(wheels: dict[str, zipfile.ZipFile]) -> None:
+    names = set(wheels["shared_device_group"].namelist())
     for script, target in SCRIPTS.items():
         module, _, func = target.partition(":")
         path = module.replace(".", "/") + ".py"
         assert path in names, f"console script {script} -> {target}, but {path} is not built"
-        assert f"def {func}(" in wheel.read(path).decode(), f"{path} defines no {func}()"
+        assert f"def {func}(" in wheels["shared_device_group"].read(path).decode(), (
+            f"{path} defines no {func}()"
+        )

@@ -1,0 +1,146 @@
+"""sdgruntime as its own distribution, from the outside: its wheel is built from the
+sdgruntime/ folder alone (copied elsewhere, so nothing else of the repository can leak in;
+``pip wheel`` with build isolation, as any user would), holds exactly the package, and,
+installed into a fresh venv with only its own dependencies (from the package index), it
+imports whole, without api, controllers or webhooks anywhere, and its own unit tests
+(tests/runtime/unit) pass there.
+
+Needs the package index (the build backend, the dependencies), like test_dockerfile.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+import sdgruntime
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "sdgruntime"
+PROJECT = tomllib.loads((PACKAGE / "pyproject.toml").read_text())["project"]
+IGNORED = shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.pyc")
+
+
+def run(*cmd: str | Path, cwd: Path, timeout: float = 600) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    proc = subprocess.run(
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("dist")
+    src = base / "src" / "sdgruntime"
+    shutil.copytree(PACKAGE, src, ignore=IGNORED)
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", base / "out", src, cwd=base)
+    (built,) = (base / "out").glob("*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
+    """A new venv with the wheel and its test extra (pytest, hypothesis, pytest-timeout)."""
+    where = tmp_path_factory.mktemp("venv") / "venv"
+    venv.create(where, with_pip=True)
+    python = where / "bin" / "python"
+    run(python, "-m", "pip", "install", "-q", f"sdgruntime[test] @ {wheel.as_uri()}", cwd=where)
+    return python
+
+
+def test_the_wheel_is_named_by_sdgruntimes_version(wheel: Path) -> None:
+    assert wheel.name == f"sdgruntime-{sdgruntime.__version__}-py3-none-any.whl"
+
+
+def test_the_wheel_holds_the_package_and_its_metadata_only(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        f"sdgruntime/{p.relative_to(PACKAGE).as_posix()}"
+        for p in PACKAGE.rglob("*")
+        if p.is_file()
+        and (p.suffix == ".py" or p.name == "py.typed")
+        and not {"build", "__pycache__"} & set(p.relative_to(PACKAGE).parts)
+        and not any(part.endswith(".egg-info") for part in p.relative_to(PACKAGE).parts)
+    }
+    dist_info = {
+        n for n in names if n.startswith(f"sdgruntime-{sdgruntime.__version__}.dist-info/")
+    }
+    assert names - dist_info == expected  # every module, and no pyproject.toml or README.md
+
+
+def test_the_wheel_declares_the_projects_requirements(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = zf.read(meta).decode().splitlines()
+    requires = {
+        str(Requirement(line.split(":", 1)[1]))
+        for line in lines
+        if line.startswith("Requires-Dist:")
+    }
+    expected = {str(Requirement(r)) for r in PROJECT["dependencies"]}
+    for extra, reqs in PROJECT["optional-dependencies"].items():
+        expected |= {str(Requirement(f'{r}; extra == "{extra}"')) for r in reqs}
+    assert requires == expected
+    assert "Name: sdgruntime" in lines and f"Version: {sdgruntime.__version__}" in lines
+    assert "License-Expression: Apache-2.0" in lines
+
+
+IMPORT_ALL = """
+import importlib, importlib.metadata, importlib.util, pkgutil, sys
+import sdgruntime
+for module in pkgutil.walk_packages(sdgruntime.__path__, "sdgruntime."):
+    importlib.import_module(module.name)
+for name in sdgruntime.__all__:
+    getattr(sdgruntime, name)  # every lazy top-level export resolves
+print(sdgruntime.__version__, importlib.metadata.version("sdgruntime"))
+SDG = ("api", "controllers", "webhooks")
+print(sorted(n for n in SDG if importlib.util.find_spec(n)))
+print(sorted({n.split(".")[0] for n in sys.modules} & set(SDG)))
+print(sdgruntime.__file__)
+"""
+
+
+def test_the_installed_wheel_imports_whole_without_sdg(fresh_venv: Path, tmp_path: Path) -> None:
+    version, findable, loaded, where = run(fresh_venv, "-c", IMPORT_ALL, cwd=tmp_path).splitlines()
+    assert version == f"{sdgruntime.__version__} {sdgruntime.__version__}"
+    assert findable == "[]" and loaded == "[]"  # SDG's packages are not even installed
+    assert Path(where).is_relative_to(fresh_venv.parents[1])  # the wheel's copy, not ours
+
+
+def test_sdgruntimes_unit_tests_pass_without_sdg(fresh_venv: Path, tmp_path: Path) -> None:
+    """tests/runtime/unit with the root conftest (the envtest plugin, anyio's backend) and
+    this project's pytest settings, run by the fresh venv's pytest."""
+    tests = tmp_path / "tests"
+    shutil.copytree(ROOT / "tests" / "runtime" / "unit", tests / "runtime" / "unit", ignore=IGNORED)
+    for name in ("tests/__init__.py", "tests/conftest.py", "tests/runtime/__init__.py"):
+        shutil.copy2(ROOT / name, tmp_path / name)
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\n"
+        f"addopts = {settings['addopts']} -p no:cacheprovider\n"
+        f"timeout = {settings['timeout']}\n"
+        "markers =\n"
+        + "".join(f"    {m}\n" for m in settings["markers"])
+        + "filterwarnings =\n"
+        + "".join(f"    {w}\n" for w in settings["filterwarnings"])
+    )
+    out = run(fresh_venv, "-m", "pytest", "-q", "tests/runtime/unit", cwd=tmp_path)
+    assert " passed" in out.splitlines()[-1] and "failed" not in out.splitlines()[-1], out
