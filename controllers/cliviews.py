@@ -9,13 +9,17 @@ moments an operator runs them are the moments the two may disagree.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any, Final
 
 from api.conditions import find_condition
 from api.constants import (
+    CONDITION_READY,
     CONDITION_SCHEDULED,
     FINALIZER,
     GROUP_ANNOTATION,
@@ -42,6 +46,7 @@ from controllers.claims import DATA_CLAIMS, DATA_NODE, record_name
 from controllers.inventory import (
     SOURCE_ANNOTATION,
     SOURCE_COUNT,
+    SOURCE_SLICE,
     Offer,
     annotation_key,
     node_of_slice,
@@ -246,12 +251,34 @@ def _slices_of(slices: Iterable[Obj]) -> dict[str, list[Obj]]:
     return by_node
 
 
-def _source_text(offer: Offer) -> str:
-    if offer.source == SOURCE_COUNT:
+#: The ``source`` of a resource in the device map's data, per inventory source.
+SOURCE_NAMES: Final = MappingProxyType(
+    {SOURCE_COUNT: "allocatable", SOURCE_ANNOTATION: "annotation", SOURCE_SLICE: "resourceslices"}
+)
+
+
+def _source_words(source: str, resource: str) -> str:
+    if source == "allocatable":
         return "counted in status.allocatable: IDs are guessed"
-    if offer.source == SOURCE_ANNOTATION:
-        return f"from node annotation {annotation_key(offer.resource)}"
+    if source == "annotation":
+        return f"from node annotation {annotation_key(resource)}"
     return "from DRA ResourceSlices"
+
+
+def _source_text(offer: Offer) -> str:
+    return _source_words(SOURCE_NAMES.get(offer.source, offer.source), offer.resource)
+
+
+def _physical_uuids(group: Obj, devices: Devices, offers: Mapping[str, Offer]) -> dict[str, Any]:
+    """Resource -> the UUIDs of the group's devices (status.physicalDevices, else the
+    inventory's), null where unknown."""
+    recorded = (group.get("status") or {}).get("physicalDevices") or {}
+    out: dict[str, Any] = {}
+    for res, ids in sorted(devices.items()):
+        offer = offers.get(res)
+        known = recorded.get(res) or ",".join((offer.uuids(ids) or []) if offer else [])
+        out[res] = known.split(",") if known else None
+    return out
 
 
 def _physical_text(group: Obj, devices: Devices, offers: Mapping[str, Offer]) -> str:
@@ -265,43 +292,58 @@ def _physical_text(group: Obj, devices: Devices, offers: Mapping[str, Offer]) ->
     return "; ".join(parts) or NONE
 
 
-def inventory_lines(nodes: Iterable[Obj], slices: Iterable[Obj] = ()) -> list[str]:
-    """One line per shared node and resource: how many devices, from which source."""
+def inventory_entries(nodes: Iterable[Obj], slices: Iterable[Obj] = ()) -> list[dict[str, Any]]:
+    """Per shared node and resource: how many devices, how many unhealthy, which source."""
     by_slices = _slices_of(slices)
     out = []
     for obj in sorted(nodes, key=node_name):
         if not _is_shared(obj):
             continue
         for res, offer in sorted(node_offers(obj, by_slices.get(node_name(obj), ())).items()):
-            bad = len(offer.devices) - len(offer.usable())
-            health = f", {bad} unhealthy" if bad else ""
-            note = f"; {offer.problem}" if offer.problem else ""
             out.append(
-                f"{node_name(obj)} {res}: {len(offer.devices)} device(s){health}, "
-                f"{_source_text(offer)}{note}"
+                {
+                    "node": node_name(obj),
+                    "resource": res,
+                    "devices": len(offer.devices),
+                    "unhealthy": len(offer.devices) - len(offer.usable()),
+                    "source": SOURCE_NAMES.get(offer.source, offer.source),
+                    "problem": offer.problem or None,
+                }
             )
     return out
+
+
+def _inventory_line(entry: Mapping[str, Any]) -> str:
+    health = f", {entry['unhealthy']} unhealthy" if entry["unhealthy"] else ""
+    note = f"; {entry['problem']}" if entry["problem"] else ""
+    words = _source_words(entry["source"], entry["resource"])
+    count = f"{entry['devices']} device(s){health}"
+    return f"{entry['node']} {entry['resource']}: {count}, {words}{note}"
+
+
+def inventory_lines(nodes: Iterable[Obj], slices: Iterable[Obj] = ()) -> list[str]:
+    """One line per shared node and resource: how many devices, from which source."""
+    return [_inventory_line(e) for e in inventory_entries(nodes, slices)]
 
 
 # --- sdg devices ------------------------------------------------------------------------------
 
 
-def devices_view(
+def device_map(
     nodes: Iterable[Obj],
     groups: Iterable[Obj],
     configmaps: Iterable[Obj],
     slices: Iterable[Obj] = (),
-) -> str:
-    """The device map: every device ID of every shared node (and of any node holding
-    claims) -> the group holding it -> that group's pods; free IDs marked ``-``/``free``.
+) -> dict[str, Any]:
+    """The device map as data (``sdg devices -o json``), what every view of it draws.
 
-    STATE is ``held`` when the claim record and the group's status agree, ``free``,
-    ``record-only`` / ``status-only`` when only one of them says so, ``conflict`` when two
-    groups hold one ID, ``missing`` when the node no longer offers a held ID (gone from its
-    inventory or unhealthy), ``unhealthy`` for a free device the inventory marks so. A UUID
-    column appears when the inventory identifies devices; the Inventory section says, per
-    node and resource, where the devices come from (IDs counted from allocatable are
-    guessed).
+    ``nodes``: every shared node and any node holding claims, by name, each with its
+    ``resources``; each resource with its inventory ``source`` (``allocatable``: a count,
+    IDs guessed; ``annotation``; ``resourceslices``; null when the node offers none) and
+    its ``devices``: ``id``, ``uuid`` (null when unknown), ``groups`` holding it (none when
+    free, two or more on a conflict), ``state`` (see :func:`devices_view`) and ``pods``
+    (the holding group's status.allocatedPods; null when free, on a conflict or when the
+    group does not exist). Then ``pendingGroups``, ``inventory`` and ``warnings``.
     """
     nodes, groups, slices = list(nodes), list(groups), list(slices)
     by_slices = _slices_of(slices)
@@ -310,7 +352,7 @@ def devices_view(
     view = claim_view(groups, configmaps)
     shown = sorted({n for n, obj in by_node.items() if _is_shared(obj)} | view.nodes())
 
-    rows: list[tuple[str, ...]] = []
+    out_nodes: list[dict[str, Any]] = []
     warnings = list(view.warnings)
     for node in shown:
         obj = by_node.get(node)
@@ -330,10 +372,8 @@ def devices_view(
                 for res, count in sorted(unaddressable_devices(obj).items())
             ]
         too_many = set(unaddressable_devices(obj)) if obj else set()
-        resources = sorted(set(capacity) | view.resources_on(node) | too_many)
-        if not resources:
-            rows.append((node, NONE, "-", "-", "-", "-"))
-        for res in resources:
+        resources = []
+        for res in sorted(set(capacity) | view.resources_on(node) | too_many):
             offer = offers.get(res)
             usable = set(offer.usable()) if offer else set()
             listed_ids = {d.id for d in offer.devices} if offer else set()
@@ -346,45 +386,49 @@ def devices_view(
                 )
             if offer is not None and offer.problem:
                 warnings.append(f"node {node}: {offer.problem}")
+            devices = []
             for i in sorted(listed_ids | held):
                 device = offer.device(i) if offer else None
-                cells = _device_cells(view, by_group, node, res, i, usable)
-                rows.append((node, res, str(i), device.uuid if device else "", *cells))
+                holders, state, pods = _device_state(view, by_group, node, res, i, usable)
+                devices.append(
+                    {
+                        "id": i,
+                        "uuid": (device.uuid if device else "") or None,
+                        "groups": holders,
+                        "state": state,
+                        "pods": pods,
+                    }
+                )
+            source = SOURCE_NAMES.get(offer.source, offer.source) if offer else None
+            resources.append({"resource": res, "source": source, "devices": devices})
+        out_nodes.append(
+            {
+                "name": node,
+                "found": obj is not None,
+                "shared": obj is not None and _is_shared(obj),
+                "problems": node_problems(obj) if obj else [],
+                "resources": resources,
+            }
+        )
     warnings += _cross_check(view, by_group)
-
-    pending = sorted(name for name, g in by_group.items() if not is_bound(g))
-    headers = ["NODE", "RESOURCE", "ID", "UUID", "GROUP", "STATE", "PODS"]
-    if any(r[3] for r in rows if len(r) > 6):
-        rows = [r if len(r) > 6 else (*r[:3], "", *r[3:]) for r in rows]
-    else:
-        # No device is identified: no UUID column (count-only inventories).
-        headers.remove("UUID")
-        rows = [(*r[:3], *r[4:]) if len(r) > 6 else r for r in rows]
-    inventory = inventory_lines(by_node.values(), slices)
-    sections = [
-        table(headers, rows)
-        if rows
-        else f"No shared nodes: label a node {NODE_MODE_LABEL}={NODE_MODE_SHARED} to offer "
-        "its devices.",
-        "Pending groups (hold no devices; sdg explain GROUP says why): " + ", ".join(pending)
-        if pending
-        else None,
-        "Inventory:\n" + "\n".join(f"  {line}" for line in inventory) if inventory else None,
-        "Warnings:\n" + "\n".join(f"  {w}" for w in warnings) if warnings else None,
-    ]
-    return _join_sections(*sections)
+    return {
+        "nodes": out_nodes,
+        "pendingGroups": sorted(name for name, g in by_group.items() if not is_bound(g)),
+        "inventory": inventory_entries(by_node.values(), slices),
+        "warnings": warnings,
+    }
 
 
-def _device_cells(
+def _device_state(
     view: ClaimView, by_group: Mapping[str, Obj], node: str, res: str, i: int, usable: set[int]
-) -> tuple[str, str, str]:
-    """GROUP, STATE, PODS of one device ID."""
+) -> tuple[list[str], str, list[str] | None]:
+    """The groups holding one device ID, its STATE, and the pods of its one group."""
     holders = view.holders.get((node, res, i)) or {}
     holders = {g: s for g, s in holders.items() if s}
     if not holders:
-        return "-", "free" if i in usable else "unhealthy", "-"
+        return [], "free" if i in usable else "unhealthy", None
     if len(holders) > 1:
-        return ",".join(sorted(holders)), "conflict", "-"
+        return sorted(holders), "conflict", None
     ((group, sources),) = holders.items()
     if i not in usable:
         state = "missing"
@@ -394,8 +438,338 @@ def _device_cells(
         state = "record-only"
     else:
         state = "status-only"
-    pods = _pods_cell(_allocated_pods(by_group.get(group))) if group in by_group else "-"
-    return group, state, pods
+    return [group], state, _allocated_pods(by_group[group]) if group in by_group else None
+
+
+def _pending_line(data: Mapping[str, Any]) -> str | None:
+    pending = data["pendingGroups"]
+    if not pending:
+        return None
+    return "Pending groups (hold no devices; sdg explain GROUP says why): " + ", ".join(pending)
+
+
+def _warnings_section(warnings: Sequence[str]) -> str | None:
+    return "Warnings:\n" + "\n".join(f"  {w}" for w in warnings) if warnings else None
+
+
+def devices_view(
+    nodes: Iterable[Obj],
+    groups: Iterable[Obj],
+    configmaps: Iterable[Obj],
+    slices: Iterable[Obj] = (),
+) -> str:
+    """The device map: every device ID of every shared node (and of any node holding
+    claims) -> the group holding it -> that group's pods; free IDs marked ``-``/``free``.
+
+    STATE is ``held`` when the claim record and the group's status agree, ``free``,
+    ``record-only`` / ``status-only`` when only one of them says so, ``conflict`` when two
+    groups hold one ID, ``missing`` when the node no longer offers a held ID (gone from its
+    inventory or unhealthy), ``unhealthy`` for a free device the inventory marks so. A UUID
+    column appears when the inventory identifies devices; the Inventory section says, per
+    node and resource, where the devices come from (IDs counted from allocatable are
+    guessed).
+    """
+    return render_device_table(device_map(nodes, groups, configmaps, slices))
+
+
+def render_device_table(data: Mapping[str, Any]) -> str:
+    """:func:`devices_view`'s text from :func:`device_map`'s data."""
+    rows: list[tuple[str, ...]] = []
+    for node in data["nodes"]:
+        if not node["resources"]:
+            rows.append((node["name"], NONE, "-", "", "-", "-", "-"))
+        for r in node["resources"]:
+            for d in r["devices"]:
+                pods = "-" if d["pods"] is None else _pods_cell(d["pods"])
+                group = ",".join(d["groups"]) or "-"
+                cells = (str(d["id"]), d["uuid"] or "", group, d["state"], pods)
+                rows.append((node["name"], r["resource"], *cells))
+    headers = ["NODE", "RESOURCE", "ID", "UUID", "GROUP", "STATE", "PODS"]
+    if not any(r[3] for r in rows):
+        # No device is identified: no UUID column (count-only inventories).
+        headers.remove("UUID")
+        rows = [(*r[:3], *r[4:]) for r in rows]
+    inventory = [_inventory_line(e) for e in data["inventory"]]
+    return _join_sections(
+        table(headers, rows)
+        if rows
+        else f"No shared nodes: label a node {NODE_MODE_LABEL}={NODE_MODE_SHARED} to offer "
+        "its devices.",
+        _pending_line(data),
+        "Inventory:\n" + "\n".join(f"  {line}" for line in inventory) if inventory else None,
+        _warnings_section(data["warnings"]),
+    )
+
+
+# --- sdg get ----------------------------------------------------------------------------------
+
+GROUP_HEADERS: Final = ("NAME", "PHASE", "READY", "NODE", "DEVICES", "PODS", "AGE")
+
+
+def human_age(seconds: float) -> str:
+    """kubectl's AGE (apimachinery's HumanDuration): 90s, 5m3s, 42m, 3h12m, 4d6h, 2y15d."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    m = s // 60
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if m < 180:
+        return f"{m}m"
+    h = m // 60
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    if h < 24 * 8:
+        return f"{h // 24}d{h % 24}h" if h % 24 else f"{h // 24}d"
+    d = h // 24
+    if h < 24 * 365 * 2:
+        return f"{d}d"
+    if h < 24 * 365 * 8:
+        return f"{d // 365}y{d % 365}d" if d % 365 else f"{d // 365}y"
+    return f"{d // 365}y"
+
+
+def _parse_time(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def group_row(group: Obj, now: datetime) -> tuple[str, ...]:
+    """One ``sdg get`` row: the columns of ``kubectl get sdg`` (blank where unset)."""
+    status = group.get("status") or {}
+    ready = find_condition(status.get("conditions"), CONDITION_READY)
+    summary = status.get("deviceSummary")
+    if summary is None and status.get("selectedDevices"):
+        summary = " ".join(f"{r}={ids}" for r, ids in sorted(status["selectedDevices"].items()))
+    created = _parse_time((group.get("metadata") or {}).get("creationTimestamp"))
+    count = status.get("podCount")
+    return (
+        group_name(group),
+        str(status.get("phase") or ""),
+        str((ready or {}).get("status") or ""),
+        str(status.get("nodeName") or ""),
+        str(summary or ""),
+        "" if count is None else str(count),
+        human_age((now - created).total_seconds()) if created else "<unknown>",
+    )
+
+
+def column_widths(
+    rows: Iterable[Sequence[str]], headers: Sequence[str] = GROUP_HEADERS
+) -> list[int]:
+    """The widths :func:`table` gives these columns (a watch keeps them for later rows)."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    return widths
+
+
+def table_line(row: Sequence[str], widths: Sequence[int]) -> str:
+    """One row laid out like :func:`table` with ``widths`` (wider cells push on)."""
+    return "   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+
+
+def groups_table(groups: Iterable[Obj], now: datetime) -> str:
+    """``sdg get``: one row per group, by name, as ``kubectl get sdg`` prints them."""
+    rows = [group_row(g, now) for g in sorted(groups, key=group_name)]
+    return table(GROUP_HEADERS, rows) + "\n"
+
+
+# --- -o json | yaml ---------------------------------------------------------------------------
+
+
+def without_managed_fields(obj: Obj) -> dict[str, Any]:
+    """The object as ``kubectl get -o yaml`` shows it: no metadata.managedFields."""
+    out = dict(obj)
+    if isinstance(out.get("metadata"), Mapping) and "managedFields" in out["metadata"]:
+        out["metadata"] = {k: v for k, v in out["metadata"].items() if k != "managedFields"}
+    return out
+
+
+def object_list(items: Iterable[Obj]) -> dict[str, Any]:
+    """kubectl's ``-o json`` of several objects: a v1 List."""
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [without_managed_fields(i) for i in items],
+        "metadata": {"resourceVersion": ""},
+    }
+
+
+def render_data(data: Any, output: str) -> str:
+    """``data`` as ``-o json`` (2-space indent) or ``-o yaml`` (block style, key order kept)."""
+    if output == "json":
+        return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    if output == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100))
+    raise ValueError(f"unknown output format {output!r}")
+
+
+# --- sdg devices --grid -----------------------------------------------------------------------
+
+#: Letters of the groups in the grid, given in the order of their names (no ``x``: that
+#: marks a missing device); groups beyond these share :data:`MORE_GROUPS`.
+GROUP_GLYPHS: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwyz0123456789"
+MORE_GROUPS: Final = "+"
+#: Glyph and meaning of every cell that is not a group letter, in legend order.
+CELL_KEY: Final = MappingProxyType(
+    {
+        ".": "free",
+        "x": "missing or unhealthy",
+        "!": "conflict (two groups)",
+        "?": "only the claim record or only the status holds it",
+        "_": "no device with this ID",
+    }
+)
+#: Devices per block of cells (a space between blocks, to count IDs by).
+GRID_BLOCK: Final = 8
+#: ANSI SGR styles: group backgrounds (red is kept for problems), then the cell states.
+GROUP_STYLES: Final = (
+    "30;42",
+    "30;43",
+    "97;44",
+    "97;45",
+    "30;46",
+    "30;102",
+    "30;103",
+    "30;104",
+    "30;105",
+    "30;106",
+    "30;47",
+    "97;100",
+)
+_STATE_STYLES: Final = MappingProxyType({".": "2", "x": "1;31", "!": "1;97;41", "_": "2"})
+
+
+def _paint(text: str, style: str | None, color: bool) -> str:
+    return f"\033[{style}m{text}\033[0m" if color and style else text
+
+
+def _wrap_words(words: Sequence[tuple[str, int]], width: int, label: str) -> list[str]:
+    """``label`` then ``(text, visible length)`` items two spaces apart, wrapped at
+    ``width``; continued lines are indented under the first item."""
+    indent = " " * len(label)
+    lines: list[str] = []
+    line, used = label, len(label)
+    for text, size in words:
+        if used > len(indent) and used + 2 + size > width:
+            lines.append(line)
+            line, used = indent, len(indent)
+        if used > len(indent):
+            line, used = line + "  ", used + 2
+        line, used = line + text, used + size
+    lines.append(line)
+    return lines
+
+
+def devices_grid(data: Mapping[str, Any], *, width: int = 80, color: bool = False) -> str:
+    """The device map as a grid: per node and resource a row of cells, one per device ID
+    in ID order, each the letter of the group holding it (coloured by group when ``color``)
+    or a mark for free, missing/unhealthy, conflict and one-source devices (the legend
+    says which). Rows wrap at ``width`` in blocks of :data:`GRID_BLOCK`; a continued line
+    starts with the ID of its first cell. Without ``color``: plain text, no ANSI codes."""
+    holding = sorted(
+        {
+            g
+            for n in data["nodes"]
+            for r in n["resources"]
+            for d in r["devices"]
+            if d["state"] == "held"
+            for g in d["groups"]
+        }
+    )
+    letters = {
+        g: GROUP_GLYPHS[i] if i < len(GROUP_GLYPHS) else MORE_GROUPS for i, g in enumerate(holding)
+    }
+    styles = {g: GROUP_STYLES[i % len(GROUP_STYLES)] for i, g in enumerate(holding)}
+
+    def cell(d: Mapping[str, Any]) -> tuple[str, str | None]:
+        state = d["state"]
+        if state in ("free", "unhealthy", "missing", "conflict"):
+            glyph = {"free": ".", "conflict": "!"}.get(state, "x")
+            return glyph, _STATE_STYLES[glyph]
+        group = d["groups"][0]
+        return ("?" if state != "held" else letters[group]), styles.get(group)
+
+    rows: list[tuple[str, str, list[tuple[str, str | None]]]] = []
+    for node in data["nodes"]:
+        listed = [r for r in node["resources"] if r["devices"]]
+        if not node["resources"]:
+            rows.append((node["name"], NONE, []))
+        for r in listed:
+            by_id = {d["id"]: d for d in r["devices"]}
+            cells = [
+                cell(by_id[i]) if i in by_id else ("_", _STATE_STYLES["_"])
+                for i in range(max(by_id) + 1)
+            ]
+            rows.append((node["name"], r["resource"], cells))
+    if not rows:
+        return _join_sections(
+            f"No shared nodes: label a node {NODE_MODE_LABEL}={NODE_MODE_SHARED} to offer "
+            "its devices.",
+            _pending_line(data),
+        )
+
+    wn = max(len("NODE"), *(len(n) for n, _, _ in rows))
+    wr = max(len("RESOURCE"), *(len(r) for _, r, _ in rows))
+    prefix = wn + 3 + wr + 3
+    per_line = max(1, (width - prefix + 1) // (GRID_BLOCK + 1)) * GRID_BLOCK
+    lines = [f"{'NODE':<{wn}}   {'RESOURCE':<{wr}}   DEVICES"]
+    used: set[str] = set()
+    for node_text, res, cells in rows:
+        head = f"{node_text:<{wn}}   {res:<{wr}}   "
+        if not cells:
+            lines.append(head.rstrip())
+        for start in range(0, len(cells), per_line):
+            chunk = cells[start : start + per_line]
+            used.update(g for g, _ in chunk)
+            blocks = []
+            for b in range(0, len(chunk), GRID_BLOCK):
+                runs: list[tuple[str, str | None]] = []
+                for glyph, style in chunk[b : b + GRID_BLOCK]:
+                    if runs and runs[-1][1] == style:
+                        runs[-1] = (runs[-1][0] + glyph, style)
+                    else:
+                        runs.append((glyph, style))
+                blocks.append("".join(_paint(t, s, color) for t, s in runs))
+            lead = head if start == 0 else f"{start}: ".rjust(prefix)
+            lines.append(lead + " ".join(blocks))
+
+    groups_key = [
+        (_paint(letters[g], styles[g], color) + " " + g, len(g) + 2)
+        for g in holding
+        if letters[g] != MORE_GROUPS
+    ]
+    if len(holding) > len(GROUP_GLYPHS):
+        rest = len(holding) - len(GROUP_GLYPHS)
+        more = f"{MORE_GROUPS} {rest} more groups (sdg devices lists them)"
+        groups_key.append((more, len(more)))
+    cells_key = [
+        (_paint(glyph, _STATE_STYLES.get(glyph), color) + " " + text, len(text) + 2)
+        for glyph, text in CELL_KEY.items()
+        if glyph in used
+    ]
+    legend = []
+    if groups_key:
+        legend += _wrap_words(groups_key, width, "Groups: ")
+    if cells_key:
+        legend += _wrap_words(cells_key, width, "Cells:  ")
+    return _join_sections(
+        "\n".join(lines),
+        "\n".join(legend),
+        _pending_line(data),
+        _warnings_section(data["warnings"]),
+    )
 
 
 # --- sdg explain GROUP ------------------------------------------------------------------------
@@ -472,12 +846,39 @@ def explain_group(
     """Why a group is Pending (per node, now) or where it is bound, with its devices (and
     which physical devices they are, or that the IDs are guessed from a count), its pods
     and its conditions. ``pods`` may hold any pods; those naming the group are used."""
+    return group_explanation(name, groups, nodes, configmaps, pods, slices)[0]
+
+
+def explain_group_data(
+    name: str,
+    groups: Iterable[Obj],
+    nodes: Iterable[Obj],
+    configmaps: Iterable[Obj],
+    pods: Iterable[Obj],
+    slices: Iterable[Obj] = (),
+) -> dict[str, Any]:
+    """The facts behind :func:`explain_group` (``sdg explain GROUP -o json``): group,
+    phase, node, devices, deviceUUIDs, summary, problems, nodes (Pending: each shared
+    node's verdict now), pods (with the note on each) and conditions."""
+    return group_explanation(name, groups, nodes, configmaps, pods, slices)[1]
+
+
+def group_explanation(
+    name: str,
+    groups: Iterable[Obj],
+    nodes: Iterable[Obj],
+    configmaps: Iterable[Obj],
+    pods: Iterable[Obj],
+    slices: Iterable[Obj] = (),
+) -> tuple[str, dict[str, Any]]:
+    """:func:`explain_group`'s text and :func:`explain_group_data`'s facts, made together."""
     groups, nodes = list(groups), list(nodes)
     by_group = {group_name(g): g for g in groups}
     group = by_group.get(name)
     if group is None:
         known = ", ".join(sorted(by_group)) or NONE
-        return f'SharedDeviceGroup "{name}" not found. Groups: {known}\n'
+        text = f'SharedDeviceGroup "{name}" not found. Groups: {known}\n'
+        return text, {"group": name, "found": False, "groups": sorted(by_group)}
     by_node = {node_name(n): n for n in nodes}
     view = claim_view(groups, configmaps)
     spec = group.get("spec") or {}
@@ -488,8 +889,11 @@ def explain_group(
 
     info = [("Name", name), ("Phase", group_phase(group))]
     problems: list[str] = []
+    facts: dict[str, Any] = {"group": name, "found": True, "phase": group_phase(group)}
+    facts.update(node=None, devices={}, deviceUUIDs=None)
     if is_bound(group):
         node, devices = view.statuses.get(name, (str(group_node(group)), {}))
+        facts.update(node=node, devices={r: sorted(i) for r, i in sorted(devices.items())})
         info += [
             ("Node", node),
             ("Devices", f"{_devices_text(devices)} ({_env_text(resources, devices)})"),
@@ -501,6 +905,7 @@ def explain_group(
             problems += [f"node {node} is {p}" for p in node_problems(obj)]
             offers = node_offers(obj, _slices_of(slices).get(node, ()))
             info.append(("Device UUIDs", _physical_text(group, devices, offers)))
+            facts["deviceUUIDs"] = _physical_uuids(group, devices, offers)
             too_many = unaddressable_devices(obj)
             for res, ids in sorted(devices.items()):
                 offer = offers.get(res)
@@ -554,9 +959,17 @@ def explain_group(
     if problems:
         summary += "\nProblems:\n" + "\n".join(f"  {p}" for p in problems)
 
+    facts.update(
+        strategy=group_strategy(group),
+        resources=dict(sorted(resources.items())),
+        nodeSelector=dict(sorted(selector.items())),
+        summary=summary.split("\nProblems:\n")[0],
+        problems=problems,
+        nodes=None,
+    )
     nodes_section = None
     if not is_bound(group) and resources:
-        nodes_section = _nodes_now(spec, nodes, view)
+        nodes_section, facts["nodes"] = _nodes_now(spec, nodes, view)
 
     member_pods = sorted((p for p in pods if pod_group(p) == name), key=lambda p: pod_key(p))
     seen = {pod_key(p) for p in member_pods}
@@ -582,13 +995,27 @@ def explain_group(
         if rows
         else f"Pods: {NONE}"
     )
-    return _join_sections(
+    facts["pods"] = [
+        {
+            "pod": key,
+            "phase": None if phase == "-" else phase,
+            "node": None if node in ("-", NONE) else node,
+            "note": note or None,
+        }
+        for key, phase, node, note in rows
+    ]
+    facts["conditions"] = list((group.get("status") or {}).get("conditions") or [])
+    text = _join_sections(
         fields(info), summary, nodes_section, pods_section, _conditions_section(group)
     )
+    return text, facts
 
 
-def _nodes_now(spec: Obj, nodes: Sequence[Obj], view: ClaimView) -> str:
-    """Each shared node's verdict for the group right now (the scheduler's own filters)."""
+def _nodes_now(
+    spec: Obj, nodes: Sequence[Obj], view: ClaimView
+) -> tuple[str, list[dict[str, Any]]]:
+    """Each shared node's verdict for the group right now (the scheduler's own filters),
+    as text and as ``{"node", "fits", "reason"}`` facts."""
     free: dict[str, dict[str, int]] = {}
     for node in nodes:
         name = node_name(node)
@@ -619,7 +1046,8 @@ def _nodes_now(spec: Obj, nodes: Sequence[Obj], view: ClaimView) -> str:
             f"  {decision.ranked[0]} fits now; the scheduler retries when nodes or groups "
             "change (if it stays Pending, check that the manager is running)."
         )
-    return "\n".join(lines)
+    verdicts = [{"node": n, "fits": fits == "yes", "reason": why} for n, fits, why in rows]
+    return "\n".join(lines), verdicts
 
 
 # --- sdg explain POD --------------------------------------------------------------------------
@@ -632,6 +1060,22 @@ def explain_pod(
 
     ``pods`` are other pods (those on the group's node are used for the fit check).
     """
+    return pod_explanation(pod, groups, nodes, pods)[0]
+
+
+def explain_pod_data(
+    pod: Obj, groups: Iterable[Obj], nodes: Iterable[Obj], pods: Iterable[Obj] = ()
+) -> dict[str, Any]:
+    """The facts behind :func:`explain_pod` (``sdg explain pod/NAME -o json``): pod, group
+    (its phase and node), scheduler, node, phase, verdict, env (per container: variable,
+    value, what the group holds), warnings and conditions."""
+    return pod_explanation(pod, groups, nodes, pods)[1]
+
+
+def pod_explanation(
+    pod: Obj, groups: Iterable[Obj], nodes: Iterable[Obj], pods: Iterable[Obj] = ()
+) -> tuple[str, dict[str, Any]]:
+    """:func:`explain_pod`'s text and :func:`explain_pod_data`'s facts, made together."""
     by_group = {group_name(g): g for g in groups}
     by_node = {node_name(n): n for n in nodes}
     spec = pod.get("spec") or {}
@@ -660,8 +1104,28 @@ def explain_pod(
         ]
     )
     verdict = _pod_verdict(pod, name, group, by_node, list(pods))
-    env = _env_section(pod, group) if group is not None and is_bound(group) else None
-    return _join_sections(info, verdict, env, _conditions_section(pod, ["PodScheduled", "Ready"]))
+    env, rows, warnings = None, [], []
+    if group is not None and is_bound(group):
+        env = _env_section(pod, group)
+        rows, warnings, _ = _env_facts(pod, group)
+    facts = {
+        "pod": pod_key(pod),
+        "group": name,
+        "groupFound": group is not None,
+        "groupPhase": group_phase(group) if group is not None else None,
+        "groupNode": group_node(group) if group is not None else None,
+        "scheduler": scheduler,
+        "node": node,
+        "phase": phase,
+        "verdict": verdict,
+        "env": rows,
+        "warnings": warnings,
+        "conditions": [
+            c for c in status.get("conditions") or () if c.get("type") in ("PodScheduled", "Ready")
+        ],
+    }
+    conditions = _conditions_section(pod, ["PodScheduled", "Ready"])
+    return _join_sections(info, verdict, env, conditions), facts
 
 
 def _pod_verdict(
@@ -771,8 +1235,9 @@ def view_devices(group: Obj) -> Devices:
         return {}
 
 
-def _env_section(pod: Obj, group: Obj) -> str:
-    """The device env of every container against what the group holds."""
+def _env_facts(pod: Obj, group: Obj) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """Per container and device env var: its value and what the group holds; the
+    warnings where they differ; the resources without a known variable."""
     devices = view_devices(group)
     spec = pod.get("spec") or {}
     rows = []
@@ -787,7 +1252,9 @@ def _env_section(pod: Obj, group: Obj) -> str:
                     continue
                 want = format_ids(devices.get(res, ()))
                 got = env.get(var)
-                rows.append((c.get("name", ""), var, got if got is not None else NONE))
+                rows.append(
+                    {"container": c.get("name", ""), "variable": var, "value": got, "want": want}
+                )
                 if got is None:
                     warnings.append(
                         f"container {c.get('name')}: {var} is unset, the group holds {res} "
@@ -798,6 +1265,15 @@ def _env_section(pod: Obj, group: Obj) -> str:
                     warnings.append(
                         f"container {c.get('name')}: {var} is {got}, the group holds {res} {want}"
                     )
+    return rows, warnings, unchecked
+
+
+def _env_section(pod: Obj, group: Obj) -> str:
+    """The device env of every container against what the group holds."""
+    facts, warnings, unchecked = _env_facts(pod, group)
+    rows = [
+        (r["container"], r["variable"], NONE if r["value"] is None else r["value"]) for r in facts
+    ]
     text = (
         "Env:\n" + table(["CONTAINER", "VARIABLE", "VALUE"], rows, indent="  ")
         if rows

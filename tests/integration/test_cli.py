@@ -8,11 +8,22 @@ unique names, not by whole-table equality.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from api.constants import SDG_KIND
 from controllers import cli
@@ -192,3 +203,209 @@ def test_explain_what_does_not_exist_fails_clearly(
     code, _, err = run(capsys, "--kubeconfig", kubeconfig, "explain", "pod/nope", "-n", state["ns"])
     assert code == 1
     assert err == f'error: pod "nope" not found in namespace {state["ns"]}\n'
+
+
+# --- sdg get, -o json|yaml, --grid ------------------------------------------------------------
+
+
+def test_get_prints_the_group_like_kubectl_and_as_objects(
+    state: dict[str, str], kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "--kubeconfig", kubeconfig, "get", state["group"])
+    assert (code, err) == (0, "")
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "PHASE", "READY", "NODE", "DEVICES", "PODS", "AGE"]
+    # No Ready condition (no manager here): READY is blank, as kubectl get sdg shows it.
+    assert row.split()[:5] == [state["group"], "Bound", state["node"], f"{GPU}=0,1", "1"]
+    code, out, _ = run(capsys, "--kubeconfig", kubeconfig, "get")
+    assert code == 0 and row.split()[:5] in [line.split()[:5] for line in out.splitlines()]
+
+    code, out, _ = run(capsys, "--kubeconfig", kubeconfig, "get", state["group"], "-o", "json")
+    obj = json.loads(out)
+    assert (code, obj["kind"], obj["metadata"]["name"]) == (0, "SharedDeviceGroup", state["group"])
+    assert obj["status"]["selectedDevices"] == {GPU: "0,1"}
+    assert "managedFields" not in obj["metadata"]
+    code, out, _ = run(capsys, "--kubeconfig", kubeconfig, "get", "-o", "yaml")
+    listed = yaml.safe_load(out)
+    assert (code, listed["kind"]) == (0, "List")
+    assert state["group"] in [i["metadata"]["name"] for i in listed["items"]]
+
+    for watch in ([], ["--watch"]):
+        code, out, err = run(capsys, "--kubeconfig", kubeconfig, "get", "no-such-group", *watch)
+        assert (code, out, err) == (1, "", 'error: SharedDeviceGroup "no-such-group" not found\n')
+
+
+def test_devices_as_data_and_as_a_grid(
+    state: dict[str, str], kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ns = ["--claims-namespace", state["ns"]]
+    code, out, _ = run(capsys, "--kubeconfig", kubeconfig, "devices", *ns, "-o", "json")
+    assert code == 0
+    nodes = {n["name"]: n for n in json.loads(out)["nodes"]}
+    (res,) = nodes[state["node"]]["resources"]
+    key = f"{state['ns']}/{state['pod']}"
+    assert (res["resource"], res["source"]) == (GPU, "allocatable")
+    assert res["devices"] == [
+        {"id": i, "uuid": None, "groups": [state["group"]], "state": "held", "pods": [key]}
+        for i in (0, 1)
+    ]
+    assert [d["state"] for d in nodes[state["spare"]]["resources"][0]["devices"]] == ["free"] * 2
+
+    code, out, _ = run(capsys, "--kubeconfig", kubeconfig, "devices", *ns, "--grid")
+    assert code == 0 and "\033" not in out  # not a terminal: plain letters
+    grid = {line.split()[0]: line.split()[2:] for line in out.split("\n\n")[0].splitlines()}
+    assert grid[state["spare"]] == [".."]
+    (cells,) = grid[state["node"]]
+    groups = out.split("\n\n")[1].split("\nCells:")[0].removeprefix("Groups:")
+    letters = dict(entry.split(" ", 1) for entry in re.split(r"\s{2,}", groups.strip()))
+    assert cells == 2 * cells[0] and letters[cells[0]] == state["group"]
+
+
+def test_explain_as_facts(
+    state: dict[str, str], kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ns = ["--claims-namespace", state["ns"]]
+    argv = ["--kubeconfig", kubeconfig, *ns, "explain", state["group"], "-o", "json"]
+    code, out, _ = run(capsys, *argv)
+    facts = json.loads(out)
+    assert code == 0
+    assert (facts["node"], facts["devices"], facts["problems"]) == (
+        state["node"],
+        {GPU: [0, 1]},
+        [],
+    )
+    assert facts["pods"] == [
+        {
+            "pod": f"{state['ns']}/{state['pod']}",
+            "phase": "Running",
+            "node": state["node"],
+            "note": None,
+        }
+    ]
+    code, out, _ = run(
+        capsys,
+        "--kubeconfig",
+        kubeconfig,
+        "explain",
+        f"pod/{state['pod']}",
+        "-n",
+        state["ns"],
+        "-o",
+        "yaml",
+    )
+    facts = yaml.safe_load(out)
+    assert (code, facts["group"], facts["groupNode"], facts["warnings"]) == (
+        0,
+        state["group"],
+        state["node"],
+        [],
+    )
+    assert facts["env"] == [
+        {"container": "cuda", "variable": "NVIDIA_VISIBLE_DEVICES", "value": "0,1", "want": "0,1"}
+    ]
+
+
+# --- --watch: a real process, stopped with Ctrl-C (SIGINT) ------------------------------------
+
+
+class Watch:
+    """``sdg ARGS`` as a process; its stdout lines as they come."""
+
+    def __init__(self, *argv: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "controllers.cli", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_for(self, predicate: Callable[[str], bool], timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            self.seen.append(line)
+            if predicate(line):
+                return line
+        raise AssertionError(f"no such line in {timeout}s; got: {self.seen}")
+
+    def interrupt(self) -> tuple[int, str]:
+        self.proc.send_signal(signal.SIGINT)
+        _, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, err
+
+
+@contextlib.contextmanager
+def watching(*argv: str) -> Iterator[Watch]:
+    w = Watch(*argv)
+    try:
+        yield w
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait()
+
+
+def patch_status(control_plane: ControlPlane, group: str, status: dict[str, Any]) -> None:
+    ok(
+        control_plane.http.patch(
+            SDG_KIND.path(name=group, subresource="status"),
+            content=json.dumps({"status": status}),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+    )
+
+
+def test_get_watch_prints_a_row_per_change_until_ctrl_c(
+    state: dict[str, str], kubeconfig: str, control_plane: ControlPlane
+) -> None:
+    g = state["group"]
+    with watching("--kubeconfig", kubeconfig, "get", g, "--watch") as w:
+        assert w.wait_for(lambda line: line.startswith("NAME")).split()[:3] == [
+            "NAME",
+            "PHASE",
+            "READY",
+        ]
+        assert w.wait_for(lambda line: line.startswith(g)).split()[4] == "1"
+        patch_status(control_plane, g, {"podCount": 2})
+        assert w.wait_for(lambda line: line.startswith(g)).split()[4] == "2"
+        ok(control_plane.http.delete(SDG_KIND.path(name=g)))  # deleted: its last row
+        assert w.wait_for(lambda line: line.startswith(g)).split()[:2] == [g, "Bound"]
+        code, err = w.interrupt()
+    assert (code, err) == (130, "")
+    assert len([line for line in w.seen if line.startswith(g)]) == 3  # one per change
+
+
+def test_devices_watch_draws_the_map_again_after_a_change(
+    state: dict[str, str], kubeconfig: str, control_plane: ControlPlane
+) -> None:
+    node, g = state["node"], state["group"]
+    argv = ["--kubeconfig", kubeconfig, "devices", "--claims-namespace", state["ns"]]
+    with watching(*argv, "--grid", "-w") as w:
+        first = w.wait_for(lambda line: line.startswith(node + " "))
+        held = first.split()[2]
+        assert held == 2 * held[0]
+        # The group gives device 1 back: status and claim record both say so.
+        patch_status(control_plane, g, {"selectedDevices": {GPU: "0"}})
+        ok(
+            control_plane.http.patch(
+                f"/api/v1/namespaces/{state['ns']}/configmaps/sdg-claims.{node}",
+                content=json.dumps({"data": {"claims": json.dumps({g: {GPU: "0"}})}}),
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
+        )
+        again = w.wait_for(lambda line: line.startswith(node + " ") and line != first)
+        assert again.split()[2] == held[0] + "."
+        code, err = w.interrupt()
+    assert (code, err) == (130, "")
