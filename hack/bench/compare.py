@@ -1,0 +1,1235 @@
+"""SDG side by side with kube-scheduler, a raw binder and a kopf operator, in one run.
+
+``make bench-compare`` (or ``.venv/bin/python hack/bench/compare.py [--scale small]``)
+starts the local control plane once (etcd + kube-apiserver, CRD, ``config/rbac``) and, in
+turn on that one API server, runs each contender as its own process:
+
+- the SDG manager (``python -m controllers --leader-elect --pod-workers=16``, as
+  ``hack/demo.py`` starts it) under its ServiceAccount's RBAC, webhooks called over TLS;
+- kube-scheduler from the cached ``hack/controlplane`` build (admin kubeconfig, client
+  QPS/burst 5000, no leader election);
+- ``raw_binder.py``: Binding POSTs from one Python process (aiohttp, 32 in flight);
+- ``kopf_peer.py``: SDG's status controller as an idiomatic kopf operator.
+
+and prints S1-S8 (the goals of the "faster than kube-scheduler and kopf" issue), each as
+SDG's value, its yardstick measured in the same run, and the ratio, with the machine and
+the command; it rewrites the ``compare`` section of hack/bench/RESULTS.md. Each ratio is
+against a yardstick measured minutes apart on the same machine, because absolute numbers
+on a shared 2-core VM are noisy. With py-spy installed, the manager is sampled during S1.
+
+A benchmark, never a timed test: nothing here passes or fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+for p in (str(HERE), str(ROOT)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import aiohttp  # noqa: E402
+from _kube import (  # noqa: E402
+    ApiError,
+    Kube,
+    Stopwatch,
+    bounded,
+    cpu_seconds,
+    memory,
+    reset_peak,
+)
+from _report import machine, summary, update_section  # noqa: E402
+
+from sdgruntime.envtest import ControlPlane  # noqa: E402
+from sdgruntime.envtest.controlplane import _die_with_parent, free_port  # noqa: E402
+from sdgruntime.envtest.fakes import make_node  # noqa: E402
+from tests.e2e.harness import (  # noqa: E402
+    MANAGER_NS,
+    SA_GROUPS,
+    SA_USER,
+    install_rbac,
+    remove_webhooks,
+)
+
+log = logging.getLogger("compare")
+Obj = dict[str, Any]
+
+GPU = "nvidia.com/gpu"
+SHARED = {"deviceshare.io/mode": "shared"}
+GROUP_ANNOTATION = "deviceshare.io/group"
+SDG_PATH = "/apis/deviceshare.io/v1alpha1/shareddevicegroups"
+LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{MANAGER_NS}/leases/deviceshare-manager"
+NOBODY = "bench-nobody"  # a schedulerName no scheduler serves: pods stay unbound
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    nodes: int  # S1-S3 fleet
+    groups: int  # S1 groups, one GPU each, spread: one per node
+    pods: int  # S1 streaming pods and S2 backlog
+    big_nodes: int  # S4/S6/S7 fleet
+    big_groups: int
+    big_pods: int
+    s8_rate: float
+    s8_pods: int
+    placement_iters: int
+
+
+SCALES = {
+    "full": Scale(500, 500, 5000, 1000, 2000, 10000, 200.0, 2000, 1000),
+    "small": Scale(50, 50, 500, 100, 200, 1000, 200.0, 600, 300),
+}
+
+
+# --- objects -----------------------------------------------------------------------------
+
+
+def node_obj(i: int) -> Obj:
+    return make_node(f"node-{i:04d}", labels=SHARED, allocatable={GPU: 8})
+
+
+def group_obj(name: str) -> Obj:
+    return {
+        "apiVersion": "deviceshare.io/v1alpha1",
+        "kind": "SharedDeviceGroup",
+        "metadata": {"name": name},
+        "spec": {"resources": {GPU: 1}, "schedulingStrategy": "spread"},
+    }
+
+
+def group_pod(name: str, group: str, scheduler: str | None = None) -> Obj:
+    spec: Obj = {"containers": [{"name": "c0", "image": "busybox", "command": ["sleep", "3600"]}]}
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {GROUP_ANNOTATION: group}},
+        "spec": spec,
+    }
+
+
+def twin_pod(mutated: Obj, name: str, node: str, scheduler: str | None) -> Obj:
+    """The same pod as SDG's webhook made it (env, toleration), without the group
+    annotation, for another scheduler: pinned to ``node`` by node affinity on
+    ``metadata.name`` (no nodeName), or left to ``scheduler``."""
+    spec = copy.deepcopy(mutated["spec"])
+    for key in ("nodeName", "schedulerName"):
+        spec.pop(key, None)
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    spec["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            }
+        }
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def pods_path(ns: str) -> str:
+    return f"/api/v1/namespaces/{ns}/pods"
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+class Proc:
+    """A contender's process, its log in the work dir; dies with this process."""
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.name, self.cmd, self.log_path = name, cmd, log_path
+        self.t_spawn = time.perf_counter()
+        self.popen = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
+        self.pid = self.popen.pid
+
+    def check(self) -> None:
+        if self.popen.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{tail}")
+
+    async def stop(self, grace: float = 30.0) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self.popen.wait, grace)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+async def wait_http_ok(proc: Proc, url: str, within: float = 120.0) -> float:
+    """Seconds from spawn until ``url`` answers 200 (polled every 20 ms)."""
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False)) as http:
+        while time.monotonic() < deadline:
+            proc.check()
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as r:
+                    if r.status == 200:
+                        return time.perf_counter() - proc.t_spawn
+            await asyncio.sleep(0.02)
+    raise RuntimeError(f"{proc.name}: {url} not OK within {within}s; see {proc.log_path}")
+
+
+async def settle(pid: int, max_wait: float = 20.0, idle: float = 0.05) -> float:
+    """Wait until the process uses under ``idle`` CPU-s per second (or ``max_wait``)."""
+    t0 = time.perf_counter()
+    last = cpu_seconds(pid)
+    while time.perf_counter() - t0 < max_wait:
+        await asyncio.sleep(1.0)
+        now = cpu_seconds(pid)
+        if now - last < idle:
+            break
+        last = now
+    return time.perf_counter() - t0
+
+
+class Env:
+    """The one control plane and how each contender is started on it."""
+
+    def __init__(self, cp: ControlPlane, work: Path) -> None:
+        self.cp = cp
+        self.work = work
+        self.sa_kubeconfig = str(cp.user_kubeconfig(SA_USER, SA_GROUPS))
+        self.admin_kubeconfig = str(cp.kubeconfig_path)
+        self.binaries = cp.binaries
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.commands: dict[str, str] = {}
+
+    async def manager(self, tag: str, pod_workers: int = 16) -> tuple[Proc, int, float]:
+        """The real manager process; returns it, its webhook port and seconds to Ready."""
+        webhook_port, probe_port = free_port(), free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "controllers",
+            f"--kubeconfig={self.sa_kubeconfig}",
+            "--webhook-host=127.0.0.1",
+            f"--webhook-port={webhook_port}",
+            f"--webhook-cert-dir={self.cp.webhook_cert_dir()}",
+            "--metrics-bind-address=127.0.0.1:0",
+            f"--health-probe-bind-address=127.0.0.1:{probe_port}",
+            "--leader-elect",
+            f"--leader-election-namespace={MANAGER_NS}",
+            f"--claims-namespace={MANAGER_NS}",
+            f"--pod-workers={pod_workers}",
+        ]
+        self.commands.setdefault("SDG manager", shlex.join(["python", *cmd[1:]]))
+        proc = Proc(f"sdg-manager ({tag})", cmd, self.work / f"manager-{tag}.log", self.env)
+        ready = await wait_http_ok(proc, f"http://127.0.0.1:{probe_port}/readyz")
+        return proc, webhook_port, ready
+
+    async def kube_scheduler(self, tag: str) -> tuple[Proc, float]:
+        port = free_port()
+        config = self.work / "kube-scheduler.yaml"
+        config.write_text(
+            "apiVersion: kubescheduler.config.k8s.io/v1\n"
+            "kind: KubeSchedulerConfiguration\n"
+            "clientConnection:\n"
+            f"  kubeconfig: {self.admin_kubeconfig}\n"
+            "  qps: 5000\n"
+            "  burst: 5000\n"
+            "leaderElection:\n"
+            "  leaderElect: false\n"
+        )
+        assert self.binaries is not None
+        cmd = [
+            str(self.binaries / "kube-scheduler"),
+            f"--config={config}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            "--authentication-skip-lookup",
+            "-v=1",
+        ]
+        self.commands.setdefault("kube-scheduler", shlex.join(cmd))
+        proc = Proc(f"kube-scheduler ({tag})", cmd, self.work / f"kube-scheduler-{tag}.log", {})
+        ready = await wait_http_ok(proc, f"https://127.0.0.1:{port}/readyz")
+        return proc, ready
+
+    async def kopf(self) -> tuple[Proc, float]:
+        port = free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "kopf",
+            "run",
+            "--standalone",
+            "--all-namespaces",
+            f"--liveness=http://127.0.0.1:{port}/healthz",
+            str(HERE / "kopf_peer.py"),
+        ]
+        self.commands.setdefault("kopf peer", shlex.join(["python", *cmd[1:]]))
+        env = {**self.env, "KUBECONFIG": self.admin_kubeconfig}
+        proc = Proc("kopf peer", cmd, self.work / "kopf.log", env)
+        ready = await wait_http_ok(proc, f"http://127.0.0.1:{port}/healthz")
+        return proc, ready
+
+    def raw_binder_cmd(self, jobs: Path) -> list[str]:
+        cmd = [
+            sys.executable,
+            str(HERE / "raw_binder.py"),
+            f"--kubeconfig={self.sa_kubeconfig}",
+            f"--jobs={jobs}",
+            "--in-flight=32",
+        ]
+        self.commands.setdefault("raw binder", shlex.join(["python", *cmd[1:]]))
+        return cmd
+
+    def webhooks(self, port: int | None) -> None:
+        """Register SDG's webhooks at ``port`` (None: remove them)."""
+        if port is None:
+            remove_webhooks(self.cp)
+        else:
+            self.cp.install_webhooks([ROOT / "config" / "webhook"], port)
+
+
+# --- the API side ------------------------------------------------------------------------
+
+
+class Watch:
+    """list + watch of a collection, ``on(type, obj)`` called as events arrive."""
+
+    def __init__(self, kube: Kube, path: str, on: Callable[[str, Obj], None]) -> None:
+        self.kube, self.path, self.on = kube, path, on
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Watch:
+        items, rv = await self.kube.list(self.path)
+        for obj in items:
+            self.on("ADDED", obj)
+        self.task = asyncio.create_task(self.kube.watch(self.path, rv, self.on))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+class FirstSeen:
+    """When each of ``names`` first satisfied ``done`` on a watch; ``event`` once all did."""
+
+    def __init__(self, names: list[str], done: Callable[[Obj], bool]) -> None:
+        self.names, self.done = set(names), done
+        self.first: dict[str, float] = {}
+        self.event = asyncio.Event()
+
+    def __call__(self, typ: str, obj: Obj) -> None:
+        if typ == "DELETED":
+            return
+        name = obj["metadata"]["name"]
+        if name in self.names and name not in self.first and self.done(obj):
+            self.first[name] = time.perf_counter()
+            if len(self.first) == len(self.names):
+                self.event.set()
+
+    async def wait(self, within: float) -> None:
+        try:
+            await asyncio.wait_for(self.event.wait(), within)
+        except TimeoutError:
+            raise RuntimeError(
+                f"only {len(self.first)} of {len(self.names)} within {within:.0f}s"
+            ) from None
+
+
+def has_node(pod: Obj) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
+def is_bound(group: Obj) -> bool:
+    return (group.get("status") or {}).get("phase") == "Bound"
+
+
+@dataclasses.dataclass
+class Made:
+    t_first: float  # perf_counter when the first POST went
+    t_last: float  # ... and when the last answer came
+    lat: list[float]
+
+    @property
+    def create_s(self) -> float:
+        return self.t_last - self.t_first
+
+
+async def create_all(kube: Kube, path: str, objs: list[Obj], in_flight: int) -> Made:
+    """POST every object, ``in_flight`` at a time."""
+    made = Made(time.perf_counter(), 0.0, [])
+
+    def job(obj: Obj) -> Callable[[], Any]:
+        async def run() -> None:
+            t = time.perf_counter()
+            await kube.request("POST", path, obj)
+            made.lat.append(time.perf_counter() - t)
+
+        return run
+
+    await bounded(in_flight, [job(o) for o in objs])
+    made.t_last = time.perf_counter()
+    return made
+
+
+async def create_nodes(kube: Kube, first: int, last: int, in_flight: int) -> float:
+    async def one(i: int) -> None:
+        node = node_obj(i)
+        created = await kube.request("POST", "/api/v1/nodes", node)
+        created["status"] = node["status"]
+        await kube.request("PUT", f"/api/v1/nodes/{node['metadata']['name']}/status", created)
+
+    t0 = time.perf_counter()
+    await bounded(in_flight, [lambda i=i: one(i) for i in range(first, last)])
+    return time.perf_counter() - t0
+
+
+async def delete_pods(kube: Kube, ns: str, within: float = 300.0) -> None:
+    """Delete every pod of ``ns`` (a DELETE of the collection, grace 0) until none is left;
+    a collection delete that outlives the API server's request timeout is sent again."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ApiError):
+            await kube.request("DELETE", pods_path(ns), params={"gracePeriodSeconds": "0"})
+        page = await kube.request("GET", pods_path(ns), params={"limit": "1"})
+        if not page.get("items"):
+            return
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"pods of {ns} not gone within {within}s")
+
+
+async def wait_groups_empty(kube: Kube, within: float = 300.0) -> None:
+    """Until every group's status says no pods (its status controller caught up)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        groups, _ = await kube.list(SDG_PATH)
+        if all(not (g.get("status") or {}).get("podCount") for g in groups):
+            return
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"group statuses still list pods after {within}s")
+
+
+async def wait_webhook(kube: Kube, ns: str, group: str, on: bool, within: float = 30.0) -> None:
+    """Until the API server does (or no longer does) call SDG's pod webhook: a dry-run
+    create of a group pod comes back with (without) SDG's schedulerName."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        pod = group_pod("webhook-probe", group)
+        made = await kube.request("POST", pods_path(ns), pod, params={"dryRun": "All"})
+        if (made["spec"].get("schedulerName") == "deviceshare-scheduler") == on:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"pod webhook still {'off' if on else 'on'} after {within}s")
+
+
+async def hold_lease(kube: Kube, holder: str, seconds: int) -> None:
+    """Take (or give up, ``holder=""``) the manager's Lease, so that a manager started
+    now serves webhooks but does not lead (schedule) until the bench lets it."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": holder, "leaseDurationSeconds": seconds, "renewTime": now}
+    try:
+        await kube.request(
+            "PATCH", LEASE_PATH, {"spec": spec}, content_type="application/merge-patch+json"
+        )
+    except ApiError as e:
+        if e.status != 404:
+            raise
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "deviceshare-manager", "namespace": MANAGER_NS},
+            "spec": {**spec, "acquireTime": now},
+        }
+        await kube.request("POST", LEASE_PATH.rsplit("/", 1)[0], lease)
+
+
+async def ensure_namespace(kube: Kube, name: str) -> None:
+    with contextlib.suppress(ApiError):
+        await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+
+
+# --- profiling ---------------------------------------------------------------------------
+
+
+class PySpy:
+    """``py-spy record`` of a process (100 Hz; idle stacks dropped; the process is paused
+    for each sample, so stacks are whole)."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        self.out = out
+        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        self.proc: subprocess.Popen[bytes] | None = None
+        if Path(exe).is_file():
+            self.proc = subprocess.Popen(
+                [
+                    *(exe, "record", "--pid", str(pid), "--rate", "100"),
+                    *("--function", "--format", "raw", "--output", str(out)),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=out.with_suffix(".log").open("wb"),
+                preexec_fn=_die_with_parent,
+            )
+
+    def stop(self) -> dict[str, Any] | None:
+        if self.proc is None:
+            return None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return None
+        return summarize_stacks(self.out) if self.out.exists() else None
+
+
+def _short(frame: str) -> str:
+    """``fn (path/to/file.py:12)`` -> ``fn (pkg/file.py)``: site-packages and the repo
+    root cut off, the line dropped (py-spy --function gives the function's first line)."""
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    path = where.rsplit(":", 1)[0]
+    for marker in ("site-packages/", "lib/python3.11/", str(ROOT) + "/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    return f"{name} ({path})"
+
+
+def summarize_stacks(path: Path, top: int = 15) -> dict[str, Any]:
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        frames = [_short(f) for f in stack.split(";")]
+        total += n
+        own[frames[-1]] += n
+        for f in set(frames):
+            inclusive[f] += n
+    ours = ("sdgruntime/", "controllers/", "webhooks/", "api/")
+    mine = Counter({f: n for f, n in inclusive.items() if f.split(" (", 1)[-1].startswith(ours)})
+    for entry in ("main (controllers/__main__.py)", "<module> (controllers/__main__.py)"):
+        mine.pop(entry, None)
+    return {"samples": total, "own": own.most_common(top), "inclusive": mine.most_common(top)}
+
+
+# --- the scenarios -----------------------------------------------------------------------
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, scale: Scale) -> None:
+        self.args, self.scale = args, scale
+        self.out: dict[str, Any] = {
+            "scale": args.scale,
+            "sizes": dataclasses.asdict(scale),
+            "in_flight": args.in_flight,
+        }
+        self.phases: list[dict[str, Any]] = []
+        self.work = Path(args.work_dir) if args.work_dir else None
+        if self.work is not None:
+            self.work.mkdir(parents=True, exist_ok=True)
+        self.group_nodes: dict[str, str] = {}  # S1 group -> its node
+        self.procs: list[Proc] = []
+
+    def phase(
+        self, name: str, sw: Stopwatch, cpu: dict[str, float] | None = None, **extra: Any
+    ) -> None:
+        cpu = cpu or sw.cpu()
+        self.phases.append({"name": name, "wall": sw.wall(), "cpu": cpu, **extra})
+        log.warning("%s: %.1f s; CPU %s", name, sw.wall(), fmt_cpu(cpu))
+
+    def pids(self, **procs: Proc | None) -> dict[str, int]:
+        out = {"kube-apiserver": self.cp.pids["kube-apiserver"], "etcd": self.cp.pids["etcd"]}
+        out.update({k: p.pid for k, p in procs.items() if p is not None})
+        return out
+
+    async def stop(self, proc: Proc) -> None:
+        await proc.stop()
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    # S5 needs no API server: before the control plane, with the machine otherwise idle.
+    def s5_placement(self) -> None:
+        """place() at 1000 nodes, each call timed on the wall clock and in this thread's
+        CPU time: on a shared machine the wall-clock tail is mostly time the process
+        waited for a core, which the CPU time leaves out."""
+        import gc
+
+        from bench_placement import build_fleet
+
+        from controllers.placement import place
+
+        fleet = build_fleet(1000)
+        rows = {}
+        for label, spec in (
+            ("binpack 1 GPU", {"resources": {GPU: 1}}),
+            ("spread 2 GPU", {"resources": {GPU: 2}, "schedulingStrategy": "spread"}),
+        ):
+            for _ in range(100):
+                place(spec, fleet.nodes, fleet.tracker)
+            wall: list[float] = []
+            cpu: list[float] = []
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(self.scale.placement_iters):
+                    w0, c0 = time.perf_counter(), time.thread_time()
+                    place(spec, fleet.nodes, fleet.tracker)
+                    cpu.append(time.thread_time() - c0)
+                    wall.append(time.perf_counter() - w0)
+            finally:
+                gc.enable()
+            rows[label] = {"wall": summary(wall), "cpu": summary(cpu)}
+        self.out["s5"] = rows
+
+    async def run(self) -> dict[str, Any]:
+        self.out["machine"] = machine()
+        self.out["meminfo"] = meminfo()
+        t_all = time.perf_counter()
+        log.warning("S5: place() at 1000 nodes (in memory)")
+        self.s5_placement()
+        cp = ControlPlane(crd_paths=[ROOT / "config" / "crd"], work_dir=self.work)
+        t0 = time.perf_counter()
+        cp.start()
+        self.cp = cp
+        try:
+            self.out["controlplane_start_s"] = time.perf_counter() - t0
+            install_rbac(cp)
+            env = Env(cp, cp.work_dir)
+            self.env = env
+            self.out["work_dir"] = str(cp.work_dir)
+            async with Kube(env.admin_kubeconfig, limit=self.args.in_flight + 16) as kube:
+                self.kube = kube
+                version = await kube.request("GET", "/version")
+                self.out["kubernetes"] = version.get("gitVersion", "?")
+                await self.scenarios()
+        finally:
+            for proc in list(self.procs):
+                await proc.stop(10)
+            cp.stop()
+        self.out["total_s"] = time.perf_counter() - t_all
+        self.out["commands"] = self.env.commands
+        self.out["phases"] = self.phases
+        return self.out
+
+    async def scenarios(self) -> None:
+        sc, kube, env = self.scale, self.kube, self.env
+        for ns in ("s1-sdg", "s1-kube", "s2-sdg", "s2-raw", "s4-sdg", "s4-kopf", "s8-on"):
+            await ensure_namespace(kube, ns)
+        await ensure_namespace(kube, "s8-off")
+        t = await create_nodes(kube, 0, sc.nodes, self.args.in_flight)
+        log.warning("%d nodes in %.1f s", sc.nodes, t)
+
+        # --- S3 and S1 with SDG --------------------------------------------------------
+        mgr, port, _ = await env.manager("s1")
+        self.procs.append(mgr)
+        env.webhooks(port)
+        groups = [f"g-{i:04d}" for i in range(sc.groups)]
+        await self.s3_groups(mgr, groups, "S3: groups bound (webhooks on)")
+        await wait_webhook(kube, "s1-sdg", groups[0], on=True)
+        await self.s1_sdg(mgr, groups)
+        await delete_pods(kube, "s1-sdg")
+        await wait_groups_empty(kube)
+        await self.stop(mgr)
+
+        # --- S1 with kube-scheduler ------------------------------------------------------
+        ks, _ = await env.kube_scheduler("s1")
+        self.procs.append(ks)
+        await self.s1_kube(ks)
+        await self.stop(ks)
+        await delete_pods(kube, "s1-kube")
+
+        # --- S8 and S2 with SDG: a manager that serves webhooks but does not lead yet ---
+        await hold_lease(kube, "bench-holds-the-lease", 3600)
+        mgr, port, _ = await env.manager("s2")
+        self.procs.append(mgr)
+        self.out["s8"] = await self.s8(mgr, port, groups)
+        env.webhooks(port)
+        await wait_webhook(kube, "s8-on", groups[0], on=True)
+        backlog = await self.s2_backlog(mgr, groups)
+        env.webhooks(None)
+        await delete_pods(kube, "s8-on")
+        await delete_pods(kube, "s8-off")
+        await self.s2_sdg(mgr, backlog)
+        await delete_pods(kube, "s2-sdg")
+        await wait_groups_empty(kube)
+        await self.stop(mgr)
+
+        # --- S2 with the raw binder ------------------------------------------------------
+        await self.s2_raw(backlog)
+        await delete_pods(kube, "s2-raw")
+
+        # --- S4 with SDG (webhooks off), on the big fleet ---------------------------------
+        t = await create_nodes(kube, sc.nodes, sc.big_nodes, self.args.in_flight)
+        log.warning("%d more nodes in %.1f s", sc.big_nodes - sc.nodes, t)
+        mgr, _, _ = await env.manager("s4")
+        self.procs.append(mgr)
+        more = [f"g-{i:04d}" for i in range(sc.groups, sc.big_groups)]
+        await self.s3_groups(mgr, more, "S3b: groups bound at the big fleet (webhooks off)")
+        all_groups = groups + more
+        await self.s4(mgr, "s4-sdg", all_groups, "S4: status convergence, SDG")
+        await delete_pods(kube, "s4-sdg")
+        await wait_groups_empty(kube)
+        await self.stop(mgr)
+
+        # --- S4 with kopf ----------------------------------------------------------------
+        kopf, _ = await env.kopf()
+        self.procs.append(kopf)
+        await asyncio.sleep(2)  # its watches are up a moment after the liveness endpoint
+        await self.s4(kopf, "s4-kopf", all_groups, "S4: status convergence, kopf peer")
+        await self.stop(kopf)
+
+        # --- S7 and S6: cold starts with the big fleet and its pods existing -------------
+        await self.s6_s7()
+
+    async def s3_groups(self, mgr: Proc, names: list[str], label: str) -> None:
+        seen = FirstSeen(names, is_bound)
+        nodes: dict[str, str] = {}
+
+        def on(typ: str, obj: Obj) -> None:
+            seen(typ, obj)
+            if is_bound(obj):
+                nodes[obj["metadata"]["name"]] = obj["status"]["nodeName"]
+
+        sw = Stopwatch(self.pids(manager=mgr))
+        async with Watch(self.kube, SDG_PATH, on):
+            made = await create_all(
+                self.kube, SDG_PATH, [group_obj(n) for n in names], self.args.in_flight
+            )
+            await seen.wait(600)
+        last = max(seen.first[n] for n in names)
+        secs = last - made.t_first
+        self.group_nodes.update({n: nodes[n] for n in names})
+        self.phase(label, sw, groups=len(names), created_s=made.create_s, bound_s=secs)
+        key = "s3" if "s3" not in self.out else "s3b"
+        self.out[key] = {"groups": len(names), "bound_s": secs, "per_s": len(names) / secs}
+
+    async def s1_sdg(self, mgr: Proc, groups: list[str]) -> None:
+        n = self.scale.pods
+        pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
+        seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
+        spy = PySpy(mgr.pid, mgr.log_path.parent / "py-spy-s1.txt") if self.args.py_spy else None
+        sw = Stopwatch(self.pids(manager=mgr))
+        async with Watch(self.kube, pods_path("s1-sdg"), seen):
+            made = await create_all(self.kube, pods_path("s1-sdg"), pods, self.args.in_flight)
+            await seen.wait(900)
+        self.out["profile"] = spy.stop() if spy else None
+        last = max(seen.first.values())
+        secs = last - made.t_first
+        self.phase("S1: streaming pods, SDG", sw, pods=n, created_s=made.create_s)
+        self.out["s1_sdg"] = {
+            "pods": n,
+            "seconds": secs,
+            "per_s": n / secs,
+            "create_s": made.create_s,
+            "after_last_create_s": last - made.t_last,
+        }
+        # The pods as SDG's webhook made them: the other schedulers get the same ones.
+        items, _ = await self.kube.list(pods_path("s1-sdg"))
+        self.templates = {}
+        for pod in items:
+            self.templates.setdefault(pod["metadata"]["annotations"][GROUP_ANNOTATION], pod)
+
+    async def s1_kube(self, ks: Proc) -> None:
+        n = self.scale.pods
+        groups = sorted(self.templates)
+        pods = []
+        for i in range(n):
+            g = groups[i % len(groups)]
+            pods.append(twin_pod(self.templates[g], f"p-{i:05d}", self.group_nodes[g], None))
+        seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
+        sw = Stopwatch(self.pids(**{"kube-scheduler": ks}))
+        async with Watch(self.kube, pods_path("s1-kube"), seen):
+            made = await create_all(self.kube, pods_path("s1-kube"), pods, self.args.in_flight)
+            await seen.wait(900)
+        last = max(seen.first.values())
+        secs = last - made.t_first
+        self.phase("S1: streaming pods, kube-scheduler", sw, pods=n, created_s=made.create_s)
+        self.out["s1_kube"] = {
+            "pods": n,
+            "seconds": secs,
+            "per_s": n / secs,
+            "create_s": made.create_s,
+            "after_last_create_s": last - made.t_last,
+        }
+        wrong = 0
+        items, _ = await self.kube.list(pods_path("s1-kube"))
+        for pod in items:
+            values = pod["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]["nodeSelectorTerms"][0]["matchFields"][0]["values"]
+            wrong += pod["spec"].get("nodeName") != values[0]
+        assert wrong == 0, f"kube-scheduler put {wrong} pods elsewhere"
+
+    async def paced(self, ns: str, prefix: str, groups: list[str], n: int) -> list[float]:
+        """Open loop: one create every 1/rate s, whatever the previous ones are doing."""
+        loop = asyncio.get_running_loop()
+        pods = [group_pod(f"{prefix}-{i:05d}", groups[i % len(groups)]) for i in range(n)]
+        lat: list[float] = []
+
+        async def one(pod: Obj) -> None:
+            t = time.perf_counter()
+            await self.kube.request("POST", pods_path(ns), pod)
+            lat.append(time.perf_counter() - t)
+
+        tasks = []
+        t0 = loop.time()
+        for i, pod in enumerate(pods):
+            delay = t0 + i / self.scale.s8_rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(pod)))
+        await asyncio.gather(*tasks)
+        self.s8_rate_seen = min(getattr(self, "s8_rate_seen", 1e9), n / (loop.time() - t0))
+        return lat
+
+    async def s8(self, mgr: Proc, port: int, groups: list[str], rounds: int = 4) -> Obj:
+        """Pod creates with SDG's webhook and without, in alternating rounds (so that load
+        from elsewhere on the machine falls on both alike); each round starts with half a
+        second of creates that are not counted (new webhook client, connections)."""
+        per = self.scale.s8_pods // rounds
+        warm = int(self.scale.s8_rate // 2)
+        lat: dict[str, list[float]] = {"on": [], "off": []}
+        sw = Stopwatch(self.pids(manager=mgr))
+        for r in range(rounds):
+            for mode in ("on", "off"):
+                ns = f"s8-{mode}"
+                self.env.webhooks(port if mode == "on" else None)
+                await wait_webhook(self.kube, ns, groups[0], on=mode == "on")
+                await self.paced(ns, f"warm{r}", groups, warm)
+                lat[mode] += await self.paced(ns, f"w{r}", groups, per)
+        label = f"S8: {rounds} rounds of paced creates, webhook on / off in turn"
+        self.phase(label, sw, pods=2 * rounds * (per + warm))
+        return {
+            "on": {"latency": summary(lat["on"]), "rate": self.s8_rate_seen},
+            "off": {"latency": summary(lat["off"]), "rate": self.s8_rate_seen},
+            "rounds": rounds,
+        }
+
+    async def s2_backlog(self, mgr: Proc, groups: list[str]) -> list[Obj]:
+        n = self.scale.pods
+        pods = [group_pod(f"b-{i:05d}", groups[i % len(groups)]) for i in range(n)]
+        sw = Stopwatch(self.pids(manager=mgr))
+        made = await create_all(self.kube, pods_path("s2-sdg"), pods, self.args.in_flight)
+        self.phase("S2: backlog created (webhook on, manager not leading)", sw, pods=n)
+        items, _ = await self.kube.list(pods_path("s2-sdg"))
+        assert len(items) == n and not any(has_node(p) for p in items)
+        assert all(p["spec"].get("schedulerName") == "deviceshare-scheduler" for p in items)
+        self.out["s2_backlog_create_s"] = made.create_s
+        return items
+
+    async def s2_sdg(self, mgr: Proc, backlog: list[Obj]) -> None:
+        n = len(backlog)
+        seen = FirstSeen([p["metadata"]["name"] for p in backlog], has_node)
+        sw = Stopwatch(self.pids(manager=mgr))
+        async with Watch(self.kube, pods_path("s2-sdg"), seen):
+            t_release = time.perf_counter()
+            await hold_lease(self.kube, "", 1)
+            await seen.wait(900)
+        first, last = min(seen.first.values()), max(seen.first.values())
+        self.phase("S2: backlog bound, SDG", sw, pods=n)
+        self.out["s2_sdg"] = {
+            "pods": n,
+            "seconds": last - first,
+            "per_s": n / (last - first),
+            "release_to_first_s": first - t_release,
+        }
+
+    async def s2_raw(self, backlog: list[Obj]) -> None:
+        n = len(backlog)
+        pods = []
+        for i, b in enumerate(backlog):
+            g = b["metadata"]["annotations"][GROUP_ANNOTATION]
+            pods.append(twin_pod(b, f"r-{i:05d}", self.group_nodes[g], NOBODY))
+        await create_all(self.kube, pods_path("s2-raw"), pods, self.args.in_flight)
+        items, _ = await self.kube.list(pods_path("s2-raw"))
+        jobs = [
+            [
+                "s2-raw",
+                p["metadata"]["name"],
+                p["metadata"]["uid"],
+                p["spec"]["affinity"]["nodeAffinity"][
+                    "requiredDuringSchedulingIgnoredDuringExecution"
+                ]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0],
+            ]
+            for p in items
+        ]
+        jobs_file = self.env.work / "raw-jobs.json"
+        jobs_file.write_text(json.dumps(jobs))
+        seen = FirstSeen([p["metadata"]["name"] for p in items], has_node)
+        async with Watch(self.kube, pods_path("s2-raw"), seen):
+            proc = Proc(
+                "raw binder",
+                self.env.raw_binder_cmd(jobs_file),
+                self.env.work / "raw-binder.log",
+                self.env.env,
+            )
+            sw = Stopwatch(self.pids(**{"raw binder": proc}))
+            await seen.wait(900)
+            cpu = sw.cpu()
+            await asyncio.to_thread(proc.popen.wait, 120)
+        report = json.loads(proc.log_path.read_text().strip().splitlines()[-1])
+        first, last = min(seen.first.values()), max(seen.first.values())
+        self.phase("S2: backlog bound, raw binder", sw, cpu, pods=n)
+        self.out["s2_raw"] = {
+            "pods": n,
+            "seconds": last - first,
+            "per_s": n / (last - first),
+            "posts_s": report["end"] - report["start"],
+            "errors": report["errors"],
+        }
+
+    async def s4(self, proc: Proc, ns: str, groups: list[str], label: str) -> None:
+        sc = self.scale
+        per_group = sc.big_pods // len(groups)
+        n = per_group * len(groups)
+        pods = [group_pod(f"s-{i:05d}", groups[i % len(groups)], NOBODY) for i in range(n)]
+        expected: dict[str, set[str]] = {g: set() for g in groups}
+        for p in pods:
+            expected[p["metadata"]["annotations"][GROUP_ANNOTATION]].add(
+                f"{ns}/{p['metadata']['name']}"
+            )
+        bad = set(groups)
+        state: dict[str, Any] = {"t": None, "cpu": None}
+        done = asyncio.Event()
+        peak_reset = reset_peak(proc.pid)
+        sw = Stopwatch(self.pids(**{proc.name.split(" (")[0]: proc}))
+
+        def on(typ: str, obj: Obj) -> None:
+            name = obj["metadata"]["name"]
+            if name not in expected or typ == "DELETED":
+                return
+            st = obj.get("status") or {}
+            ok = (
+                st.get("podCount") == len(expected[name])
+                and set(st.get("allocatedPods") or ()) == expected[name]
+            )
+            if ok:
+                bad.discard(name)
+                if not bad and state["t"] is None:
+                    state["t"], state["cpu"] = time.perf_counter(), sw.cpu()
+                    done.set()
+            else:
+                bad.add(name)
+                state["t"] = None
+                done.clear()
+
+        async with Watch(self.kube, SDG_PATH, on):
+            made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
+            deadline = time.monotonic() + 900
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RuntimeError(f"{label}: {len(bad)} groups not converged in 900 s")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), remaining)
+                await asyncio.sleep(3)  # it holds: no later write undid it
+                if done.is_set():
+                    break
+        mem = memory(proc.pid)
+        who = "sdg" if "sdg" in ns else "kopf"
+        lag = state["t"] - made.t_last
+        self.phase(label, sw, state["cpu"], pods=n, groups=len(groups))
+        self.out[f"s4_{who}"] = {
+            "pods": n,
+            "groups": len(groups),
+            "create_s": made.create_s,
+            "lag_s": lag,
+            "cpu_s": state["cpu"][proc.name.split(" (")[0]],
+            "peak_rss": mem["VmHWM"],
+            "rss": mem["VmRSS"],
+            "peak_reset": peak_reset,
+        }
+
+    async def s6_s7(self) -> None:
+        env = self.env
+        sw = Stopwatch(self.pids())
+        mgr, _, ready = await env.manager("s7")
+        self.procs.append(mgr)
+        settled = await settle(mgr.pid)
+        mem = memory(mgr.pid)
+        cpu = cpu_seconds(mgr.pid)
+        self.phase("S7/S6: SDG cold start", sw)
+        await self.stop(mgr)
+        self.out["s7_sdg"] = {"ready_s": ready, "settle_s": settled, "cpu_s": cpu}
+        self.out["s6_sdg"] = mem
+        sw = Stopwatch(self.pids())
+        ks, ready = await env.kube_scheduler("s6")
+        self.procs.append(ks)
+        settled = await settle(ks.pid)
+        mem = memory(ks.pid)
+        cpu = cpu_seconds(ks.pid)
+        self.phase("S7/S6: kube-scheduler cold start", sw)
+        await self.stop(ks)
+        self.out["s7_kube"] = {"ready_s": ready, "settle_s": settled, "cpu_s": cpu}
+        self.out["s6_kube"] = mem
+        pods = await self.kube.request("GET", "/api/v1/pods", params={"limit": "1"})
+        nodes = await self.kube.request("GET", "/api/v1/nodes", params={"limit": "1"})
+        groups = await self.kube.request("GET", SDG_PATH, params={"limit": "1"})
+
+        def count(page: Obj) -> int:
+            return len(page["items"]) + int(page["metadata"].get("remainingItemCount") or 0)
+
+        self.out["s6_objects"] = {
+            "pods": count(pods),
+            "nodes": count(nodes),
+            "groups": count(groups),
+        }
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def meminfo() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    return "?"
+
+
+def fmt_cpu(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+
+
+def mib(n: float) -> str:
+    return f"{n / 1024 / 1024:.0f} MiB"
+
+
+def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
+    """(id, what, SDG, yardstick, ratio, goal) for S1-S8."""
+    r: list[tuple[str, str, str, str, str, str]] = []
+    sz = out["sizes"]
+    a, b = out["s1_sdg"], out["s1_kube"]
+    r.append(
+        (
+            "S1",
+            f"streaming: {a['pods']} pods of {sz['groups']} bound groups on {sz['nodes']} nodes, "
+            "first create -> last bind",
+            f"{a['per_s']:.0f} pods/s",
+            f"kube-scheduler {b['per_s']:.0f} pods/s",
+            f"{a['per_s'] / b['per_s']:.2f}x",
+            ">= 1.0x",
+        )
+    )
+    a, b = out["s2_sdg"], out["s2_raw"]
+    r.append(
+        (
+            "S2",
+            f"backlog: {a['pods']} pre-created group pods, first -> last bind",
+            f"{a['per_s']:.0f} pods/s",
+            f"raw Binding POSTs {b['per_s']:.0f} pods/s",
+            f"{a['per_s'] / b['per_s']:.2f}x",
+            ">= 0.8x",
+        )
+    )
+    a = out["s3"]
+    extra = ""
+    if "s3b" in out:
+        extra = (
+            f"; {out['s3b']['groups']} more at {sz['big_nodes']} nodes (webhooks off): "
+            f"{out['s3b']['per_s']:.0f}/s"
+        )
+    r.append(
+        (
+            "S3",
+            f"{a['groups']} groups created at once at {sz['nodes']} nodes, first create -> "
+            "last Bound",
+            f"{a['per_s']:.0f} groups/s{extra}",
+            "the goal, 100 groups/s",
+            f"{a['per_s'] / 100:.2f}x",
+            ">= 1.0x (100/s)",
+        )
+    )
+    a, b = out["s4_sdg"], out["s4_kopf"]
+    r.append(
+        (
+            "S4",
+            f"status of {a['groups']} groups / {a['pods']} pods (webhooks off): lag after the "
+            "last create; CPU-s; peak RSS",
+            f"{a['lag_s']:.2f} s; {a['cpu_s']:.1f} CPU-s; {mib(a['peak_rss'])}",
+            f"kopf {b['lag_s']:.2f} s; {b['cpu_s']:.1f} CPU-s; {mib(b['peak_rss'])}",
+            f"{a['lag_s'] / b['lag_s']:.2f}x; {a['cpu_s'] / b['cpu_s']:.2f}x; "
+            f"{a['peak_rss'] / b['peak_rss']:.2f}x",
+            "<= 0.2x; <= 0.2x; <= 0.33x",
+        )
+    )
+    s5 = out["s5"]["binpack 1 GPU"]
+    s5b = out["s5"]["spread 2 GPU"]
+    r.append(
+        (
+            "S5",
+            "place() p99 at 1000 nodes (in memory; bench_placement's fleet), binpack 1 GPU "
+            "(spread 2 GPU); CPU time of the call (wall clock)",
+            f"{s5['cpu']['p99'] * 1e3:.2f} ms ({s5b['cpu']['p99'] * 1e3:.2f} ms); wall "
+            f"{s5['wall']['p99'] * 1e3:.2f} ms ({s5b['wall']['p99'] * 1e3:.2f} ms)",
+            "the goal, 1 ms",
+            f"{s5['cpu']['p99'] * 1e3:.2f}x (wall {s5['wall']['p99'] * 1e3:.2f}x)",
+            "< 1.0x",
+        )
+    )
+    a, b, objs = out["s6_sdg"], out["s6_kube"], out["s6_objects"]
+    r.append(
+        (
+            "S6",
+            f"RSS after a cold start with {objs['pods']} pods, {objs['nodes']} nodes, "
+            f"{objs['groups']} groups, settled",
+            f"{mib(a['VmRSS'])} (peak {mib(a['VmHWM'])})",
+            f"kube-scheduler {mib(b['VmRSS'])} (peak {mib(b['VmHWM'])})",
+            f"{a['VmRSS'] / b['VmRSS']:.2f}x",
+            "<= 1.0x",
+        )
+    )
+    a, b = out["s7_sdg"], out["s7_kube"]
+    r.append(
+        (
+            "S7",
+            "cold start to /readyz with those objects existing (process spawn -> 200)",
+            f"{a['ready_s']:.2f} s",
+            f"the goal, 5 s (kube-scheduler: {b['ready_s']:.2f} s)",
+            f"{a['ready_s'] / 5:.2f}x (vs kube-scheduler {a['ready_s'] / b['ready_s']:.2f}x)",
+            "< 1.0x (5 s)",
+        )
+    )
+    on, off = out["s8"]["on"], out["s8"]["off"]
+    added = (on["latency"]["p99"] - off["latency"]["p99"]) * 1000
+    r.append(
+        (
+            "S8",
+            f"pod create p99 at {on['rate']:.0f}/s with SDG's webhook minus without "
+            f"({sz['s8_pods']} creates each, {out['s8']['rounds']} rounds in turn)",
+            f"+{added:.1f} ms (p99 {on['latency']['p99'] * 1000:.1f} ms)",
+            f"no webhook: p99 {off['latency']['p99'] * 1000:.1f} ms; the goal +5 ms",
+            f"{added / 5:.2f}x",
+            "< 1.0x (5 ms)",
+        )
+    )
+    return r
+
+
+def markdown(out: dict[str, Any], command: str) -> str:
+    m = out["machine"]
+    load = ", ".join(f"{x:.2f}" for x in m["loadavg"])
+    lines = [
+        f"Machine: {m['date']}; nproc={m['nproc']} ({m['cpu']}); {out['meminfo']} memory; "
+        f"{m['python']}; {m['platform']}; load average at start {load}; "
+        f"kube-apiserver and kube-scheduler {out['kubernetes']}.",
+        f"Command: `{command}` (scale {out['scale']}); whole run {out['total_s'] / 60:.1f} min "
+        f"(control plane start {out['controlplane_start_s']:.1f} s). Creates come from this "
+        f"script (aiohttp, admin, {out['in_flight']} in flight) for every contender; nodes "
+        "are fake (8 GPUs, `deviceshare.io/mode=shared`), groups one GPU, `spread`; "
+        "admission policies (`config/policy`) not installed.",
+        "",
+        "| | measured | SDG | yardstick (same run) | ratio | goal |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for row in rows(out):
+        lines.append("| " + " | ".join(row) + " |")
+    s1a, s1b = out["s1_sdg"], out["s1_kube"]
+    s8 = out["s8"]
+
+    def lat(s: dict[str, float]) -> str:
+        return " / ".join(f"{s[k] * 1000:.1f}" for k in ("p50", "p95", "p99", "max"))
+
+    lines += [
+        "",
+        f"S1 detail: all {s1a['pods']} creates took {s1a['create_s']:.1f} s with SDG "
+        f"(each through its pod webhook) and {s1b['create_s']:.1f} s with kube-scheduler; "
+        f"the last bind came {s1a['after_last_create_s']:.2f} s / "
+        f"{s1b['after_last_create_s']:.2f} s after the last create. S2: SDG's first bind "
+        f"{out['s2_sdg']['release_to_first_s']:.1f} s after the bench released the Lease "
+        f"(not counted); the raw binder's POSTs took {out['s2_raw']['posts_s']:.1f} s"
+        f"{', errors ' + str(out['s2_raw']['errors']) if out['s2_raw']['errors'] else ''}. "
+        f"S8 create latency p50 / p95 / p99 / max: {lat(s8['on']['latency'])} ms with the "
+        f"webhook, {lat(s8['off']['latency'])} ms without. S7: SDG settled (CPU idle) "
+        f"{out['s7_sdg']['settle_s']:.0f} s after Ready, kube-scheduler "
+        f"{out['s7_kube']['settle_s']:.0f} s. S4 peak RSS is VmHWM reset at the start of "
+        "the phase (`/proc/PID/clear_refs`), CPU-s from the first create to convergence.",
+        "",
+        "CPU seconds per phase (from /proc; `bench` is this script: load generator and watches):",
+        "",
+        "| phase | wall s | CPU s |",
+        "| --- | ---: | --- |",
+    ]
+    for ph in out["phases"]:
+        lines.append(f"| {ph['name']} | {ph['wall']:.1f} | {fmt_cpu(ph['cpu'])} |")
+    lines += ["", "How each contender ran:", ""]
+    for who, cmd in out["commands"].items():
+        lines.append(f"- {who}: `{cmd}`")
+    prof = out.get("profile")
+    if not prof:
+        lines += ["", "No profile: py-spy is not installed (`pip install -e '.[bench]'`)."]
+    else:
+        lines += [
+            "",
+            f"py-spy profile of the SDG manager during S1 ({prof['samples']} samples at "
+            "100 Hz, idle stacks dropped; by function):",
+            "",
+            "| # | own samples (leaf frame) | share | | inclusive, SDG's own functions | share |",
+            "| ---: | --- | ---: | --- | --- | ---: |",
+        ]
+        inc = prof["inclusive"]
+        for i in range(min(15, len(prof["own"]))):
+            o, c = prof["own"][i]
+            io, ic = inc[i] if i < len(inc) else ("", 0)
+            lines.append(
+                f"| {i + 1} | `{o}` | {c / prof['samples']:.1%} | | `{io}` | "
+                f"{ic / prof['samples']:.1%} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--scale", choices=sorted(SCALES), default="full")
+    parser.add_argument("--in-flight", type=int, default=64, help="creates in flight")
+    parser.add_argument("--no-py-spy", dest="py_spy", action="store_false")
+    parser.add_argument("--work-dir", help="keep logs and the control plane's files here")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--no-results", action="store_true", help="leave RESULTS.md alone")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    command = "python hack/bench/compare.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    out = asyncio.run(Run(args, SCALES[args.scale]).run())
+    text = markdown(out, command.strip())
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2, default=str))
+    if not args.no_results:
+        update_section("compare", text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
