@@ -294,7 +294,7 @@ def _dumps(obj: Any) -> bytes:
 
 
 class Client:
-    """An async Kubernetes API client (see docs/CONTRACTS.md for the API).
+    """An async Kubernetes API client (docs/reference.md lists its methods).
 
     Two HTTP/1.1 pools share one TLS context: a bounded one for requests, and one for watches,
     because each watch holds a connection for its whole life and must not starve requests.
