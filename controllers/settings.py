@@ -1,7 +1,9 @@
 """Manager settings: command-line flags, each with an ``SDG_*`` environment equivalent.
 
-Flags win over the environment, which wins over defaults. Validation (pydantic) turns a
-bad value into one clear startup error instead of a failure deep inside a controller.
+Flags win over the environment, which wins over defaults. Each field's ``description``
+is its ``--help`` line (with its env var and default), the one source of both. Validation
+(pydantic) turns a bad value into one clear startup error instead of a failure deep inside
+a controller.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 
 from api.constants import (
     DEFAULT_CDI_ANNOTATION_PREFIX,
@@ -22,44 +25,99 @@ from api.constants import (
 )
 from api.envvars import parse_env_table
 from api.validation import is_dns_subdomain
+from controllers.inventory import DEFAULT_DRA_DRIVERS
 from webhooks.delivery import Delivery, cdi_prefix_problem
 
 ENV_PREFIX = "SDG_"
 
 
 class Settings(BaseModel):
-    kubeconfig: str | None = None
-    metrics_bind_address: str = ":8080"
-    health_probe_bind_address: str = ":8081"
-    webhook_host: str = "0.0.0.0"
-    webhook_port: int = Field(9443, ge=0, le=65535)
-    webhook_cert_dir: str = "/tmp/k8s-webhook-server/serving-certs"
-    leader_elect: bool = False
-    leader_election_namespace: str | None = None
-    leader_election_id: str = "deviceshare-manager"
-    scheduler_name: str = SCHEDULER_NAME
-    #: How group pods get their devices, matching the nodes' container runtime: ``env``
-    #: (vendor env vars), ``runtimeclass`` (the same, run by ``runtime_class_name``) or
-    #: ``cdi`` (CDI device annotations); the node label deviceshare.io/delivery overrides.
-    delivery: Literal["env", "runtimeclass", "cdi"] = "env"
-    #: ``index``: devices named by ID; ``uuid``: by the group's status.physicalDevices
-    #: where the inventory knows them (else by ID).
-    device_ids: Literal["index", "uuid"] = "index"
-    runtime_class_name: str = DEFAULT_RUNTIME_CLASS
-    #: Group pods get ``<prefix><container name>: ["nvidia.com/gpu=0", ...]`` in cdi mode.
-    cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
-    claims_namespace: str | None = None
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["json", "text"] = "text"
-    device_env: list[str] = Field(default_factory=list)
-    device_env_file: str | None = None
-    group_workers: int = Field(1, ge=1, le=64)
-    pod_workers: int = Field(8, ge=1, le=256)
-    #: Device inventory from DRA ResourceSlices: ``auto`` reads them when the API server
-    #: serves resource.k8s.io/v1 (Kubernetes 1.34+), ``on``/``off`` force it.
-    resource_slices: Literal["auto", "on", "off"] = "auto"
-    #: Extra ``DRIVER=RESOURCE`` pairs (comma-separated) on top of the known DRA drivers.
-    dra_drivers: str = ""
+    """The manager's settings; each field is a flag (``--log-level``) and an env var
+    (``SDG_LOG_LEVEL``), its description the one line ``sdg-manager --help`` shows."""
+
+    kubeconfig: str | None = Field(
+        None,
+        description="kubeconfig file for the API server; unset: $KUBECONFIG, else in-cluster",
+    )
+    metrics_bind_address: str = Field(":8080", description="address of /metrics; 0 turns it off")
+    health_probe_bind_address: str = Field(":8081", description="address of /healthz and /readyz")
+    webhook_host: str = Field(
+        "0.0.0.0", description="address of the admission webhook server (TLS)"
+    )
+    webhook_port: int = Field(
+        9443, ge=0, le=65535, description="port of the admission webhook server"
+    )
+    webhook_cert_dir: str = Field(
+        "/tmp/k8s-webhook-server/serving-certs",
+        description="the webhook's tls.crt/tls.key, re-read when they change",
+    )
+    leader_elect: bool = Field(
+        False, description="Lease-based leader election: only the leader schedules (on in config/)"
+    )
+    leader_election_namespace: str | None = Field(
+        None, description="namespace of the leader Lease; unset: the pod's namespace"
+    )
+    leader_election_id: str = Field("deviceshare-manager", description="name of the leader Lease")
+    scheduler_name: str = Field(
+        SCHEDULER_NAME,
+        description="schedulerName of the pods this manager binds (the pod webhook sets it)",
+    )
+    delivery: Literal["env", "runtimeclass", "cdi"] = Field(
+        "env",
+        description=(
+            "how group pods get their devices, matching the nodes' container runtime: env "
+            "(vendor env vars), runtimeclass (the same, run by --runtime-class-name) or cdi "
+            "(CDI device annotations); the node label deviceshare.io/delivery overrides"
+        ),
+    )
+    device_ids: Literal["index", "uuid"] = Field(
+        "index",
+        description=(
+            "index: devices named by ID; uuid: by the group's status.physicalDevices where the "
+            "inventory knows them (else by ID)"
+        ),
+    )
+    runtime_class_name: str = Field(
+        DEFAULT_RUNTIME_CLASS, description="the RuntimeClass of --delivery runtimeclass"
+    )
+    cdi_annotation_prefix: str = Field(
+        DEFAULT_CDI_ANNOTATION_PREFIX,
+        description='cdi mode: group pods get <prefix><container name>: ["nvidia.com/gpu=0", ...]',
+    )
+    claims_namespace: str | None = Field(
+        None,
+        description="namespace of the per-node claim records; unset: the pod's (POD_NAMESPACE)",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    log_format: Literal["json", "text"] = Field(
+        "text", description="text, or json for log pipelines"
+    )
+    device_env: list[str] = Field(
+        default_factory=list,
+        description=(
+            "add or override a device env var mapping of the built-in table (repeatable; in "
+            "the env var, comma-separated)"
+        ),
+    )
+    device_env_file: str | None = Field(
+        None, description="a file of RESOURCE_GLOB=ENV_VAR mappings, one per line (# comments)"
+    )
+    group_workers: int = Field(1, ge=1, le=64, description="concurrent group reconciles")
+    pod_workers: int = Field(
+        8, ge=1, le=256, description="concurrent pod reconciles (bind calls are pipelined)"
+    )
+    resource_slices: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description=(
+            "device inventory from DRA ResourceSlices: auto when the API server serves "
+            "resource.k8s.io/v1 (Kubernetes 1.34+), or on/off"
+        ),
+    )
+    dra_drivers: str = Field(
+        "",
+        description="more DRIVER=RESOURCE pairs, comma-separated, on top of the known DRA "
+        "drivers: " + ",".join(f"{d}={r}" for d, r in DEFAULT_DRA_DRIVERS.items()),
+    )
 
     @field_validator("device_env")
     @classmethod
@@ -94,8 +152,6 @@ class Settings(BaseModel):
 
     def dra_driver_table(self) -> dict[str, str]:
         """DRA driver -> the device resource its devices count as."""
-        from controllers.inventory import DEFAULT_DRA_DRIVERS
-
         table = dict(DEFAULT_DRA_DRIVERS)
         for item in self.dra_drivers.split(","):
             driver, sep, resource = item.strip().partition("=")
@@ -125,44 +181,90 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
-    """Flags, then ``SDG_<NAME>`` env vars, then defaults; exits with a message when invalid."""
-    environ = dict(os.environ if environ is None else environ)
-    parser = argparse.ArgumentParser(
+def env_var(name: str) -> str:
+    """The environment variable of a setting: ``log_level`` -> ``SDG_LOG_LEVEL``."""
+    return ENV_PREFIX + name.upper()
+
+
+def _default_text(field: FieldInfo) -> str:
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "unset"
+    if value == "" or value == []:
+        return "none"
+    return str(value)
+
+
+def _metavar(field: FieldInfo) -> str | None:
+    if get_origin(field.annotation) is Literal:
+        return "{" + ",".join(str(a) for a in get_args(field.annotation)) + "}"
+    if field.annotation is int:
+        return "N"
+    return None
+
+
+def flag_help(name: str) -> str:
+    """A flag's ``--help`` line: its description, env var and default."""
+    field = Settings.model_fields[name]
+    if not field.description:
+        raise ValueError(f"setting {name} has no description")
+    return f"{field.description} (env {env_var(name)}; default {_default_text(field)})"
+
+
+def parser() -> argparse.ArgumentParser:
+    """``sdg-manager``'s flags, one per :class:`Settings` field."""
+    p = argparse.ArgumentParser(
         prog="sdg-manager",
         description="Shared Device Group manager: group and pod schedulers, status "
         "controller and admission webhooks in one process.",
+        epilog=f"Every flag can be given as its {ENV_PREFIX}<NAME> environment variable "
+        "instead (lists comma-separated, booleans true/false); flags win over the "
+        "environment, which wins over the defaults.",
     )
     for name, field in Settings.model_fields.items():
-        env = ENV_PREFIX + name.upper()
-        help_text = f"(env {env}; default {field.default if field.default is not None else '-'})"
-        if field.annotation is bool or name == "leader_elect":
-            parser.add_argument(
+        help_text = flag_help(name).replace("%", "%%")
+        if field.annotation is bool:
+            p.add_argument(
                 _flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_text
             )
         elif name == "device_env":
-            parser.add_argument(
+            p.add_argument(
                 _flag(name),
                 action="append",
                 default=None,
                 metavar="RESOURCE_GLOB=ENV_VAR",
-                help="extra device env var mapping, repeatable " + help_text,
+                help=help_text,
             )
         else:
-            parser.add_argument(_flag(name), default=None, help=help_text)
-    args = vars(parser.parse_args(argv))
+            p.add_argument(_flag(name), default=None, metavar=_metavar(field), help=help_text)
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Flags, then ``SDG_<NAME>`` env vars, then defaults; exits with a message when invalid.
+
+    The environment is read here rather than by pydantic-settings: flags, env vars and an
+    injected ``environ`` (tests) meet in one place, lists keep their comma-separated form,
+    ``KUBECONFIG`` stays a fallback, and ``Settings(...)`` built in code never reads the
+    process environment behind the caller's back.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    p = parser()
+    args = vars(p.parse_args(argv))
     values: dict[str, object] = {}
     for name in Settings.model_fields:
         if args.get(name) is not None:
             values[name] = args[name]
             continue
-        raw = environ.get(ENV_PREFIX + name.upper())
+        raw = environ.get(env_var(name))
         if raw is None:
             continue
         if name == "device_env":
             values[name] = [v for v in raw.split(",") if v.strip()]
-        elif name == "leader_elect":
-            values[name] = raw.strip().lower() in ("1", "true", "yes", "on")
+        elif Settings.model_fields[name].annotation is bool:
+            values[name] = raw.strip()  # pydantic's: true/false, 1/0, yes/no, on/off
         else:
             values[name] = raw
     if "kubeconfig" not in values and environ.get("KUBECONFIG"):
@@ -170,5 +272,5 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
     try:
         return Settings(**values)
     except (ValidationError, ValueError) as err:
-        parser.error(str(err))
+        p.error(str(err))
         raise  # unreachable: parser.error exits

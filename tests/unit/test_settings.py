@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from controllers.settings import parse
+from controllers.settings import Settings, parse, parser
 
 
 def test_defaults() -> None:
@@ -115,3 +117,70 @@ def test_bad_delivery_values_exit_with_a_message(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "sdg-manager: error:" in err and argv[0].lstrip("-").replace("-", "_") in err
+
+
+# --- sdg-manager --help: every flag, its description, env var and default --------------------
+
+
+def test_every_setting_has_a_description() -> None:
+    assert [n for n, f in Settings.model_fields.items() if not f.description] == []
+
+
+def test_help_gives_each_flag_its_description_env_var_and_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per flag, no wrapping
+    text = parser().format_help()
+    assert "PydanticUndefined" not in text
+    words = " ".join(text.split())
+    for name, field in Settings.model_fields.items():
+        assert f"--{name.replace('_', '-')} " in words, name
+        assert f"{field.description} (env SDG_{name.upper()}; default " in words, name
+    assert "(env SDG_WEBHOOK_PORT; default 9443)" in text
+    assert "(env SDG_LEADER_ELECT; default off)" in text
+    assert "(env SDG_KUBECONFIG; default unset)" in text
+    assert "(env SDG_DEVICE_ENV; default none)" in text
+    assert "--log-level {debug,info,warning,error}" in text
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse(["--help"], environ={})
+    assert info.value.code == 0
+    assert "Every flag can be given as its SDG_<NAME> environment variable" in (
+        " ".join(capsys.readouterr().out.split())
+    )
+
+
+def test_lists_and_booleans_from_the_environment() -> None:
+    env = {
+        "SDG_DEVICE_ENV": "amd.com/gpu=ROCR_VISIBLE_DEVICES,example.com/fpga=FPGA_DEVICES",
+        "SDG_LEADER_ELECT": " On ",
+    }
+    s = parse([], environ=env)
+    assert s.device_env == ["amd.com/gpu=ROCR_VISIBLE_DEVICES", "example.com/fpga=FPGA_DEVICES"]
+    assert s.env_table()["example.com/fpga"] == "FPGA_DEVICES"
+    assert s.leader_elect is True
+    for false in ("0", "false", "No", "off"):
+        assert parse([], environ={"SDG_LEADER_ELECT": false}).leader_elect is False
+    assert parse(["--leader-elect"], environ={"SDG_LEADER_ELECT": "no"}).leader_elect
+
+
+def test_a_boolean_env_var_that_is_no_boolean_is_an_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse([], environ={"SDG_LEADER_ELECT": "maybe"})
+    assert info.value.code == 2
+    assert "leader_elect" in capsys.readouterr().err
+
+
+def test_readme_lists_every_flag_with_its_env_var() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    missing = [
+        name
+        for name in Settings.model_fields
+        if "--" + name.replace("_", "-") not in section or f"SDG_{name.upper()}" not in section
+    ]
+    assert missing == []
