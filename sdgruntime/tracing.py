@@ -100,8 +100,9 @@ def setup_tracing(
     """Configure tracing from the environment; ``None`` if no exporter is configured.
 
     ``exporters`` replaces the environment's choice (tests pass an in-memory exporter).
-    ``OTEL_SERVICE_NAME`` overrides ``service_name``. The provider flushes at interpreter
-    exit; call ``provider.shutdown()`` to flush earlier.
+    ``OTEL_SERVICE_NAME``, else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, overrides
+    ``service_name`` (as the spec orders them). The provider flushes at interpreter exit;
+    call ``provider.shutdown()`` to flush earlier.
     """
     if exporters is None:
         exporters = []
@@ -110,7 +111,11 @@ def setup_tracing(
     if not exporters:
         log.debug("tracing off: no OTEL_TRACES_EXPORTER or OTLP endpoint configured")
         return None
-    resource = Resource.create({SERVICE_NAME: _env("OTEL_SERVICE_NAME") or service_name})
+    # OTEL_SERVICE_NAME, then service.name in OTEL_RESOURCE_ATTRIBUTES, then ours: only
+    # the SDK's "unknown_service" fallback is replaced.
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "unknown_service")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: service_name}))
     provider = TracerProvider(resource=resource)
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
