@@ -47,6 +47,8 @@ def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
     values: dict[str, Any] = {
         "kubeconfig": settings.kubeconfig,
         "metrics_bind_address": settings.metrics_bind_address,
+        "metrics_secure": settings.metrics_secure,
+        "metrics_cert_dir": settings.metrics_cert_dir,
         "health_probe_bind_address": settings.health_probe_bind_address,
         "webhook_host": settings.webhook_host,
         "webhook_port": settings.webhook_port,

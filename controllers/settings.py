@@ -40,6 +40,17 @@ class Settings(BaseModel):
         description="kubeconfig file for the API server; unset: $KUBECONFIG, else in-cluster",
     )
     metrics_bind_address: str = Field(":8080", description="address of /metrics; 0 turns it off")
+    metrics_secure: bool = Field(
+        False,
+        description=(
+            "serve /metrics over HTTPS for scrapers the API server authenticates and authorizes "
+            "(config/manager sets it); off: plain HTTP, for local use"
+        ),
+    )
+    metrics_cert_dir: str | None = Field(
+        None,
+        description="tls.crt/tls.key for --metrics-secure; unset: a self-signed pair made at start",
+    )
     health_probe_bind_address: str = Field(":8081", description="address of /healthz and /readyz")
     webhook_host: str = Field(
         "0.0.0.0", description="address of the admission webhook server (TLS)"

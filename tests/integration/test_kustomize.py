@@ -269,12 +269,14 @@ def test_manager_deployment(applied: tuple[str, list[Obj], list[Obj]]) -> None:
     sa = one(answered, "ServiceAccount")
     assert spec["serviceAccountName"] == sa["metadata"]["name"] == "deviceshare-manager"
     for kind in ("ClusterRoleBinding", "RoleBinding"):
-        subjects = one(answered, kind)["subjects"]
-        assert {
-            "kind": "ServiceAccount",
-            "name": "deviceshare-manager",
-            "namespace": NAMESPACE,
-        } in (subjects)
+        bindings = [o for o in answered if o["kind"] == kind]  # the manager's, metrics auth
+        assert bindings, kind
+        for binding in bindings:
+            assert {
+                "kind": "ServiceAccount",
+                "name": "deviceshare-manager",
+                "namespace": NAMESPACE,
+            } in binding["subjects"], binding["metadata"]["name"]
 
     if overlay == "overlays/dev":
         assert deploy["spec"]["replicas"] == 1
