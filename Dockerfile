@@ -18,7 +18,9 @@ COPY sdgruntime/ sdgruntime/
 COPY api/ api/
 COPY controllers/ controllers/
 COPY webhooks/ webhooks/
-RUN pip wheel --wheel-dir /wheels ./sdgruntime . \
+# With the otlp extra (the OTLP/HTTP span exporter): OTEL_TRACES_EXPORTER=otlp works in the
+# image, configured by OTEL_* env alone.
+RUN pip wheel --wheel-dir /wheels ./sdgruntime ".[otlp]" \
  && ls /wheels/sdgruntime-*.whl /wheels/shared_device_group-*.whl
 
 FROM ${PYTHON_IMAGE}
@@ -35,9 +37,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # (sdgruntime, a dependency of shared-device-group, comes from /wheels like the others).
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python -m venv /opt/sdg \
- && /opt/sdg/bin/pip install --no-index --find-links=/wheels /wheels/shared_device_group-*.whl \
+ && /opt/sdg/bin/pip install --no-index --find-links=/wheels \
+      "$(ls /wheels/shared_device_group-*.whl)[otlp]" \
  && /opt/sdg/bin/pip uninstall --yes pip \
- && /opt/sdg/bin/sdg-manager --help > /dev/null
+ && /opt/sdg/bin/sdg-manager --help > /dev/null \
+ && /opt/sdg/bin/python -c "import opentelemetry.exporter.otlp.proto.http.trace_exporter"
 # 65532 is the conventional "nonroot" UID of distroless images; no passwd entry is needed.
 USER 65532:65532
 WORKDIR /

@@ -207,14 +207,14 @@ def builder_wheel_sources() -> list[str]:
     assert len(built) == 1, built
     match = re.search(r"pip wheel --wheel-dir \S+ ((?:[^\s&]+ ?)+)", built[0])
     assert match, built[0]
-    return match.group(1).split()
+    return [source.strip("'\"") for source in match.group(1).split()]
 
 
 def test_final_stage_installs_the_wheel_built_in_the_builder() -> None:
     built = [r for s in BUILDERS.values() for r in s.all("RUN") if "pip wheel" in r]
     assert built, "no builder stage runs pip wheel"
     # Both projects: the --no-index install below finds sdgruntime only among these wheels.
-    assert builder_wheel_sources() == ["./sdgruntime", "."]
+    assert builder_wheel_sources() == ["./sdgruntime", ".[otlp]"]
     (install,) = [r for r in FINAL.all("RUN") if "pip install" in r]
     mount = re.search(r"--mount=type=bind,from=(\w+),source=(\S+),target=(\S+)", install)
     assert mount and mount.group(1) in BUILDERS, install
@@ -345,3 +345,29 @@ def test_console_script_targets_are_in_the_wheel(wheels: dict[str, zipfile.ZipFi
         assert f"def {func}(" in wheels["shared_device_group"].read(path).decode(), (
             f"{path} defines no {func}()"
         )
+
+
+def test_image_installs_the_otlp_extra(wheels: dict[str, zipfile.ZipFile]) -> None:
+    """OTEL_TRACES_EXPORTER=otlp must work in the image: the builder builds the wheels of
+    the otlp extra (the final install finds nothing else), the final stage installs SDG
+    with it, the extra brings the exporter sdgruntime.tracing imports for http/protobuf,
+    and the build fails if that module does not import."""
+    exporter = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
+    assert f'"{exporter}"' in (ROOT / "sdgruntime" / "tracing.py").read_text()
+    (install,) = [r for r in FINAL.all("RUN") if "pip install" in r]
+    assert re.search(r"shared_device_group-\*\.whl\)?\[otlp\]", install), install
+    assert f'python -c "import {exporter}"' in install
+
+    def extra(wheel: zipfile.ZipFile, name: str) -> list[Requirement]:
+        assert f"Provides-Extra: {name}" in metadata(wheel).splitlines()
+        requires = [
+            Requirement(line.removeprefix("Requires-Dist:").strip())
+            for line in metadata(wheel).splitlines()
+            if line.startswith("Requires-Dist:")
+        ]
+        return [r for r in requires if r.marker and r.marker.evaluate({"extra": name})]
+
+    (runtime,) = extra(wheels["shared_device_group"], "otlp")
+    assert (runtime.name, runtime.extras) == ("sdgruntime", {"otlp"})
+    names = {r.name for r in extra(wheels["sdgruntime"], "otlp")}
+    assert "opentelemetry-exporter-otlp-proto-http" in names
