@@ -552,8 +552,10 @@ def test_release_namespace_is_used_everywhere(helm: Helm) -> None:
         # The dashboard's namespace variable has a default value only; pick it in Grafana.
         if obj["kind"] != "ConfigMap":
             assert NAMESPACE not in json.dumps(obj), obj["kind"]
-    for kind in ("ClusterRoleBinding", "RoleBinding"):
-        assert one(objs, kind)["subjects"][0]["namespace"] == ns
+    bindings = [o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert len(bindings) == 3  # the manager's two, and the metrics reviews'
+    for binding in bindings:
+        assert binding["subjects"][0]["namespace"] == ns
     svc = f"deviceshare-webhook-service.{ns}.svc"
     assert one(objs, "Certificate")["spec"]["dnsNames"] == [svc, f"{svc}.cluster.local"]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
@@ -744,3 +746,13 @@ def test_install_upgrade_uninstall_with_cert_manager(
 
     helm.run("uninstall", RELEASE, *release)
     assert stored(kc, manifest) == []  # crds.keep=false: the CRD went too
+
+
+def test_metrics_are_https_with_token_review_unless_turned_off(helm: Helm) -> None:
+    secure = settings_of(container(helm.template()))
+    assert secure.metrics_secure is True
+    monitor = one(helm.template("--set=metrics.serviceMonitor.enabled=true"), "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["scheme"] == "https"
+    plain = helm.template("--set=metrics.secure=false", "--set=metrics.serviceMonitor.enabled=true")
+    assert settings_of(container(plain)).metrics_secure is False
+    assert one(plain, "ServiceMonitor")["spec"]["endpoints"][0]["scheme"] == "http"
