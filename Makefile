@@ -60,6 +60,6 @@ bench: controlplane  ## Benchmarks: placement at 1000 nodes (pure) and end to en
 	$(BIN)/python hack/bench/bench_e2e.py
 
 .PHONY: bench-compare
-bench-compare: controlplane  ## SDG vs kube-scheduler, a raw binder and kopf, S1-S8 (~20 min; SCALE=small ~2 min)
+bench-compare: controlplane  ## SDG vs kube-scheduler, a raw binder and kopf, S1-S8 (~7 min on 2 cores; SCALE=small ~1 min)
 	$(BIN)/pip install --quiet -e '.[test,otlp,bench]'
 	$(BIN)/python hack/bench/compare.py --scale $(or $(SCALE),full)
