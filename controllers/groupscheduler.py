@@ -67,6 +67,7 @@ from controllers.watches import (
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
+from sdgruntime.controllerutil import contains_finalizer
 from sdgruntime.events import EventRecorder
 from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
@@ -150,9 +151,7 @@ class GroupScheduler:
         meta = group["metadata"]
         if meta.get("deletionTimestamp"):
             return await self._finalize(group)
-        if FINALIZER not in (meta.get("finalizers") or []):
-            finalizers = [*(meta.get("finalizers") or []), FINALIZER]
-            group = await self.writer.finalizers(group, finalizers)
+        group = await self.writer.add_finalizer(group, FINALIZER)
         status = group.get("status") or {}
         if status.get("phase") == PHASE_BOUND and status.get("nodeName"):
             return await self._check_bound(group)
@@ -327,9 +326,9 @@ class GroupScheduler:
             if live is None or live["metadata"].get("uid") != uid:
                 return None
         if self.claims.claim_on(node, name) != devices or self.claims.uid_of(node, name) != uid:
-            problem = await restore_record(self.claims, name, uid, node, devices)
-            if problem:
-                await self._report(group, (REASON_CLAIM_CONFLICT, problem))
+            refused = await restore_record(self.claims, name, uid, node, devices)
+            if refused:
+                await self._report(group, (REASON_CLAIM_CONFLICT, refused))
                 return None
         conflict = self._devices_disputed(group, node, devices)
         pods = sum(
@@ -397,7 +396,7 @@ class GroupScheduler:
     # --- finalizer -------------------------------------------------------------------
     async def _finalize(self, group: Obj) -> Result | None:
         meta = group["metadata"]
-        if FINALIZER not in (meta.get("finalizers") or []):
+        if not contains_finalizer(group, FINALIZER):
             return None
         name = meta["name"]
         users = [
@@ -411,7 +410,7 @@ class GroupScheduler:
         if not await self.releaser.release_deleted(group):
             return None
         try:
-            await self.writer.finalizers(group, [f for f in meta["finalizers"] if f != FINALIZER])
+            await self.writer.remove_finalizer(group, FINALIZER)
         except errors.NotFound:
             return None
         return None

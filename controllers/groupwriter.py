@@ -14,6 +14,7 @@ from api.constants import SDG_KIND
 from controllers.claims import resource_version
 from sdgruntime import errors
 from sdgruntime.client import Client
+from sdgruntime.controllerutil import add_finalizer, remove_finalizer
 
 Obj = dict[str, Any]
 
@@ -56,7 +57,21 @@ class GroupWriter:
         self._written[group["metadata"]["name"]] = resource_version(written)
         return written
 
-    async def finalizers(self, group: Mapping[str, Any], finalizers: list[str]) -> Obj:
+    async def add_finalizer(self, group: Mapping[str, Any], finalizer: str) -> Obj:
+        """``group`` with ``finalizer`` (written only when it lacks it)."""
+        edited = {**group, "metadata": dict(group["metadata"])}
+        if not add_finalizer(edited, finalizer):
+            return dict(group)
+        return await self._finalizers(group, edited["metadata"]["finalizers"])
+
+    async def remove_finalizer(self, group: Mapping[str, Any], finalizer: str) -> Obj | None:
+        """``group`` without ``finalizer`` (written only when it has it)."""
+        edited = {**group, "metadata": dict(group["metadata"])}
+        if not remove_finalizer(edited, finalizer):
+            return None
+        return await self._finalizers(group, edited["metadata"]["finalizers"])
+
+    async def _finalizers(self, group: Mapping[str, Any], finalizers: list[str]) -> Obj:
         """Set the finalizer list with a merge patch conditional on the version we read."""
         meta = group["metadata"]
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
