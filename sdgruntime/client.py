@@ -26,6 +26,7 @@ Retry policy (see :func:`should_retry`):
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import ssl
@@ -503,8 +504,8 @@ class Client:
         async for attempt in self.retry.retrying(method, idempotent=idempotent):
             with attempt:
                 if first is not None:
-                    exc, first = first, None
-                    raise exc
+                    failed, first = first, None
+                    raise failed
                 return await self._once(method, path, params, content, content_type)
         raise AssertionError("unreachable")
 
@@ -572,7 +573,7 @@ class Client:
         label_selector: str | None = None,
         field_selector: str | None = None,
         page_size: int = 500,
-    ) -> tuple[list[dict[str, Any]], str]:
+    ) -> tuple[builtins.list[dict[str, Any]], str]:
         """Every item, paged; and the list's resourceVersion (to start a watch from).
 
         Items get ``apiVersion``/``kind`` filled in (the server omits them in lists), so they

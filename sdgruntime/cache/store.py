@@ -8,6 +8,7 @@ handing stored objects to event handlers safe *for callers that only read*.
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -260,7 +261,7 @@ class Store:
             return list(self._items.values())
         return [_copy_dict(o) for o in self._items.values()]
 
-    def index_keys(self, name: str, value: str) -> list[str]:
+    def index_keys(self, name: str, value: str) -> builtins.list[str]:
         """Keys of the objects whose indexer ``name`` yields ``value``."""
         try:
             index = self._indices[name]
@@ -268,11 +269,11 @@ class Store:
             raise KeyError(f"no index {name!r}") from None
         return list(index.get(value, ()))
 
-    def index_values(self, name: str) -> list[str]:
+    def index_values(self, name: str) -> builtins.list[str]:
         """Every value index ``name`` currently holds."""
         return list(self._indices[name])
 
-    def by_index(self, name: str, value: str, *, copy: bool = True) -> list[Obj]:
+    def by_index(self, name: str, value: str, *, copy: bool = True) -> builtins.list[Obj]:
         items = self._items
         objs = [items[k] for k in self.index_keys(name, value)]
         return [_copy_dict(o) for o in objs] if copy else objs
