@@ -29,9 +29,10 @@ def namespace_index(obj: Obj) -> list[str]:
     return [ns] if ns else []
 
 
-OnAdd = Callable[[Obj], None]
-OnUpdate = Callable[[Obj, Obj], None]
-OnDelete = Callable[[Obj], None]
+# Handlers may return anything (a method that also answers its own callers): it is ignored.
+OnAdd = Callable[[Obj], object]
+OnUpdate = Callable[[Obj, Obj], object]
+OnDelete = Callable[[Obj], object]
 
 _ids = itertools.count(1)
 
@@ -167,7 +168,7 @@ class Informer:
                 _call(h.on_delete, obj)
 
 
-def _call(fn: Callable[..., None], *args: Obj) -> None:
+def _call(fn: Callable[..., object], *args: Obj) -> None:
     try:
         fn(*args)
     except Exception:
