@@ -36,7 +36,7 @@ import os
 import re
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ __all__ = ["LeaderElectionLost", "Manager", "ManagerOptions", "Runnable"]
 
 log = logging.getLogger(__name__)
 
-Runnable = Callable[[], Awaitable[Any]]
+Runnable = Callable[[], Coroutine[Any, Any, Any]]
 """Long-running work the manager starts and cancels: ``async def fn() -> None``."""
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -96,22 +96,22 @@ class ManagerOptions(BaseModel):
     metrics_cert_dir: str | None = None
     health_probe_bind_address: str = ":8081"
     webhook_host: str | None = None  # all interfaces
-    webhook_port: int = Field(9443, ge=0, le=65535)
+    webhook_port: int = Field(default=9443, ge=0, le=65535)
     webhook_cert_dir: str = str(DEFAULT_CERT_DIR)
     # over it, a new connection gets 503 "too many connections" (WebhookServer)
-    webhook_max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=1)
+    webhook_max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=1)
 
     leader_election: bool = False
     leader_election_id: str = ""
     leader_election_namespace: str | None = None  # default: the pod's namespace
     leader_election_identity: str | None = None  # default: hostname_<uuid>
     leader_election_release_on_cancel: bool = False
-    lease_duration: float = Field(15.0, gt=0)
-    renew_deadline: float = Field(10.0, gt=0)
-    retry_period: float = Field(2.0, gt=0)
+    lease_duration: float = Field(default=15.0, gt=0)
+    renew_deadline: float = Field(default=10.0, gt=0)
+    retry_period: float = Field(default=2.0, gt=0)
 
-    graceful_shutdown_timeout: float = Field(30.0, ge=0)
-    cache_sync_timeout: float = Field(120.0, gt=0)
+    graceful_shutdown_timeout: float = Field(default=30.0, ge=0)
+    cache_sync_timeout: float = Field(default=120.0, gt=0)
     cache_by_kind: dict[Kind, KindOptions] = Field(default_factory=dict)
     # every controller of this manager may share its name with another (tests, replicas)
     skip_name_validation: bool = False
@@ -558,7 +558,9 @@ class Manager:
         if self._leader is not None:
             self._leader.cancel()
 
-    async def _shutdown(self, others: _Stage, election: _Stage, cache: _Stage, servers: _Stage):
+    async def _shutdown(
+        self, others: _Stage, election: _Stage, cache: _Stage, servers: _Stage
+    ) -> None:
         """Stop in order: leader work and runnables (graceful, bounded), the election (and
         lease release), then the cache and the servers."""
         timeout = self.options.graceful_shutdown_timeout
