@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sdgruntime.controller import Controller
 from sdgruntime.handler import EnqueueRequestForObject, EnqueueRequestForOwner, EventHandler
@@ -103,13 +103,18 @@ class Builder:
         self, reconciler: Reconciler | Callable[[Request], Awaitable[Result | None]]
     ) -> Controller:
         """Build the controller, add it to the manager and return it."""
-        if not isinstance(reconciler, type) and not hasattr(reconciler, "reconcile"):
-            if not callable(reconciler):
-                raise TypeError(
-                    f"{reconciler!r} is neither a Reconciler (an object with `async def "
-                    "reconcile(self, request)`) nor an async function of the request"
-                )
-            reconciler = ReconcilerFunc(reconciler)  # refuses a sync function
+        target: Reconciler
+        if isinstance(reconciler, type) or hasattr(reconciler, "reconcile"):
+            # As given: Controller checks it (check_reconciler), and refuses a class passed
+            # instead of an instance with what to write instead.
+            target = cast(Reconciler, reconciler)
+        elif callable(reconciler):
+            target = ReconcilerFunc(reconciler)  # refuses a sync function
+        else:
+            raise TypeError(
+                f"{reconciler!r} is neither a Reconciler (an object with `async def "
+                "reconcile(self, request)`) nor an async function of the request"
+            )
         if self._for is None and self._owns:
             raise ValueError("owns() needs for_(): the owner is the for_ kind")
         name = self.name or (self._for.kind.kind.lower() if self._for else None)
@@ -123,7 +128,7 @@ class Builder:
             "skip_name_validation": mgr.options.skip_name_validation,
             **self._options,
         }
-        controller = Controller(name, reconciler, mgr.cache, predicates=self._filters, **options)
+        controller = Controller(name, target, mgr.cache, predicates=self._filters, **options)
         if self._for is not None:
             controller.watch(self._for.kind, self._for.handler, self._for.predicates)
             for kind, predicates in self._owns:

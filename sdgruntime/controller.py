@@ -245,7 +245,9 @@ class Controller:
 
     # --- running --------------------------------------------------------------------------
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED):
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Register the watches, wait for the cache to sync, reconcile until cancelled.
 
         ``task_status.started()`` fires once the workers run. Runs once per instance.

@@ -25,8 +25,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sdgruntime import errors
+from sdgruntime.cache.store import json_copy
 from sdgruntime.kinds import Kind
-from sdgruntime.webhook.jsonpatch import json_copy, json_equal
+from sdgruntime.webhook.jsonpatch import json_equal
 
 if TYPE_CHECKING:
     from sdgruntime.client import Client

@@ -105,7 +105,9 @@ class EventRecorder:
         if self._dropped == 1 or self._dropped % 100 == 0:
             log.warning("dropped event %s (%d so far): %s", reason, self._dropped, why)
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED):
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Write emitted events with ``writers`` concurrent writers until cancelled."""
         self._running = True
         try:

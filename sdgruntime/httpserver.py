@@ -252,6 +252,8 @@ class HTTPServer:
                     "https" if self.ssl_context_provider else "http",
                 )
                 for socket_listener in listener.listeners:  # one per address family
+                    # create_tcp_listener's: SocketListeners, whose accept() _accept uses
+                    assert isinstance(socket_listener, anyio.abc.SocketListener)
                     connections.start_soon(self._accept, socket_listener, connections)
                 task_status.started(self._port)
         finally:
@@ -259,7 +261,7 @@ class HTTPServer:
 
     async def _accept(
         self,
-        listener: anyio.abc.Listener[anyio.abc.SocketStream],
+        listener: anyio.abc.SocketListener,
         connections: anyio.abc.TaskGroup,
     ) -> None:
         """Accepts until cancelled. Accept errors (out of file descriptors, a connection

@@ -40,7 +40,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import anyio
 
 from sdgruntime._checks import is_async_callable, name_of
-from sdgruntime.webhook.jsonpatch import Operation, diff, json_copy
+from sdgruntime.cache.store import json_copy
+from sdgruntime.webhook.jsonpatch import Operation, diff
 
 log = logging.getLogger(__name__)
 
