@@ -13,7 +13,8 @@ from sdgruntime.kinds import Kind
 
 GROUP: Final = "deviceshare.io"
 VERSION: Final = "v1alpha1"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
+#: GROUP/VERSION, spelled out so that it is a Literal type (v1alpha1.SharedDeviceGroup.api_version).
+API_VERSION: Final = "deviceshare.io/v1alpha1"
 KIND: Final = "SharedDeviceGroup"
 PLURAL: Final = "shareddevicegroups"
 SHORT_NAME: Final = "sdg"
