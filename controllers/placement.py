@@ -177,6 +177,9 @@ def filter_node(
     return _filter(spec, wanted, node, free, _capacity_of(free), node_blocked)[0]
 
 
+_NOT_PARSED: Mapping[str, int] = {}  # _filter's, when the tracker knows the capacity
+
+
 def _capacity_of(free: object) -> Callable[[str, str], int] | None:
     """A tracker already knows each node's capacity (the node informer keeps it current):
     reading it there instead of re-parsing status.allocatable made placement at 1000
@@ -212,11 +215,11 @@ def _filter(
                 f"have untolerated taint {{{taint.get('key', '')}: {taint.get('value', '')}}}",
             ), 0
     name = str(meta.get("name") or "")
-    parsed = node_device_capacity(node) if known_capacity is None else None
+    parsed = node_device_capacity(node) if known_capacity is None else _NOT_PARSED
     short: list[str] = []
     left = 0
     for res, need in wanted:
-        capacity = known_capacity(name, res) if parsed is None else parsed.get(res, 0)
+        capacity = parsed.get(res, 0) if known_capacity is None else known_capacity(name, res)
         if capacity <= 0:
             short.append(_no_devices_reason(node, res))
             continue
@@ -249,7 +252,7 @@ def place(
     strategy = spec.get("schedulingStrategy") or "binpack"
     if strategy not in ("binpack", "spread"):
         raise ValueError(f"unknown schedulingStrategy {strategy!r}")
-    counts: FreeCounts = free if hasattr(free, "free") else _MappingFree(free)  # type: ignore[arg-type]
+    counts: FreeCounts = free if hasattr(free, "free") else _MappingFree(free)
     wanted = sorted(resources.items())
     known_capacity = _capacity_of(counts)
     sign = -1 if strategy == "binpack" else 1

@@ -281,7 +281,7 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
     if "kubeconfig" not in values and environ.get("KUBECONFIG"):
         values["kubeconfig"] = environ["KUBECONFIG"]
     try:
-        return Settings(**values)
+        return Settings.model_validate(values)
     except (ValidationError, ValueError) as err:
         p.error(str(err))
         raise  # unreachable: parser.error exits
