@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -394,7 +394,7 @@ class ClaimBook:
         """Who else (records or bound statuses) holds any of ``devices`` on ``node``."""
         others: set[str] = set()
         record = self.records.get(node)
-        sources = [((record.claims if record else {}).items())]
+        sources: list[Iterable[tuple[str, Devices]]] = [(record.claims if record else {}).items()]
         sources.append(((g, d) for g, (n, d) in self.statuses.items() if n == node))
         for items in sources:
             for other, held in items:

@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         )
         return p
 
-    def output(p: argparse.ArgumentParser, what: str) -> None:
+    def output(p: argparse._ActionsContainer, what: str) -> None:  # a parser or a group
         p.add_argument(
             "-o", "--output", choices=("json", "yaml"), default=None, help=f"print {what}"
         )
@@ -213,12 +213,14 @@ def _color() -> bool:
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
-async def _list(client: Client, kind: Any, namespace: str | None = None, **kw: Any) -> list[dict]:
+async def _list(
+    client: Client, kind: Any, namespace: str | None = None, **kw: Any
+) -> list[dict[str, Any]]:
     items, _ = await client.list_all(kind, namespace, **kw)
     return items
 
 
-async def _groups(client: Client) -> list[dict]:
+async def _groups(client: Client) -> list[dict[str, Any]]:
     try:
         return await _list(client, SDG_KIND)
     except errors.NotFound:
@@ -228,14 +230,14 @@ async def _groups(client: Client) -> list[dict]:
         ) from None
 
 
-async def _claim_records(client: Client, namespace: str) -> list[dict]:
+async def _claim_records(client: Client, namespace: str) -> list[dict[str, Any]]:
     return await _list(client, CONFIGMAPS, namespace, label_selector=_RECORDS_SELECTOR)
 
 
 _RECORDS_SELECTOR = f"{RECORD_LABEL}={RECORD_LABEL_VALUE}"
 
 
-async def _resource_slices(client: Client) -> list[dict] | None:
+async def _resource_slices(client: Client) -> list[dict[str, Any]] | None:
     """DRA ResourceSlices (the device inventory's best source); None where not served."""
     try:
         return await _list(client, RESOURCESLICES)
@@ -307,7 +309,7 @@ async def _watch_groups(client: Client, args: argparse.Namespace, write: Write) 
     await _groups(client)  # a clear error when the API is missing
     selector = f"metadata.name={args.name}" if args.name else None
     informer = Informer(client, SDG_KIND, field_selector=selector)
-    send, receive = anyio.create_memory_object_stream[tuple[str, dict]](math.inf)
+    send, receive = anyio.create_memory_object_stream[tuple[str, dict[str, Any]]](math.inf)
     async with _running([informer]):
         initial = sorted(informer.store.list(), key=group_name)
         if args.name and not initial:
@@ -316,7 +318,7 @@ async def _watch_groups(client: Client, args: argparse.Namespace, write: Write) 
         widths = column_widths(rows.values())
         docs = 0
 
-        def show(obj: dict) -> None:
+        def show(obj: dict[str, Any]) -> None:
             nonlocal docs
             data = without_managed_fields(obj)
             sep = "---\n" if args.output == "yaml" and docs else ""
@@ -332,7 +334,7 @@ async def _watch_groups(client: Client, args: argparse.Namespace, write: Write) 
                 write(table_line(row, widths) + "\n")
         live = False  # add_handler replays the stored objects as adds: those are shown
 
-        def added(obj: dict) -> None:
+        def added(obj: dict[str, Any]) -> None:
             if live:
                 send.send_nowait(("ADDED", obj))
 
@@ -465,7 +467,7 @@ async def _explanation(client: Client, args: argparse.Namespace) -> tuple[str, d
     return pod_explanation(pod, groups, nodes, others)
 
 
-def _group_node(groups: Sequence[dict], pod: dict) -> str | None:
+def _group_node(groups: Sequence[dict[str, Any]], pod: dict[str, Any]) -> str | None:
     name = pod_group(pod)
     for g in groups:
         if g["metadata"]["name"] == name:

@@ -179,10 +179,10 @@ def claim_view(groups: Iterable[Obj], configmaps: Iterable[Obj]) -> ClaimView:
             view.warnings.append(f"claim record {name}: malformed: {err}")
             continue
         view.records[node] = claims
-        for group, devices in claims.items():
+        for claimant, devices in claims.items():
             for res, ids in devices.items():
                 for i in ids:
-                    view.holders[(node, res, i)][group].add("record")
+                    view.holders[(node, res, i)][claimant].add("record")
     for group in sorted(groups, key=group_name):
         if not is_bound(group):
             continue
@@ -909,16 +909,18 @@ def group_explanation(
             too_many = unaddressable_devices(obj)
             for res, ids in sorted(devices.items()):
                 offer = offers.get(res)
-                if ids and res in too_many and offer is None:
+                if not ids:
+                    continue
+                if offer is None and res in too_many:
                     problems.append(
                         f"node {node} {_too_many_text(res, too_many[res])}; the group holds "
                         f"{res} {format_ids(ids)}"
                     )
-                elif ids and offer is None:
+                elif offer is None:
                     problems.append(
                         f"node {node} offers no {res} now; the group holds {res} {format_ids(ids)}"
                     )
-                elif ids and offer.missing(ids):
+                elif offer.missing(ids):
                     problems.append(
                         f"node {node} no longer offers {', '.join(offer.missing(ids))} "
                         f"({_source_text(offer)}); the group holds {res} {format_ids(ids)}"
@@ -1104,7 +1106,9 @@ def pod_explanation(
         ]
     )
     verdict = _pod_verdict(pod, name, group, by_node, list(pods))
-    env, rows, warnings = None, [], []
+    env: str | None = None
+    rows: list[dict[str, Any]] = []
+    warnings: list[str] = []
     if group is not None and is_bound(group):
         env = _env_section(pod, group)
         rows, warnings, _ = _env_facts(pod, group)

@@ -3,7 +3,7 @@ requests it concerns. Shared by the controllers' wiring (each beside its reconci
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from api.constants import PHASE_BOUND, SDG_KIND
@@ -84,5 +84,5 @@ def group_of_pod(pod: Obj) -> list[Request]:
     return [Request(group)] if group else []
 
 
-def pods_of_group(cache: Cache, name: str) -> list[Obj]:
+def pods_of_group(cache: Cache, name: str) -> Sequence[Obj]:
     return cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False)
