@@ -102,7 +102,7 @@ def containers(pod: Obj) -> list[tuple[str, int, Obj]]:
     ]
 
 
-def env_ops(kind: str, index: int, container: Obj, env: Mapping[str, Any]) -> list[dict]:
+def env_ops(kind: str, index: int, container: Obj, env: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Set each ``env`` var (a value, or a whole env entry) in one container: replace every
     entry of that name (the kubelet lets the last one win), append the missing ones."""
     base = ("spec", kind, index, "env")
@@ -247,7 +247,9 @@ def _record(devices: Sequence[ResourceDevices]) -> str:
     return devices_annotation({d.resource: list(d.ids) for d in devices})
 
 
-def _cuda_order(container: Obj, devices: Sequence[ResourceDevices], delivery: Delivery) -> dict:
+def _cuda_order(
+    container: Obj, devices: Sequence[ResourceDevices], delivery: Delivery
+) -> dict[str, str]:
     """``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for a container whose NVIDIA GPUs go by index and
     that does not choose an order itself."""
     nvidia = next((d for d in devices if d.resource == NVIDIA_GPU), None)
