@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 IMG    ?= ghcr.io/deviceshare/sdg-manager:dev
 
-.PHONY: install controlplane helm docs test unit lint fmt demo envtest docker-build deploy undeploy clean bench
+.PHONY: install controlplane helm docs test unit lint fmt demo envtest docker-build deploy undeploy clean bench typecheck
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,12 +19,16 @@ controlplane: install  ## Build kube-apiserver, kube-scheduler and etcd once per
 helm: install  ## Build the helm CLI from hack/helm once per machine (cached), for the chart tests
 	$(BIN)/python -m sdgruntime.envtest.helm
 
-test: controlplane helm docs  ## Lint, then run every test (unit + integration against the real local API server)
+test: controlplane helm docs typecheck  ## Type-check, lint, then run every test (unit + integration against the real local API server)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
 unit: install  ## Fast unit tests only (no control plane)
 	$(BIN)/pytest -q tests/unit tests/runtime -m "not integration"
+
+typecheck: install  ## mypy over sdgruntime, api, controllers, webhooks ([tool.mypy]); then sdgruntime alone, by its own config
+	$(BIN)/mypy
+	cd sdgruntime && $(abspath $(BIN))/mypy --cache-dir $(abspath .tmp/mypy-sdgruntime)
 
 docs: install  ## Build the documentation site (docs/, mkdocs.yml) into .tmp/site; warnings fail
 	$(BIN)/mkdocs build --strict --site-dir .tmp/site
