@@ -1,11 +1,17 @@
-"""Async Kubernetes API client: raw JSON over one bounded HTTP/1.1 pool, typed errors.
+"""Async Kubernetes API client: the typed verbs, raw JSON in and out, typed errors.
 
-Connection and auth settings come from the ``kubernetes`` package's config loaders (kubeconfig,
-in-cluster), so every auth flavour they support (tokens, client certs, exec plugins, token
-files) works here; after construction that package is only touched through its
-``refresh_api_key_hook``. Bodies are plain decoded JSON dicts, decoded once.
+Bodies are plain decoded JSON dicts, decoded once. The layers under the verbs live in
+:mod:`sdgruntime.rest`, one concept per module:
 
-Retry policy (see :func:`should_retry`):
+* :mod:`sdgruntime.rest.config`: kubeconfig / in-cluster loading (the ``kubernetes``
+  package's loaders, so every auth flavour they support works: tokens, client certs, exec
+  plugins, token files) and credentials refreshed through the configuration's hook;
+* :mod:`sdgruntime.rest.transport`: HTTP/1.1 over aiohttp, two pools (requests, watches),
+  timeouts, ``rest_client_*`` metrics, orjson, typed errors for no answer;
+* :mod:`sdgruntime.rest.retry`: the retry policy (see :func:`should_retry`);
+* :mod:`sdgruntime.rest.watch`: watch streams.
+
+Retry policy, in short (the module doc of :mod:`sdgruntime.rest.retry` has it whole):
 
 * Idempotent verbs (GET, PUT, PATCH, DELETE, HEAD) are retried on transient failures: no answer
   (:class:`~sdgruntime.errors.TransportError`), 429 and 5xx, with exponential backoff and
@@ -27,33 +33,26 @@ Retry policy (see :func:`should_retry`):
 from __future__ import annotations
 
 import builtins
-import json
 import os
-import ssl
-import time
-from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
 from typing import Any, Literal, Self
-from urllib.parse import urlsplit
 
-import anyio
-import anyio.to_thread
-import httpx
 import kubernetes.client
-import kubernetes.config
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential,
-    wait_random,
-)
 
 from sdgruntime import errors
 from sdgruntime.kinds import PODS, Kind
-from sdgruntime.metrics import REST_CLIENT_LATENCY, REST_CLIENT_REQUESTS
+from sdgruntime.rest.config import (
+    ConnectionSettings,
+    Credentials,
+    authorization,
+    auto_configuration,
+    incluster_configuration,
+    kubeconfig_configuration,
+)
+from sdgruntime.rest.retry import RequestNotSent, RetryPolicy, has_test_op, should_retry
+from sdgruntime.rest.transport import Transport, api_error, decode, dumps
+from sdgruntime.rest.watch import LineSplitter, parse_watch_line, watch_events, watch_params
 
 __all__ = [
     "PATCH_CONTENT_TYPES",
@@ -80,225 +79,14 @@ PATCH_CONTENT_TYPES: Mapping[str, str] = {
 
 _JSON = "application/json"
 _USER_AGENT = "sdgruntime/0.1 (python)"
-_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"})
-
-
-class RequestNotSent(errors.TransportError):
-    """The request never reached the server (connect failed, no pooled connection free).
-
-    Always safe to retry, even for POST.
-    """
-
-
-# --- retry policy ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How transient failures are retried. ``attempts=1`` disables retries.
-
-    The wait before attempt n+1 is the server's ``Retry-After`` (capped) if it sent one, else
-    ``initial_backoff * 2**(n-1)`` capped at ``max_backoff``, plus up to ``jitter`` seconds.
-    """
-
-    attempts: int = 5
-    max_elapsed: float = 30.0  # no new attempt starts this long after the first failure
-    initial_backoff: float = 0.1
-    max_backoff: float = 5.0
-    jitter: float = 0.2
-    max_retry_after: float = 10.0
-
-    def wait(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        retry_after = getattr(exc, "retry_after", None)
-        if retry_after is not None and retry_after >= 0:
-            return min(float(retry_after), self.max_retry_after)
-        backoff = wait_exponential(multiplier=self.initial_backoff, max=self.max_backoff)
-        return (backoff + wait_random(0, self.jitter))(state)
-
-    def retrying(self, method: str, *, idempotent: bool | None = None) -> AsyncRetrying:
-        """A fresh tenacity loop for one request of ``method`` (see :func:`should_retry`)."""
-        return AsyncRetrying(
-            stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_elapsed),
-            wait=self.wait,
-            retry=retry_if_exception(lambda e: should_retry(method, e, idempotent=idempotent)),
-            reraise=True,
-            sleep=anyio.sleep,
-        )
-
-
-def should_retry(method: str, err: BaseException, *, idempotent: bool | None = None) -> bool:
-    """Whether a failed attempt of ``method`` may be replayed (the policy in the module doc).
-
-    ``idempotent`` overrides what the method implies (``False`` for an unguarded JSON
-    patch: a PATCH, but not safe to replay).
-    """
-    if isinstance(err, RequestNotSent):
-        return True
-    if not isinstance(err, errors.ApiError) or isinstance(err, errors.Conflict):
-        return False
-    if idempotent is None:
-        idempotent = method.upper() in _IDEMPOTENT
-    if idempotent:
-        return errors.is_retriable(err)
-    # POST and friends: only when the server said it did not handle the request.
-    return isinstance(err, errors.TooManyRequests)
-
-
-def _has_test_op(patch: Any) -> bool:
-    """Whether a JSON patch holds a ``test`` op, which makes a replay fail instead of
-    applying twice (if it tests something the patch changes, e.g. the resourceVersion)."""
-    return isinstance(patch, list) and any(
-        isinstance(op, Mapping) and op.get("op") == "test" for op in patch
-    )
-
-
-# --- connection settings ---------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class ConnectionSettings:
-    """What the client needs from a ``kubernetes.client.Configuration``, read once."""
-
-    host: str  # "https://127.0.0.1:6443", no trailing slash
-    ca_file: str | None
-    cert_file: str | None
-    key_file: str | None
-    verify: bool
-    check_hostname: bool
-    tls_server_name: str | None
-    refresh_hook: Callable[[Any], None] | None
-
-    @classmethod
-    def from_configuration(cls, cfg: kubernetes.client.Configuration) -> ConnectionSettings:
-        return cls(
-            host=str(cfg.host).rstrip("/"),
-            ca_file=cfg.ssl_ca_cert or None,
-            cert_file=cfg.cert_file or None,
-            key_file=cfg.key_file or None,
-            verify=bool(cfg.verify_ssl),
-            check_hostname=cfg.assert_hostname is not False,
-            tls_server_name=getattr(cfg, "tls_server_name", None) or None,
-            refresh_hook=cfg.refresh_api_key_hook,
-        )
-
-    @property
-    def host_port(self) -> str:
-        """``host:port`` (default port filled in), the ``host`` label of the REST metrics."""
-        u = urlsplit(self.host)
-        port = u.port or (443 if u.scheme == "https" else 80)
-        return f"{u.hostname}:{port}"
-
-    def ssl_context(self) -> ssl.SSLContext:
-        """The TLS context for every connection: CA, client cert, verification."""
-        ctx = ssl.create_default_context(cafile=self.ca_file if self.verify else None)
-        if not self.verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        elif not self.check_hostname:
-            ctx.check_hostname = False
-        if self.cert_file:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
-        return ctx
-
-
-def authorization(cfg: kubernetes.client.Configuration) -> str | None:
-    """The Authorization header value the configuration carries now (no refresh)."""
-    for key in ("BearerToken", "authorization"):
-        token = cfg.api_key.get(key)
-        if token:
-            prefix = cfg.api_key_prefix.get(key)
-            return f"{prefix} {token}" if prefix else str(token)
-    return None
-
-
-def _retry_after(resp: httpx.Response, body: Any) -> float | None:
-    value = resp.headers.get("retry-after")
-    if value:
-        try:
-            return float(value)
-        except ValueError:
-            pass  # an HTTP date: the apiserver never sends one; fall back to backoff
-    if isinstance(body, dict):
-        seconds = (body.get("details") or {}).get("retryAfterSeconds")
-        if isinstance(seconds, int | float):
-            return float(seconds)
-    return None
-
-
-def _decode(content: bytes, content_type: str) -> Any:
-    if not content:
-        return None
-    if "json" in content_type or content[:1] in (b"{", b"["):
-        try:
-            return json.loads(content)
-        except ValueError:
-            pass
-    return content.decode("utf-8", "replace")
-
-
-def api_error(resp: httpx.Response, content: bytes | None = None) -> errors.ApiError:
-    """The typed error for a non-2xx answer, from its Status body and Retry-After."""
-    raw = resp.content if content is None else content
-    body = _decode(raw, resp.headers.get("content-type", ""))
-    return errors.from_status(resp.status_code, body, _retry_after(resp, body))
-
-
-def parse_watch_line(line: bytes) -> dict[str, Any]:
-    """One watch event; an ERROR event is raised as its typed error (410 -> Gone)."""
-    event = json.loads(line)
-    if event.get("type") == "ERROR":
-        status = event.get("object")
-        if not isinstance(status, dict):
-            status = {}
-        raise errors.from_status(int(status.get("code") or 500), status)
-    return event
-
-
-class LineSplitter:
-    """Split a byte stream into newline-terminated lines across arbitrary chunk borders."""
-
-    __slots__ = ("_buf",)
-
-    def __init__(self) -> None:
-        self._buf = b""
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        """The complete, non-blank lines this chunk finishes."""
-        if b"\n" not in chunk:
-            self._buf += chunk
-            return []
-        lines = (self._buf + chunk).split(b"\n")
-        self._buf = lines.pop()
-        return [line for line in lines if line.strip()]
-
-    def rest(self) -> bytes:
-        """What is left unterminated when the stream ends."""
-        rest, self._buf = self._buf, b""
-        return rest if rest.strip() else b""
-
-
-def _transport_error(exc: httpx.TransportError, method: str, url: str) -> errors.TransportError:
-    cls = (
-        RequestNotSent
-        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
-        else errors.TransportError
-    )
-    return cls(f"{method} {url}: {type(exc).__name__}: {exc}".rstrip(": "))
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-# --- the client ------------------------------------------------------------------------
 
 
 class Client:
     """An async Kubernetes API client (docs/reference.md lists its methods).
 
-    Two HTTP/1.1 pools share one TLS context: a bounded one for requests, and one for watches,
-    because each watch holds a connection for its whole life and must not starve requests.
+    Two HTTP/1.1 pools share one TLS context: a bounded one (``max_connections``) for
+    requests, and one for watches, because each watch holds a connection for its whole
+    life and must not starve requests. Runs on anyio's asyncio backend (the default).
     """
 
     def __init__(
@@ -317,39 +105,25 @@ class Client:
         self.retry = retry or RetryPolicy()
         self.host = self.settings.host_port
         self._ssl = self.settings.ssl_context()
-        self._loaded_cert = (self.settings.cert_file, self.settings.key_file)
-        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
-        self._connect_timeout = connect_timeout
-        self._refresh_interval = auth_refresh_interval
-        self._next_refresh = 0.0
-        self._refresh_lock = anyio.Lock()
         self._headers: dict[str, str] = {"Accept": _JSON, "User-Agent": user_agent}
-        self._set_auth_header()
-        self._extensions: dict[str, Any] = {}
-        if self.settings.tls_server_name:
-            self._extensions["sni_hostname"] = self.settings.tls_server_name
-        self._http = httpx.AsyncClient(
-            base_url=self.settings.host,
-            verify=self._ssl,
-            http1=True,
-            http2=False,
-            timeout=self._timeout,
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            trust_env=False,
+        self._credentials = Credentials(
+            configuration,
+            self.settings,
+            self._ssl,
+            self._headers,
+            refresh_interval=auth_refresh_interval,
         )
-        self._watch_http = httpx.AsyncClient(
-            base_url=self.settings.host,
-            verify=self._ssl,
-            http1=True,
-            http2=False,
-            timeout=self._timeout,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=16),
-            trust_env=False,
+        self._refreshes = self.settings.refresh_hook is not None
+        self._transport = Transport(
+            self.settings,
+            self._ssl,
+            max_connections=max_connections,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
         )
-        self._counters: dict[tuple[str, str], Any] = {}
-        self._latency: dict[str, Any] = {}
+        # one headers dict per content type, rebuilt when the credentials change
+        self._typed_headers: dict[str, dict[str, str]] = {}
+        self._typed_auth: str | None = self._headers.get("Authorization")
 
     # --- constructors --------------------------------------------------------------------
 
@@ -362,34 +136,18 @@ class Client:
         **kwargs: Any,
     ) -> Self:
         """A client for a kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)."""
-        if path is None:
-            path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        cfg = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(
-            config_file=os.fspath(path),
-            context=context,
-            client_configuration=cfg,
-        )
+        cfg = kubeconfig_configuration(path, context)
         return cls(cfg, max_connections=max_connections, **kwargs)
 
     @classmethod
     def in_cluster(cls, max_connections: int = 32, **kwargs: Any) -> Self:
         """A client for the pod's service account."""
-        cfg = kubernetes.client.Configuration()
-        kubernetes.config.load_incluster_config(client_configuration=cfg)
-        return cls(cfg, max_connections=max_connections, **kwargs)
+        return cls(incluster_configuration(), max_connections=max_connections, **kwargs)
 
     @classmethod
     def auto(cls, kubeconfig: str | None = None, **kwargs: Any) -> Self:
         """controller-runtime's order: explicit path, $KUBECONFIG, in-cluster, ~/.kube/config."""
-        # $KUBECONFIG is read now (the kubernetes package reads it once, at import time);
-        # a ':'-separated list is merged by its loader.
-        kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
-        if kubeconfig:
-            return cls.from_kubeconfig(kubeconfig, **kwargs)
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            return cls.in_cluster(**kwargs)
-        return cls.from_kubeconfig(None, **kwargs)
+        return cls(auto_configuration(kubeconfig), **kwargs)
 
     async def __aenter__(self) -> Self:
         return self
@@ -398,53 +156,36 @@ class Client:
         await self.aclose()
 
     async def aclose(self) -> None:
-        with anyio.CancelScope(shield=True):
-            await self._http.aclose()
-            await self._watch_http.aclose()
+        await self._transport.aclose()
 
     # --- auth ----------------------------------------------------------------------------
-
-    def _set_auth_header(self) -> None:
-        auth = authorization(self.configuration)
-        if auth:
-            self._headers["Authorization"] = auth
-        else:
-            self._headers.pop("Authorization", None)
 
     async def refresh_auth(self, *, force: bool = False) -> None:
         """Run the config's refresh hook (exec plugins, token files) if it is due.
 
         The hook may run a subprocess or read a file, so it runs in a worker thread, and at
         most once per ``auth_refresh_interval``; the hook itself only reloads when expired.
+        A new token is sent from the next request on; a new client certificate is used by
+        new connections.
         """
-        hook = self.settings.refresh_hook
-        if hook is None or (not force and time.monotonic() < self._next_refresh):
-            return
-        async with self._refresh_lock:
-            if not force and time.monotonic() < self._next_refresh:
-                return
-            await anyio.to_thread.run_sync(hook, self.configuration)
-            self._next_refresh = time.monotonic() + self._refresh_interval
-            self._set_auth_header()
-            cert = (self.configuration.cert_file or None, self.configuration.key_file or None)
-            if cert != self._loaded_cert and cert[0]:
-                # an exec plugin handed out a new client certificate: new connections use it
-                self._ssl.load_cert_chain(cert[0], cert[1])
-                self._loaded_cert = cert
+        await self._credentials.refresh(force=force)
 
-    # --- transport -----------------------------------------------------------------------
+    def _headers_for(self, content_type: str | None) -> dict[str, str]:
+        if content_type is None:
+            return self._headers
+        auth = self._headers.get("Authorization")
+        if auth != self._typed_auth:
+            self._typed_headers.clear()
+            self._typed_auth = auth
+        headers = self._typed_headers.get(content_type)
+        if headers is None:
+            headers = self._typed_headers[content_type] = {
+                **self._headers,
+                "Content-Type": content_type,
+            }
+        return headers
 
-    def _count(self, code: str, method: str, seconds: float) -> None:
-        c = self._counters.get((code, method))
-        if c is None:
-            c = self._counters[(code, method)] = REST_CLIENT_REQUESTS.labels(
-                code=code, method=method, host=self.host
-            )
-        c.inc()
-        h = self._latency.get(method)
-        if h is None:
-            h = self._latency[method] = REST_CLIENT_LATENCY.labels(verb=method, host=self.host)
-        h.observe(seconds)
+    # --- one request, with its retry policy ------------------------------------------------
 
     async def _once(
         self,
@@ -456,28 +197,18 @@ class Client:
     ) -> Any:
         """One attempt (plus one replay after a 401 if credentials could be refreshed)."""
         for refreshed in (False, True):
-            if self.settings.refresh_hook is not None:
+            if self._refreshes:
                 await self.refresh_auth(force=refreshed)
-            headers = self._headers
-            if content_type is not None:
-                headers = {**headers, "Content-Type": content_type}
-            start = time.perf_counter()
-            try:
-                resp = await self._http.request(
-                    method,
-                    path,
-                    params=params,
-                    content=content,
-                    headers=headers,
-                    extensions=self._extensions,
-                )
-            except httpx.TransportError as exc:
-                self._count("<error>", method, time.perf_counter() - start)
-                raise _transport_error(exc, method, path) from exc
-            self._count(str(resp.status_code), method, time.perf_counter() - start)
+            resp = await self._transport.request(
+                method,
+                path,
+                params=params,
+                content=content,
+                headers=self._headers_for(content_type),
+            )
             if resp.status_code < 300:
-                return _decode(resp.content, resp.headers.get("content-type", ""))
-            if resp.status_code == 401 and not refreshed and self.settings.refresh_hook:
+                return decode(resp.content, resp.headers.get("content-type", ""))
+            if resp.status_code == 401 and not refreshed and self._refreshes:
                 continue  # expired credentials: refresh now and replay once
             raise api_error(resp)
         raise AssertionError("unreachable")
@@ -519,7 +250,7 @@ class Client:
         content_type: str | None = None,
     ) -> Any:
         """Any API call: decoded JSON (or text) back, typed errors, the method's retry policy."""
-        content = None if json is None else _dumps(json)
+        content = None if json is None else dumps(json)
         if content is not None and content_type is None:
             content_type = _JSON
         return await self._call(
@@ -535,7 +266,7 @@ class Client:
         ns = namespace or (obj or {}).get("metadata", {}).get("namespace")
         if not ns:
             raise ValueError(f"{kind.name} is namespaced: a namespace is required")
-        return ns
+        return str(ns)
 
     async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
         return await self._call("GET", kind.path(self._namespace(kind, namespace), name))
@@ -627,49 +358,25 @@ class Client:
         ``read_timeout`` a stream with ``timeout_seconds`` gets that plus 30 s, so a silently
         dead connection surfaces as TransportError instead of hanging. Not retried.
         """
-        params: dict[str, Any] = {"watch": "1"}
-        if allow_bookmarks:
-            params["allowWatchBookmarks"] = "true"
-        if resource_version is not None:
-            params["resourceVersion"] = resource_version
-        if label_selector:
-            params["labelSelector"] = label_selector
-        if field_selector:
-            params["fieldSelector"] = field_selector
-        if timeout_seconds is not None:
-            params["timeoutSeconds"] = int(timeout_seconds)
-            if read_timeout is None:
-                read_timeout = timeout_seconds + 30.0
-        c = self._connect_timeout
-        timeout = httpx.Timeout(connect=c, read=read_timeout, write=c, pool=c)
-        path = kind.path(namespace)
-        if self.settings.refresh_hook is not None:
+        params = watch_params(
+            resource_version=resource_version,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            timeout_seconds=timeout_seconds,
+            allow_bookmarks=allow_bookmarks,
+        )
+        if self._refreshes:
             await self.refresh_auth()
-        start = time.perf_counter()
-        counted = False
-        try:
-            async with self._watch_http.stream(
-                "GET",
-                path,
-                params=params,
-                headers=self._headers,
-                timeout=timeout,
-                extensions=self._extensions,
-            ) as resp:
-                self._count(str(resp.status_code), "GET", time.perf_counter() - start)
-                counted = True
-                if resp.status_code >= 300:
-                    raise api_error(resp, await resp.aread())
-                lines = LineSplitter()
-                async for chunk in resp.aiter_bytes():
-                    for line in lines.feed(chunk):
-                        yield parse_watch_line(line)
-                if rest := lines.rest():
-                    yield parse_watch_line(rest)
-        except httpx.TransportError as exc:
-            if not counted:
-                self._count("<error>", "GET", time.perf_counter() - start)
-            raise _transport_error(exc, "WATCH", path) from exc
+        events = watch_events(
+            self._transport,
+            kind.path(namespace),
+            params,
+            self._headers,
+            read_timeout=read_timeout,
+        )
+        async with aclosing(events) as stream:
+            async for event in stream:
+                yield event
 
     async def create(
         self,
@@ -687,7 +394,7 @@ class Client:
         if field_manager:
             params["fieldManager"] = field_manager
         return await self._call(
-            "POST", kind.path(ns), params=params or None, content=_dumps(obj), content_type=_JSON
+            "POST", kind.path(ns), params=params or None, content=dumps(obj), content_type=_JSON
         )
 
     async def update(
@@ -699,7 +406,7 @@ class Client:
         return await self._call(
             "PUT",
             kind.path(ns, meta["name"], subresource),
-            content=_dumps(obj),
+            content=dumps(obj),
             content_type=_JSON,
         )
 
@@ -742,9 +449,9 @@ class Client:
             "PATCH",
             kind.path(ns, name, subresource),
             params=params or None,
-            content=_dumps(body),
+            content=dumps(body),
             content_type=content_type,
-            idempotent=None if patch_type != "json" else _has_test_op(body),
+            idempotent=None if patch_type != "json" else has_test_op(body),
         )
 
     async def delete(
@@ -776,7 +483,7 @@ class Client:
             opts["dryRun"] = ["All"]
         content = None
         if opts:
-            content = _dumps({"apiVersion": "v1", "kind": "DeleteOptions", **opts})
+            content = dumps({"apiVersion": "v1", "kind": "DeleteOptions", **opts})
         ns = self._namespace(kind, namespace)
         return await self._call(
             "DELETE",
@@ -801,6 +508,6 @@ class Client:
         await self._call(
             "POST",
             PODS.path(namespace, pod_name, "binding"),
-            content=_dumps(binding),
+            content=dumps(binding),
             content_type=_JSON,
         )

@@ -16,6 +16,8 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import aiohttp.client_reqrep
 import anyio
 import anyio.abc
 import httpx
@@ -40,6 +42,7 @@ from sdgruntime.client import (
 )
 from sdgruntime.kinds import CONFIGMAPS, NODES
 from sdgruntime.metrics import REST_CLIENT_REQUESTS
+from sdgruntime.rest.transport import transport_error
 
 # --- fixtures: TLS material and kubeconfigs --------------------------------------------
 
@@ -363,13 +366,21 @@ def test_post_retries_only_what_the_server_did_not_handle():
 
 
 def test_transport_failures_before_sending_are_request_not_sent():
-    from sdgruntime.client import _transport_error
-
-    for exc in (httpx.ConnectError("x"), httpx.ConnectTimeout("x"), httpx.PoolTimeout("x")):
-        assert isinstance(_transport_error(exc, "POST", "/p"), RequestNotSent)
-    for exc in (httpx.ReadTimeout("x"), httpx.RemoteProtocolError("x"), httpx.ReadError("x")):
-        err = _transport_error(exc, "POST", "/p")
+    key = aiohttp.client_reqrep.ConnectionKey("h", 1, True, True, None, None, None)
+    refused = aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "refused"))
+    pool_or_connect_timeout = aiohttp.ConnectionTimeoutError("Connection timeout to host")
+    for exc in (refused, pool_or_connect_timeout):
+        assert isinstance(transport_error(exc, "POST", "/p"), RequestNotSent)
+    for exc in (
+        aiohttp.SocketTimeoutError("Timeout on reading data from socket"),
+        aiohttp.ServerDisconnectedError(),
+        aiohttp.ClientPayloadError("Response payload is not completed"),
+        aiohttp.ClientOSError(104, "Connection reset by peer"),
+        TimeoutError(),
+    ):
+        err = transport_error(exc, "POST", "/p")
         assert isinstance(err, errors.TransportError) and not isinstance(err, RequestNotSent)
+    assert "ReadTimeout" in str(transport_error(aiohttp.SocketTimeoutError(), "GET", "/p"))
 
 
 def _wait_after(policy: RetryPolicy, attempt: int, exc: BaseException) -> float:
