@@ -87,8 +87,16 @@ async def test_fifty_groups_created_concurrently_never_share(
         groups = await eventually(lambda: _all_decided(client, 50), within=60, what="50 decided")
     bound = [g for g in groups if g["status"]["phase"] == "Bound"]
     assert sum(int(g["spec"]["resources"][GPU]) for g in bound) <= 26
-    # 25 groups of 1 and 25 of 2 (75 GPUs) into 26: the cluster is full, not fragmented.
-    assert len(bound) >= 17
+    # 25 groups of 1 and 25 of 2 (75 GPUs) into 26: the cluster ends full, not fragmented.
+    # How many bind depends on the order the groups arrive in (all the 2s first: 13); what
+    # never depends on it is that no Pending group would fit on any node's free devices.
+    free = dict(zip([f"n{i}" for i in range(5)], (8, 8, 4, 4, 2), strict=True))
+    for g in bound:
+        free[g["status"]["nodeName"]] -= int(g["spec"]["resources"][GPU])
+    pending = [g for g in groups if g["status"]["phase"] != "Bound"]
+    assert pending and len(bound) >= 13
+    for g in pending:
+        assert int(g["spec"]["resources"][GPU]) > max(free.values()), (g, free)
     await _assert_no_device_shared(client, groups)
 
 
