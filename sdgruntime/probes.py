@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
@@ -187,17 +188,33 @@ def metrics_handler(registry: CollectorRegistry = metrics.REGISTRY) -> Handler:
 
 
 class MetricsServer:
-    """``/metrics`` over plain HTTP on ``addr``, until cancelled."""
+    """``/metrics`` over plain HTTP on ``addr``, until cancelled.
 
-    def __init__(self, addr: str = ":8080", registry: CollectorRegistry = metrics.REGISTRY) -> None:
+    ``ssl_context_provider``, ``protect`` (a wrapper around the handler, e.g. token review)
+    and ``handler_timeout`` are for ``SecureMetricsServer``, which is this server over
+    HTTPS behind the API server's authentication.
+    """
+
+    def __init__(
+        self,
+        addr: str = ":8080",
+        registry: CollectorRegistry = metrics.REGISTRY,
+        *,
+        ssl_context_provider: Callable[[], ssl.SSLContext] | None = None,
+        protect: Callable[[Handler], Handler] | None = None,
+        handler_timeout: float | None = None,
+    ) -> None:
         host, port = parse_addr(addr)
-        self.router = Router({"/metrics": metrics_handler(registry)})
+        handler = metrics_handler(registry)
+        self.router = Router({"/metrics": protect(handler) if protect else handler})
         self._http = HTTPServer(
             host,
             port,
             self.router,
+            ssl_context_provider=ssl_context_provider,
             max_body_bytes=64 * 1024,
             request_timeout=10.0,
+            handler_timeout=handler_timeout,
             name="metrics",
         )
 

@@ -22,8 +22,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import anyio
-import anyio.abc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -32,8 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from sdgruntime import metrics
 from sdgruntime.authn import APIServerAuth
-from sdgruntime.httpserver import HTTPServer, Router
-from sdgruntime.probes import metrics_handler, parse_addr
+from sdgruntime.probes import MetricsServer
 from sdgruntime.webhook.certs import CertWatcher, server_context
 
 __all__ = ["SecureMetricsServer", "self_signed_pair"]
@@ -90,7 +87,7 @@ def _self_signed_context() -> ssl.SSLContext:
         return server_context(cert_file, key_file)
 
 
-class SecureMetricsServer:
+class SecureMetricsServer(MetricsServer):
     """``/metrics`` over HTTPS on ``addr`` behind ``auth``, until cancelled (module doc).
 
     ``cert_dir=None`` serves a self-signed certificate made here; a ``cert_dir`` that has
@@ -106,7 +103,6 @@ class SecureMetricsServer:
         cert_dir: str | Path | None = None,
         registry: CollectorRegistry = metrics.REGISTRY,
     ) -> None:
-        host, port = parse_addr(addr)
         provider: Callable[[], ssl.SSLContext]
         if cert_dir is None:
             context = _self_signed_context()
@@ -114,27 +110,11 @@ class SecureMetricsServer:
         else:
             provider = CertWatcher(Path(cert_dir) / "tls.crt", Path(cert_dir) / "tls.key")
         self.auth = auth
-        self.router = Router({"/metrics": auth.protect(metrics_handler(registry))})
-        self._http = HTTPServer(
-            host,
-            port,
-            self.router,
+        super().__init__(
+            addr,
+            registry,
             ssl_context_provider=provider,
-            max_body_bytes=64 * 1024,
-            request_timeout=10.0,
+            protect=auth.protect,
             # Reviews go to the API server: a scrape must not hang on a slow one.
             handler_timeout=30.0,
-            name="metrics",
         )
-
-    @property
-    def port(self) -> int:
-        return self._http.port
-
-    def ready(self) -> bool:
-        return self._http.listening
-
-    async def serve(
-        self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        await self._http.serve(task_status=task_status)
