@@ -25,43 +25,19 @@ from sdgruntime.controllerutil import (
 )
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.kinds import CONFIGMAPS, SECRETS, Kind
+from tests.runtime.integration.crds import namespaced_crd
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 THINGS = Kind("cutil.example.com", "v1", "Thing", "things", namespaced=True)
-CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "things.cutil.example.com"},
-    "spec": {
-        "group": "cutil.example.com",
-        "scope": "Namespaced",
-        "names": {"plural": "things", "singular": "thing", "kind": "Thing"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            },
-                            "status": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            },
-                        },
-                    }
-                },
-            }
-        ],
+CRD = namespaced_crd(
+    THINGS,
+    {
+        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
     },
-}
+    status_subresource=True,
+)
 
 
 async def owner_cm(client: Client, namespace: str, name: str = "owner") -> dict[str, Any]:

@@ -24,43 +24,25 @@ from sdgruntime.webhook import (
     mutate_path,
     validate_path,
 )
+from tests.runtime.integration.crds import namespaced_crd
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 GIZMOS = Kind("typedhook.example.com", "v1", "Gizmo", "gizmos", namespaced=True)
 
-CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "gizmos.typedhook.example.com"},
-    "spec": {
-        "group": "typedhook.example.com",
-        "scope": "Namespaced",
-        "names": {"plural": "gizmos", "singular": "gizmo", "kind": "Gizmo"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "properties": {
-                                    "replicas": {"type": "integer"},
-                                    "owner": {"type": "string"},
-                                    "protected": {"type": "boolean"},
-                                },
-                            }
-                        },
-                    }
-                },
-            }
-        ],
+CRD = namespaced_crd(
+    GIZMOS,
+    {
+        "spec": {
+            "type": "object",
+            "properties": {
+                "replicas": {"type": "integer"},
+                "owner": {"type": "string"},
+                "protected": {"type": "boolean"},
+            },
+        }
     },
-}
+)
 
 
 class GizmoRules(CustomValidator):

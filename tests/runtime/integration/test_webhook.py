@@ -20,46 +20,25 @@ from sdgruntime.webhook import (
     denied,
     patched,
 )
+from tests.runtime.integration.crds import namespaced_crd
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 GADGETS = Kind("webhooktest.example.com", "v1", "Gadget", "gadgets", namespaced=True)
 
-CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "gadgets.webhooktest.example.com"},
-    "spec": {
-        "group": "webhooktest.example.com",
-        "scope": "Namespaced",
-        "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "properties": {
-                                    "size": {"type": "integer"},
-                                    "color": {"type": "string"},
-                                    "labels": {
-                                        "type": "object",
-                                        "additionalProperties": {"type": "string"},
-                                    },
-                                },
-                            }
-                        },
-                    }
-                },
-            }
-        ],
+CRD = namespaced_crd(
+    GADGETS,
+    {
+        "spec": {
+            "type": "object",
+            "properties": {
+                "size": {"type": "integer"},
+                "color": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        }
     },
-}
+)
 
 
 def _configs(namespace: str) -> list[dict]:
