@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from typing import Any
 
 import anyio
@@ -22,7 +22,7 @@ from opentelemetry import trace
 
 from api.conditions import find_condition, rfc3339
 from api.constants import DEFAULT_ENV_TABLE, PHASE_BOUND, SCHEDULER_NAME, SDG_KIND
-from api.pods import POD_NODE_INDEX, delivered_devices, pod_group
+from api.pods import POD_NODE_INDEX, delivered_devices, pod_group, pod_key
 from api.v1alpha1 import selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.groupstatus import conflict_of
@@ -76,14 +76,14 @@ class PodScheduler:
         self.recorder = recorder
         self.scheduler_name = scheduler_name
         self._locks: defaultdict[str, anyio.Lock] = defaultdict(anyio.Lock)
-        # pod key -> (node, pod, when assumed)
-        self._assumed: dict[str, tuple[str, dict[str, Any], float]] = {}
+        self._assumed = AssumedPods()
 
     async def reconcile(self, request: Request) -> Result | None:
         try:
-            pod = self.cache.get(PODS, request.name, request.namespace)
+            # Read-only from here on (the assumed copy included): no deep copy per attempt.
+            pod = self.cache.get(PODS, request.name, request.namespace, copy=False)
         except errors.NotFound:
-            self._assumed.pop(f"{request.namespace}/{request.name}", None)
+            self._assumed.forget(f"{request.namespace}/{request.name}")
             return None
         if not wants_scheduling(pod, self.scheduler_name):
             return None
@@ -104,7 +104,7 @@ class PodScheduler:
             async with self._locks[node_name]:
                 reasons = pod_fits_node(pod, node, self._pods_on(node_name))
                 if not reasons:
-                    self._assumed[key] = (node_name, pod, time.monotonic())
+                    self._assumed.assume(key, node_name, pod)
             if reasons:
                 span.set_attribute(f"sdg.filter.{node_name}", "; ".join(reasons))
                 msg = f"0/1 nodes are available: group node {node_name}: " + "; ".join(reasons)
@@ -123,7 +123,7 @@ class PodScheduler:
                 span.set_attribute("sdg.result", "already-bound")
                 return None
             except BaseException:
-                self._assumed.pop(key, None)
+                self._assumed.forget(key)
                 raise
             finally:
                 sdg_metrics.BIND_LATENCY.observe(time.perf_counter() - bind_started)
@@ -143,7 +143,7 @@ class PodScheduler:
                 None,
             )
         try:
-            group = self.cache.get(SDG_KIND, group_name)
+            group = self.cache.get(SDG_KIND, group_name, copy=False)
         except errors.NotFound:
             return f"SharedDeviceGroup {group_name!r} not found", None
         if (group.get("metadata") or {}).get("deletionTimestamp"):
@@ -166,7 +166,7 @@ class PodScheduler:
             why = cond.get("message") or "not scheduled yet"
             return f"SharedDeviceGroup {group_name!r} is Pending: {why}", None
         try:
-            return "", self.cache.get(NODES, status["nodeName"])
+            return "", self.cache.get(NODES, status["nodeName"], copy=False)
         except errors.NotFound:
             return (
                 f"node {status['nodeName']} of SharedDeviceGroup {group_name!r} no longer "
@@ -194,14 +194,7 @@ class PodScheduler:
 
     def _pods_on(self, node: str) -> list[dict[str, Any]]:
         pods = self.cache.list(PODS, index=POD_NODE_INDEX, value=node, copy=False)
-        seen = {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods}
-        now = time.monotonic()
-        for key, (where, pod, when) in list(self._assumed.items()):
-            if key in seen or now - when > ASSUME_TTL:
-                del self._assumed[key]  # the cache shows it (or it is long stale)
-            elif where == node:
-                pods.append(pod)
-        return pods
+        return pods + self._assumed.on(node, {pod_key(p) for p in pods})
 
     async def _unschedulable(
         self, pod: dict[str, Any], message: str, span: trace.Span, started: float
@@ -240,6 +233,62 @@ class PodScheduler:
             self.recorder.emit(pod, "Warning", "FailedScheduling", message)
         # Rate-limited retry: the node may free up; node/group/pod events also re-trigger.
         return Result(requeue=True)
+
+
+class AssumedPods:
+    """Pods this process bound to a node that the pod cache may not show there yet.
+
+    Kept per node, so a fit check costs O(pods on that node), not O(all assumed pods).
+    An entry goes when the cache shows the pod on its node, when the pod is gone, or
+    ``ttl`` seconds after it was assumed (a bind the cache never confirmed)."""
+
+    def __init__(
+        self, ttl: float = ASSUME_TTL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.ttl = ttl
+        self._clock = clock
+        self._node_of: dict[str, str] = {}  # pod key -> node
+        # node -> pod key -> (pod, when assumed)
+        self._by_node: dict[str, dict[str, tuple[dict[str, Any], float]]] = {}
+        self._swept = clock()
+
+    def __len__(self) -> int:
+        return len(self._node_of)
+
+    def assume(self, key: str, node: str, pod: dict[str, Any]) -> None:
+        now = self._clock()
+        if now - self._swept > self.ttl:  # amortised: nodes no bind looks at again
+            self._swept = now
+            for stale in [k for k, n in self._node_of.items() if self._expired(n, k, now)]:
+                self.forget(stale)
+        self.forget(key)
+        self._node_of[key] = node
+        self._by_node.setdefault(node, {})[key] = (pod, now)
+
+    def _expired(self, node: str, key: str, now: float) -> bool:
+        return now - self._by_node[node][key][1] > self.ttl
+
+    def forget(self, key: str) -> None:
+        node = self._node_of.pop(key, None)
+        if node is not None:
+            on_node = self._by_node[node]
+            del on_node[key]
+            if not on_node:
+                del self._by_node[node]
+
+    def on(self, node: str, cached: Container[str]) -> list[dict[str, Any]]:
+        """The assumed pods on ``node`` that are not among the ``cached`` pod keys there;
+        drops the ones the cache shows and the expired ones."""
+        on_node = self._by_node.get(node)
+        if not on_node:
+            return []
+        now, pods = self._clock(), []
+        for key, (pod, when) in list(on_node.items()):
+            if key in cached or now - when > self.ttl:
+                self.forget(key)
+            else:
+                pods.append(pod)
+        return pods
 
 
 def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:

@@ -37,7 +37,6 @@ Shutdown is cancellation: in-flight requests are cancelled with their connection
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -51,6 +50,8 @@ import anyio.abc
 import h11
 from anyio.abc import SocketAttribute
 from anyio.streams.tls import TLSStream
+
+from sdgruntime import jsoncodec
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +116,9 @@ class Response:
     def json(
         cls, obj: Any, status: int = 200, headers: Mapping[str, str] | None = None
     ) -> Response:
-        # ASCII escapes: a string with a lone surrogate (a valid JSON escape, so it can
-        # arrive in any request) must not make encoding the answer fail.
-        body = json.dumps(obj, separators=(",", ":")).encode()
+        # jsoncodec: a string with a lone surrogate (a valid JSON escape, so it can arrive
+        # in any request) falls back to ASCII escapes instead of failing.
+        body = jsoncodec.dumps(obj)
         return cls(status, {"content-type": "application/json", **(headers or {})}, body)
 
 

@@ -1,7 +1,8 @@
 """Mutating webhook for pods of a SharedDeviceGroup: give them the group's devices.
 
 Pod CREATE, and UPDATE of ``pods/ephemeralcontainers`` (``kubectl debug``) of a group's
-pod. It only reads: the group from the shared cache (a live GET when the cache has not
+pod. It only reads (cached objects without a copy; nothing here edits them): the group
+from the shared cache (a live GET when the cache has not
 seen it yet), waiting briefly for a group that was just created and is still being bound,
 and the group's node the same way (its ``deviceshare.io/delivery`` label chooses how the
 devices are given). The decisions themselves are pure (``webhooks.injection``,
@@ -114,7 +115,7 @@ class PodMutator:
         while group is not None and _still_binding(group) and time.monotonic() < deadline:
             await anyio.sleep(_POLL)
             try:
-                group = self.cache.get(SDG_KIND, name)
+                group = self.cache.get(SDG_KIND, name, copy=False)
             except (errors.NotFound, CacheNotSynced):
                 continue  # seen live, not cached yet: keep what the live read said
         return group
@@ -126,7 +127,7 @@ class PodMutator:
         if not name or (group.get("status") or {}).get("phase") != PHASE_BOUND:
             return None
         try:
-            return self.cache.get(NODES, name)
+            return self.cache.get(NODES, name, copy=False)
         except (errors.NotFound, CacheNotSynced):
             pass  # a node added a moment ago, or the cache has not synced: ask
         try:
@@ -136,7 +137,7 @@ class PodMutator:
 
     async def _lookup(self, name: str) -> dict[str, Any] | None:
         try:
-            return self.cache.get(SDG_KIND, name)
+            return self.cache.get(SDG_KIND, name, copy=False)
         except (errors.NotFound, CacheNotSynced):
             pass  # not cached (yet), or the cache has not synced: ask the API server
         try:

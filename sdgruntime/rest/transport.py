@@ -14,14 +14,12 @@ caller's retry policy (:mod:`sdgruntime.rest.retry`), and every attempt counts i
 ``rest_client_requests_total{code,method,host}`` (``<error>`` for no answer) and
 ``rest_client_request_duration_seconds{verb,host}``.
 
-JSON goes through orjson (decode 2.5x, encode ~15x faster than the json module on a pod),
-falling back to the json module for what orjson refuses.
+JSON goes through :mod:`sdgruntime.jsoncodec` (orjson, the json module as the fallback).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import time
 from collections.abc import AsyncGenerator, Mapping
@@ -30,9 +28,9 @@ from typing import Any
 
 import aiohttp
 import anyio
-import orjson
 
 from sdgruntime import errors
+from sdgruntime.jsoncodec import dumps, loads
 from sdgruntime.metrics import REST_CLIENT_LATENCY, REST_CLIENT_REQUESTS
 from sdgruntime.rest.config import ConnectionSettings
 from sdgruntime.rest.retry import RequestNotSent
@@ -48,24 +46,7 @@ __all__ = [
 ]
 
 
-# --- JSON --------------------------------------------------------------------------------
-
-
-def dumps(obj: Any) -> bytes:
-    """Compact JSON bytes (orjson; the json module for what orjson refuses, e.g. a key that
-    is not a string, or an integer beyond 64 bits)."""
-    try:
-        return orjson.dumps(obj)
-    except TypeError:
-        return json.dumps(obj, separators=(",", ":")).encode()
-
-
-def loads(data: bytes | str) -> Any:
-    """Decoded JSON (orjson; the json module for what orjson refuses, e.g. NaN)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
+# --- JSON ---------------------------------------------------------------------------------
 
 
 def decode(content: bytes, content_type: str) -> Any:

@@ -3,6 +3,8 @@ cannot say), the delivery settings it is given, and which requests it judges."""
 
 from __future__ import annotations
 
+import copy as copy_module
+
 from typing import Any
 
 import pytest
@@ -25,7 +27,9 @@ BOUND = {
 
 
 class UnsyncedCache:
-    def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def get(
+        self, kind: Kind, name: str, namespace: str | None = None, *, copy: bool = True
+    ) -> dict[str, Any]:
         raise CacheNotSynced(f"the cache of {kind.name} has not synced yet")
 
 
@@ -64,11 +68,14 @@ class GroupCache:
         self.objects = {SDG_KIND: groups, NODES: nodes or {}}
         self.gets: list[str] = []
 
-    def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def get(
+        self, kind: Kind, name: str, namespace: str | None = None, *, copy: bool = True
+    ) -> dict[str, Any]:
         self.gets.append(name if kind == SDG_KIND else f"{kind.kind}/{name}")
         if name not in self.objects[kind]:
             raise errors.NotFound(f"{name} not found")
-        return self.objects[kind][name]
+        obj = self.objects[kind][name]
+        return copy_module.deepcopy(obj) if copy else obj  # copy=False: the cache's own
 
 
 def review(
@@ -211,3 +218,19 @@ async def test_a_debug_container_warning_reaches_the_response() -> None:
         response.warnings
         and "sees none of SharedDeviceGroup 'g''s devices" in (response.warnings[0])
     )
+
+
+@pytest.mark.parametrize("mode", ["env", "runtimeclass", "cdi"])
+async def test_admission_never_edits_the_cached_group_or_node(mode: str) -> None:
+    """The mutator reads cached objects without a copy: editing one would change the
+    cache under every other reader."""
+    group, node = copy_module.deepcopy(BOUND), labelled("n1", mode)
+    cache = GroupCache({"g": group}, {"n1": node})
+    before = copy_module.deepcopy((group, node))
+    mutator = PodMutator(cache, LiveClient({}))  # type: ignore[arg-type]
+    response = await mutator.mutate(review("CREATE", new_pod()))
+    assert response.allowed and response.patch
+    debug = new_pod()
+    debug["spec"]["ephemeralContainers"] = [{"name": "dbg", "image": "busybox"}]
+    await mutator.mutate(review("UPDATE", debug, new_pod(), sub="ephemeralcontainers"))
+    assert (group, node) == before
