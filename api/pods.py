@@ -126,3 +126,65 @@ def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     if op == "Equal":
         return (toleration.get("value") or "") == (taint.get("value") or "")
     return False
+
+
+# --- what the manager caches of a pod ------------------------------------------------
+# Every pod of the cluster is cached (foreign device users and node fit need all of them),
+# so a pod's volumes, probes, images, commands and container statuses would be most of
+# the manager's memory without being read. These are the fields SDG reads; a reader of a
+# new field adds it here (tests/unit/test_podcache.py checks the readers agree).
+_KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "labels",
+    "annotations",
+    "deletionTimestamp",
+    "ownerReferences",
+)
+_KEPT_SPEC = (
+    "nodeName",
+    "schedulerName",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "overhead",
+    "resources",
+    "schedulingGates",
+    "hostNetwork",
+    "priority",
+)
+_KEPT_CONTAINER = ("name", "resources", "ports", "env", "restartPolicy")
+_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+_KEPT_STATUS = ("phase", "conditions", "nominatedNodeName")
+
+
+def _kept(obj: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        return {}
+    return {k: obj[k] for k in fields if k in obj}
+
+
+def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """The manager's cache transform for pods: only the fields SDG reads (a third to a
+    tenth of a real pod's size). Malformed parts are kept as they are, for readers to
+    judge."""
+    spec = pod.get("spec")
+    slim_spec = _kept(spec, _KEPT_SPEC)
+    if isinstance(spec, dict):
+        for key in _CONTAINER_LISTS:
+            containers = spec.get(key)
+            if isinstance(containers, list):
+                slim_spec[key] = [
+                    _kept(c, _KEPT_CONTAINER) if isinstance(c, dict) else c for c in containers
+                ]
+    out = {k: pod[k] for k in ("apiVersion", "kind") if k in pod}
+    if "metadata" in pod:
+        out["metadata"] = _kept(pod["metadata"], _KEPT_METADATA)
+    if "spec" in pod:
+        out["spec"] = slim_spec if isinstance(spec, dict) else spec
+    if "status" in pod:
+        status = pod["status"]
+        out["status"] = _kept(status, _KEPT_STATUS) if isinstance(status, dict) else status
+    return out

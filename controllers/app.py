@@ -17,7 +17,13 @@ from typing import Any
 from opentelemetry import trace
 
 from api.constants import SDG_KIND
-from api.pods import POD_GROUP_INDEX, POD_NODE_INDEX, index_by_group, index_by_node
+from api.pods import (
+    POD_GROUP_INDEX,
+    POD_NODE_INDEX,
+    cached_pod,
+    index_by_group,
+    index_by_node,
+)
 from controllers import foreign, groupscheduler, podscheduler, statuscontroller
 from controllers import metrics as sdg_metrics
 from controllers.claims import RECORD_LABEL, RECORD_LABEL_VALUE, ClaimBook
@@ -57,9 +63,13 @@ def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
         "leader_election_id": settings.leader_election_id,
         "leader_election_namespace": settings.leader_election_namespace or ns,
         "leader_election_release_on_cancel": True,
-        # The claim records are the only ConfigMaps we read: only those are cached.
         "cache_by_kind": {
-            CONFIGMAPS: KindOptions(namespace=ns, label_selector={RECORD_LABEL: RECORD_LABEL_VALUE})
+            # The claim records are the only ConfigMaps we read: only those are cached.
+            CONFIGMAPS: KindOptions(
+                namespace=ns, label_selector={RECORD_LABEL: RECORD_LABEL_VALUE}
+            ),
+            # Every pod is cached, but only the fields SDG reads (api.pods.cached_pod).
+            PODS: KindOptions(transform=cached_pod),
         },
     }
     values.update(overrides)

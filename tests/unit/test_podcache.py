@@ -1,0 +1,237 @@
+"""The manager caches slimmed pods (``api.pods.cached_pod``): every reader of a cached pod
+must decide the same on the slim copy as on the whole pod, or the slimming dropped a
+field someone reads."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from api.constants import DEFAULT_ENV_TABLE
+from api.pods import (
+    cached_pod,
+    delivered_devices,
+    index_by_group,
+    index_by_node,
+    is_active,
+    pod_group,
+    pod_key,
+)
+from controllers.foreign import device_use
+from controllers.podfit import host_ports, pod_fits_node, pod_requests
+from controllers.podscheduler import wants_scheduling
+
+Obj = dict[str, Any]
+
+
+def container(name: str, **extra: Any) -> Obj:
+    """A container as the API server returns it: defaults, probes, mounts and all."""
+    return {
+        "name": name,
+        "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+        "command": ["python", "train.py"],
+        "args": ["--epochs", "10"],
+        "imagePullPolicy": "IfNotPresent",
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "volumeMounts": [
+            {
+                "name": "kube-api-access-x7k2p",
+                "readOnly": True,
+                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+            }
+        ],
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10},
+        "securityContext": {"allowPrivilegeEscalation": False},
+        **extra,
+    }
+
+
+def full_pod(name: str, annotations: Obj, node: str | None = "gpu-1", **spec: Any) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": f"uid-{name}",
+            "resourceVersion": "4711",
+            "creationTimestamp": "2026-12-01T10:00:00Z",
+            "labels": {"app": "train"},
+            "annotations": annotations,
+            "ownerReferences": [{"kind": "Job", "name": "train", "uid": "j1", "controller": True}],
+            "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {
+            "nodeName": node,
+            "schedulerName": "deviceshare-scheduler",
+            "restartPolicy": "Never",
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+            "terminationGracePeriodSeconds": 30,
+            "enableServiceLinks": True,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "priority": 0,
+            "securityContext": {},
+            "volumes": [
+                {
+                    "name": "kube-api-access-x7k2p",
+                    "projected": {
+                        "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {"configMap": {"name": "kube-root-ca.crt"}},
+                        ]
+                    },
+                }
+            ],
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"},
+                {"key": "deviceshare.io/mode", "operator": "Exists"},
+            ],
+            **spec,
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "hostIP": "10.0.0.7",
+            "podIP": "10.244.1.9",
+            "podIPs": [{"ip": "10.244.1.9"}],
+            "startTime": "2026-12-01T10:00:01Z",
+            "qosClass": "Burstable",
+            "containerStatuses": [
+                {
+                    "name": "train",
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                    "imageID": "sha256:" + "0" * 64,
+                    "containerID": "containerd://" + "1" * 64,
+                    "state": {"running": {"startedAt": "2026-12-01T10:00:05Z"}},
+                }
+            ],
+        },
+    }
+
+
+GPU_ENV = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}]
+PODS = [
+    # A group pod with the devices annotation, a sidecar init container and a host port.
+    full_pod(
+        "member",
+        {"deviceshare.io/group": "g", "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}'},
+        containers=[
+            container(
+                "train",
+                env=GPU_ENV,
+                resources={"requests": {"cpu": "2", "memory": "8Gi"}},
+                ports=[{"containerPort": 8080, "hostPort": 8080, "protocol": "TCP"}],
+            )
+        ],
+        initContainers=[
+            container("log", restartPolicy="Always", resources={"requests": {"cpu": "500m"}})
+        ],
+        nodeSelector={"deviceshare.io/mode": "shared"},
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                    ]
+                }
+            }
+        },
+        overhead={"cpu": "100m"},
+    ),
+    # A group pod admitted before the annotation existed: its devices are read from env.
+    full_pod(
+        "legacy",
+        {"deviceshare.io/group": "g"},
+        containers=[container("train", env=GPU_ENV)],
+    ),
+    # Pending and ours: the pod scheduler's input.
+    full_pod(
+        "pending",
+        {"deviceshare.io/group": "g"},
+        node=None,
+        containers=[container("train", env=GPU_ENV)],
+        schedulingGates=[],
+    ),
+    # Foreign device users: a device-plugin request, env from a ConfigMap, a CDI annotation.
+    full_pod(
+        "plugin",
+        {},
+        containers=[container("cuda", resources={"limits": {"nvidia.com/gpu": "1"}})],
+    ),
+    full_pod(
+        "envfrom",
+        {},
+        containers=[
+            container(
+                "cuda",
+                env=[{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {}}}],
+            )
+        ],
+    ),
+    full_pod(
+        "cdi",
+        {"cdi-devices.nri.io/container.cuda": '["nvidia.com/gpu=1"]'},
+        containers=[container("cuda")],
+        ephemeralContainers=[container("debug", env=GPU_ENV)],
+        resources={"requests": {"cpu": "1"}},
+    ),
+]
+NODE: Obj = {
+    "metadata": {"name": "gpu-1", "labels": {"deviceshare.io/mode": "shared", "zone": "a"}},
+    "spec": {"taints": [{"key": "deviceshare.io/mode", "value": "shared", "effect": "NoSchedule"}]},
+    "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"}},
+}
+
+
+@pytest.mark.parametrize("pod", PODS, ids=lambda p: p["metadata"]["name"])
+def test_every_reader_decides_the_same_on_the_cached_copy(pod: Obj) -> None:
+    slim = cached_pod(copy.deepcopy(pod))
+    others = [cached_pod(copy.deepcopy(p)) for p in PODS if p is not pod]
+    whole_others = [p for p in PODS if p is not pod]
+    resources = {"nvidia.com/gpu": 2}
+    for reader in (
+        pod_key,
+        pod_group,
+        index_by_group,
+        index_by_node,
+        is_active,
+        wants_scheduling,
+        pod_requests,
+        host_ports,
+        lambda p: delivered_devices(p, resources, DEFAULT_ENV_TABLE),
+        lambda p: device_use(p, DEFAULT_ENV_TABLE),
+    ):
+        assert reader(slim) == reader(pod)
+    assert pod_fits_node(slim, NODE, others) == pod_fits_node(pod, NODE, whole_others)
+    # An Event about the pod still names it exactly.
+    for key in ("apiVersion", "kind"):
+        assert slim[key] == pod[key]
+    for key in ("name", "namespace", "uid", "resourceVersion"):
+        assert slim["metadata"][key] == pod["metadata"][key]
+
+
+def test_the_cached_copy_is_a_fraction_of_a_real_pod() -> None:
+    pod = PODS[0]
+    assert len(json.dumps(cached_pod(copy.deepcopy(pod)))) < len(json.dumps(pod)) / 2
+    slim = cached_pod(copy.deepcopy(pod))
+    assert "volumes" not in slim["spec"] and "containerStatuses" not in slim["status"]
+    assert "managedFields" not in slim["metadata"]
+    assert "image" not in slim["spec"]["containers"][0]
+
+
+def test_malformed_parts_are_kept_for_readers_to_judge() -> None:
+    odd: Obj = {"metadata": {"name": "x", "namespace": "n"}, "spec": "nonsense", "status": 3}
+    assert cached_pod(copy.deepcopy(odd)) == {
+        "metadata": {"name": "x", "namespace": "n"},
+        "spec": "nonsense",
+        "status": 3,
+    }
+    listy: Obj = {"metadata": {"name": "y"}, "spec": {"containers": ["bad", {"name": "c"}]}}
+    assert cached_pod(copy.deepcopy(listy))["spec"]["containers"] == ["bad", {"name": "c"}]
