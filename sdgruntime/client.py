@@ -3,9 +3,10 @@
 Bodies are plain decoded JSON dicts, decoded once. The layers under the verbs live in
 :mod:`sdgruntime.rest`, one concept per module:
 
-* :mod:`sdgruntime.rest.config`: kubeconfig / in-cluster loading (the ``kubernetes``
-  package's loaders, so every auth flavour they support works: tokens, client certs, exec
-  plugins, token files) and credentials refreshed through the configuration's hook;
+* :mod:`sdgruntime.rest.config`: kubeconfig / in-cluster loading (read by
+  :mod:`sdgruntime.rest.kubeconfig`: tokens, token files, client certs, basic auth; users
+  with exec plugins or auth-providers through the ``kubernetes`` package, imported only
+  for them) and credentials kept current (token files re-read, exec tokens refreshed);
 * :mod:`sdgruntime.rest.transport`: HTTP/1.1 over aiohttp, two pools (requests, watches),
   timeouts, ``rest_client_*`` metrics, orjson, typed errors for no answer;
 * :mod:`sdgruntime.rest.retry`: the retry policy (see :func:`should_retry`);
@@ -38,13 +39,13 @@ from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from typing import Any, Literal, Self
 
-import kubernetes.client
-
 from sdgruntime import errors
 from sdgruntime.kinds import PODS, Kind
 from sdgruntime.rest.config import (
+    ClientConfiguration,
     ConnectionSettings,
     Credentials,
+    RestConfig,
     authorization,
     auto_configuration,
     incluster_configuration,
@@ -57,10 +58,12 @@ from sdgruntime.rest.watch import LineSplitter, parse_watch_line, watch_events, 
 __all__ = [
     "PATCH_CONTENT_TYPES",
     "Client",
+    "ClientConfiguration",
     "ConnectionSettings",
     "LineSplitter",
     "PatchType",
     "RequestNotSent",
+    "RestConfig",
     "RetryPolicy",
     "api_error",
     "authorization",
@@ -87,11 +90,14 @@ class Client:
     Two HTTP/1.1 pools share one TLS context: a bounded one (``max_connections``) for
     requests, and one for watches, because each watch holds a connection for its whole
     life and must not starve requests. Runs on anyio's asyncio backend (the default).
+
+    ``configuration`` is a :class:`RestConfig` (what the constructors below read) or a
+    ``kubernetes.client.Configuration``.
     """
 
     def __init__(
         self,
-        configuration: kubernetes.client.Configuration,
+        configuration: ClientConfiguration,
         *,
         max_connections: int = 32,
         timeout: float = 30.0,
@@ -161,7 +167,7 @@ class Client:
     # --- auth ----------------------------------------------------------------------------
 
     async def refresh_auth(self, *, force: bool = False) -> None:
-        """Run the config's refresh hook (exec plugins, token files) if it is due.
+        """Refresh the credentials (exec plugins, token files) if it is due.
 
         The hook may run a subprocess or read a file, so it runs in a worker thread, and at
         most once per ``auth_refresh_interval``; the hook itself only reloads when expired.

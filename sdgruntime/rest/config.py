@@ -1,9 +1,11 @@
 """Where the API server is and who we are to it: kubeconfig, in-cluster, credentials.
 
-Connection and auth settings come from the ``kubernetes`` package's config loaders
-(kubeconfig, in-cluster), so every auth flavour they support (tokens, client certificates,
-exec plugins, token files) works here. After loading, that package is only touched through
-the configuration's ``refresh_api_key_hook``, which :class:`Credentials` runs when due.
+Kubeconfig files and the in-cluster ServiceAccount are read by
+:mod:`sdgruntime.rest.kubeconfig` into a :class:`RestConfig`: importing the ``kubernetes``
+package's loaders costs a process about 32 MiB. Only a kubeconfig user with an ``exec``
+credential plugin or an ``auth-provider`` is loaded by that package (imported then, not
+before), into a ``kubernetes.client.Configuration``, whose ``refresh_api_key_hook``
+:class:`Credentials` runs when due. A :class:`~sdgruntime.client.Client` takes either.
 """
 
 from __future__ import annotations
@@ -13,27 +15,44 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import urlsplit
 
 import anyio
 import anyio.to_thread
-import kubernetes.client
-import kubernetes.config
+
+from sdgruntime.rest.kubeconfig import (
+    KubeconfigError,
+    NeedsKubernetesPackage,
+    RestConfig,
+    default_kubeconfig_path,
+    incluster_rest_config,
+    kubeconfig_rest_config,
+)
+
+if TYPE_CHECKING:
+    import kubernetes.client
 
 __all__ = [
+    "ClientConfiguration",
     "ConnectionSettings",
     "Credentials",
+    "KubeconfigError",
+    "RestConfig",
     "authorization",
     "auto_configuration",
     "incluster_configuration",
     "kubeconfig_configuration",
 ]
 
+#: What a client is built from: our own :class:`RestConfig`, or a
+#: ``kubernetes.client.Configuration`` (exec plugins, auth-providers, or one made by hand).
+ClientConfiguration: TypeAlias = "RestConfig | kubernetes.client.Configuration"
+
 
 @dataclass(slots=True)
 class ConnectionSettings:
-    """What the client needs from a ``kubernetes.client.Configuration``, read once."""
+    """What the client needs from its configuration, read once."""
 
     host: str  # "https://127.0.0.1:6443", no trailing slash
     ca_file: str | None
@@ -45,7 +64,19 @@ class ConnectionSettings:
     refresh_hook: Callable[[Any], None] | None
 
     @classmethod
-    def from_configuration(cls, cfg: kubernetes.client.Configuration) -> ConnectionSettings:
+    def from_configuration(cls, cfg: ClientConfiguration) -> ConnectionSettings:
+        if isinstance(cfg, RestConfig):
+            return cls(
+                host=cfg.host.rstrip("/"),
+                ca_file=cfg.ca_file,
+                cert_file=cfg.cert_file,
+                key_file=cfg.key_file,
+                verify=cfg.verify,
+                check_hostname=True,
+                tls_server_name=cfg.tls_server_name,
+                # called as hook(cfg), like the kubernetes package's hook
+                refresh_hook=RestConfig.reload_token if cfg.token_file else None,
+            )
         return cls(
             host=str(cfg.host).rstrip("/"),
             ca_file=cfg.ssl_ca_cert or None,
@@ -77,8 +108,10 @@ class ConnectionSettings:
         return ctx
 
 
-def authorization(cfg: kubernetes.client.Configuration) -> str | None:
+def authorization(cfg: ClientConfiguration) -> str | None:
     """The Authorization header value the configuration carries now (no refresh)."""
+    if isinstance(cfg, RestConfig):
+        return cfg.authorization()
     for key in ("BearerToken", "authorization"):
         token = cfg.api_key.get(key)
         if token:
@@ -92,28 +125,35 @@ def authorization(cfg: kubernetes.client.Configuration) -> str | None:
 
 def kubeconfig_configuration(
     path: str | os.PathLike[str] | None = None, context: str | None = None
-) -> kubernetes.client.Configuration:
-    """A kubeconfig file's configuration (default: $KUBECONFIG, else ~/.kube/config)."""
-    if path is None:
-        path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+) -> ClientConfiguration:
+    """A kubeconfig's configuration (default: $KUBECONFIG, else ~/.kube/config; a
+    ``:``-separated list is merged): a :class:`RestConfig`, or for a user with an ``exec``
+    plugin or an ``auth-provider`` the ``kubernetes`` package's ``Configuration``."""
+    spec = os.fspath(path) if path is not None else default_kubeconfig_path()
+    try:
+        return kubeconfig_rest_config(spec, context)
+    except NeedsKubernetesPackage:
+        return _kubernetes_kubeconfig(spec, context)
+
+
+def _kubernetes_kubeconfig(spec: str, context: str | None) -> kubernetes.client.Configuration:
+    """The ``kubernetes`` package's loader, imported only for the users that need it."""
+    import kubernetes.client  # about 32 MiB with its dependencies: only when needed
+    import kubernetes.config
+
     cfg = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(
-        config_file=os.fspath(path), context=context, client_configuration=cfg
-    )
+    kubernetes.config.load_kube_config(config_file=spec, context=context, client_configuration=cfg)
     return cfg
 
 
-def incluster_configuration() -> kubernetes.client.Configuration:
-    """The pod's ServiceAccount (token file, CA, the kubernetes Service's address)."""
-    cfg = kubernetes.client.Configuration()
-    kubernetes.config.load_incluster_config(client_configuration=cfg)
-    return cfg
+def incluster_configuration() -> RestConfig:
+    """The pod's ServiceAccount (token file re-read every minute, CA, the kubernetes
+    Service's address from $KUBERNETES_SERVICE_HOST/PORT, namespace)."""
+    return incluster_rest_config()
 
 
-def auto_configuration(kubeconfig: str | None = None) -> kubernetes.client.Configuration:
+def auto_configuration(kubeconfig: str | None = None) -> ClientConfiguration:
     """controller-runtime's order: explicit path, $KUBECONFIG, in-cluster, ~/.kube/config."""
-    # $KUBECONFIG is read now (the kubernetes package reads it once, at import time);
-    # a ':'-separated list is merged by its loader.
     kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
     if kubeconfig:
         return kubeconfig_configuration(kubeconfig)
@@ -127,7 +167,8 @@ def auto_configuration(kubeconfig: str | None = None) -> kubernetes.client.Confi
 
 class Credentials:
     """The Authorization header in ``headers`` and the client certificate in ``ssl_context``,
-    kept current through the configuration's refresh hook (exec plugins, token files).
+    kept current: a :class:`RestConfig`'s token file is re-read when due; a
+    ``kubernetes.client.Configuration``'s refresh hook (exec plugins) is run.
 
     ``headers`` is edited in place, so a transport holding that dict sends the new token
     from the next request on; a new client certificate is loaded into the shared TLS
@@ -136,7 +177,7 @@ class Credentials:
 
     def __init__(
         self,
-        configuration: kubernetes.client.Configuration,
+        configuration: ClientConfiguration,
         settings: ConnectionSettings,
         ssl_context: ssl.SSLContext,
         headers: dict[str, str],
@@ -166,18 +207,37 @@ class Credentials:
         The hook may run a subprocess or read a file, so it runs in a worker thread, and at
         most once per ``refresh_interval``; the hook itself only reloads when expired.
         """
+        cfg = self.configuration
+        if isinstance(cfg, RestConfig):
+            await self._reload_token(cfg, force)
+            return
         hook = self.hook
         if hook is None or (not force and time.monotonic() < self._next_refresh):
             return
         async with self._lock:
             if not force and time.monotonic() < self._next_refresh:
                 return
-            await anyio.to_thread.run_sync(hook, self.configuration)
+            await anyio.to_thread.run_sync(hook, cfg)
             self._next_refresh = time.monotonic() + self._interval
             self._set_header()
-            cfg = self.configuration
             cert = (cfg.cert_file or None, cfg.key_file or None)
             if cert != self._loaded_cert and cert[0]:
                 # an exec plugin handed out a new client certificate: new connections use it
                 self._ssl.load_cert_chain(cert[0], cert[1])
                 self._loaded_cert = cert
+
+    async def _reload_token(self, cfg: RestConfig, force: bool) -> None:
+        """Re-read a token file when due (every ``token_period``) or forced (a 401, at most
+        once per ``refresh_interval``); no thread hop when not due."""
+        if not cfg.token_file:
+            return
+        now = time.monotonic()
+        if not (cfg.token_due(now) or (force and now >= self._next_refresh)):
+            return
+        async with self._lock:
+            now = time.monotonic()
+            if not (cfg.token_due(now) or (force and now >= self._next_refresh)):
+                return
+            await anyio.to_thread.run_sync(cfg.reload_token)
+            self._next_refresh = time.monotonic() + self._interval
+            self._set_header()
