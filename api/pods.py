@@ -1,4 +1,5 @@
-"""Pod facts shared by the schedulers, the status controller and the webhooks."""
+"""Pod facts shared by the schedulers, the status controller and the webhooks, and what
+the manager caches of pods and nodes."""
 
 from __future__ import annotations
 
@@ -187,4 +188,32 @@ def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
     if "status" in pod:
         status = pod["status"]
         out["status"] = _kept(status, _KEPT_STATUS) if isinstance(status, dict) else status
+    return out
+
+
+# A node's status is mostly what SDG never reads: its image list alone is often 10-50 KB.
+_KEPT_NODE_METADATA = (
+    "name",
+    "uid",
+    "resourceVersion",
+    "labels",
+    "annotations",
+    "deletionTimestamp",
+)
+_KEPT_NODE_SPEC = ("unschedulable", "taints")
+_KEPT_NODE_STATUS = ("allocatable", "capacity", "conditions")
+
+
+def cached_node(node: dict[str, Any]) -> dict[str, Any]:
+    """The manager's cache transform for nodes: what placement, fit checks, the inventory
+    and the delivery label read; not images, addresses, nodeInfo or volumes."""
+    out = {k: node[k] for k in ("apiVersion", "kind") if k in node}
+    for key, fields in (
+        ("metadata", _KEPT_NODE_METADATA),
+        ("spec", _KEPT_NODE_SPEC),
+        ("status", _KEPT_NODE_STATUS),
+    ):
+        if key in node:
+            part = node[key]
+            out[key] = _kept(part, fields) if isinstance(part, dict) else part
     return out

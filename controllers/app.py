@@ -20,6 +20,7 @@ from api.constants import SDG_KIND
 from api.pods import (
     POD_GROUP_INDEX,
     POD_NODE_INDEX,
+    cached_node,
     cached_pod,
     index_by_group,
     index_by_node,
@@ -68,8 +69,9 @@ def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
             CONFIGMAPS: KindOptions(
                 namespace=ns, label_selector={RECORD_LABEL: RECORD_LABEL_VALUE}
             ),
-            # Every pod is cached, but only the fields SDG reads (api.pods.cached_pod).
+            # Every pod and node is cached, but only the fields SDG reads (api.pods).
             PODS: KindOptions(transform=cached_pod),
+            NODES: KindOptions(transform=cached_node),
         },
     }
     values.update(overrides)

@@ -1,6 +1,6 @@
-"""The manager caches slimmed pods (``api.pods.cached_pod``): every reader of a cached pod
-must decide the same on the slim copy as on the whole pod, or the slimming dropped a
-field someone reads."""
+"""The manager caches slim pods and nodes (``api.pods.cached_pod``/``cached_node``): every
+reader of a cached object must decide the same on the slim copy as on the whole object,
+or the slimming dropped a field someone reads."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from api.constants import DEFAULT_ENV_TABLE
 from api.pods import (
+    cached_node,
     cached_pod,
     delivered_devices,
     index_by_group,
@@ -20,9 +21,12 @@ from api.pods import (
     pod_group,
     pod_key,
 )
-from controllers.foreign import device_use
+from controllers.foreign import device_use, is_shared
+from controllers.inventory import node_offers
+from controllers.placement import is_node_ready, node_device_capacity, unaddressable_devices
 from controllers.podfit import host_ports, pod_fits_node, pod_requests
 from controllers.podscheduler import wants_scheduling
+from controllers.watches import node_changed
 
 Obj = dict[str, Any]
 
@@ -235,3 +239,61 @@ def test_malformed_parts_are_kept_for_readers_to_judge() -> None:
     }
     listy: Obj = {"metadata": {"name": "y"}, "spec": {"containers": ["bad", {"name": "c"}]}}
     assert cached_pod(copy.deepcopy(listy))["spec"]["containers"] == ["bad", {"name": "c"}]
+
+
+def real_node(name: str, **labels: str) -> Obj:
+    """A node as a kubelet reports it: images, addresses, nodeInfo, heartbeats and all."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": "99",
+            "labels": {"deviceshare.io/mode": "shared", **labels},
+            "annotations": {
+                "deviceshare.io/devices.nvidia.com_gpu": "GPU-a,GPU-b",
+                "node.alpha.kubernetes.io/ttl": "0",
+            },
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {
+            "podCIDR": "10.244.1.0/24",
+            "providerID": "kind://docker/gpu-1",
+            "taints": [{"key": "deviceshare.io/mode", "value": "shared", "effect": "NoSchedule"}],
+            "unschedulable": False,
+        },
+        "status": {
+            "capacity": {"cpu": "8", "nvidia.com/gpu": "2", "pods": "110"},
+            "allocatable": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2", "pods": "110"},
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-12-01T10:00:00Z"}
+            ],
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"kubeletVersion": "v1.37.2", "osImage": "Ubuntu 24.04"},
+            "images": [
+                {"names": [f"registry.example/image-{i}@sha256:{i:064d}"], "sizeBytes": 10**9}
+                for i in range(40)
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize("node", [real_node("gpu-1", zone="a"), real_node("gpu-2", zone="b")])
+def test_every_reader_of_a_node_decides_the_same_on_the_cached_copy(node: Obj) -> None:
+    slim = cached_node(copy.deepcopy(node))
+    for reader in (
+        node_device_capacity,
+        unaddressable_devices,
+        is_node_ready,
+        is_shared,
+        node_offers,
+        lambda n: node_changed.update(n, real_node("other")),
+    ):
+        assert reader(slim) == reader(node)
+    for pod in PODS:
+        slim_pod = cached_pod(copy.deepcopy(pod))
+        assert pod_fits_node(slim_pod, slim, []) == pod_fits_node(pod, node, [])
+    assert len(json.dumps(slim)) < len(json.dumps(node)) / 4
+    assert "images" not in slim["status"] and "managedFields" not in slim["metadata"]
