@@ -9,6 +9,11 @@ The caller keeps the tracker's capacities in step with the nodes' ``status.alloc
 (``node_device_capacity``, which also caps what one node may offer); "lacks the resource"
 is judged from the Node itself. Work per node is bounded by the requested resources, never
 by a device count.
+
+What a Node alone decides (shared label, cordon, Ready, taints, its reasons) is memoised
+per node name under the Node's identity and resourceVersion (``_facts``), so placing a
+group over the informer cache's fleet re-reads only the tracker's free counts; a Node
+without a resourceVersion is evaluated afresh every time.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from itertools import chain
+from types import MappingProxyType
+from typing import Any, Final, Protocol
 
 from api.constants import (
     FILTERING_TAINT_EFFECTS,
@@ -28,6 +35,7 @@ from api.constants import (
 )
 from api.validation import is_resource_name
 from controllers.quantity import parse_quantity
+from controllers.tracker import DeviceTracker
 
 
 class FreeCounts(Protocol):
@@ -156,6 +164,118 @@ def is_node_ready(node: Mapping[str, Any]) -> bool:
 #: node name -> resource -> why the resource must not be placed there now (caller's text).
 Blocked = Mapping[str, Mapping[str, str]]
 
+_NOT_SHARED: Final = (f"not labelled {NODE_MODE_LABEL}={NODE_MODE_SHARED}",)
+_SELECTOR_MISS: Final = ("didn't match the group's nodeSelector",)
+_CORDONED: Final = ("unschedulable (cordoned)",)
+_NOT_READY: Final = ("not Ready",)
+_EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
+class _NodeFacts:
+    """What the filters read from one Node that depends on the Node alone.
+
+    Computed once per Node version (``_facts``) so a placement over a fleet does a few
+    dict lookups per node instead of walking labels, conditions, taints and allocatable
+    again for every group. The reason tuples are shared between decisions, so a filtered
+    node costs no string building either. Only the device filter, which reads the
+    tracker's changing free counts, runs every time.
+    """
+
+    __slots__ = (
+        "_capacity",
+        "_no_devices",
+        "labels",
+        "name",
+        "node",
+        "unfit",
+        "unshared",
+        "version",
+    )
+
+    def __init__(self, node: Mapping[str, Any], version: object) -> None:
+        meta = node.get("metadata") or _EMPTY
+        labels = meta.get("labels") or _EMPTY
+        self.node = node
+        self.version = version
+        self.name = str(meta.get("name") or "")
+        self.labels: Mapping[str, Any] = labels
+        #: The first filter: not a shared node (then nothing else is looked at).
+        self.unshared: tuple[str, ...] | None = (
+            None if labels.get(NODE_MODE_LABEL) == NODE_MODE_SHARED else _NOT_SHARED
+        )
+        #: The filters after the nodeSelector: cordon, Ready, taints (None: all pass).
+        self.unfit: tuple[str, ...] | None = None if self.unshared else _static_unfit(node)
+        self._capacity: dict[str, int] | None = None
+        self._no_devices: dict[str, tuple[str, ...]] = {}
+
+    def capacity(self) -> Mapping[str, int]:
+        """``node_device_capacity``, parsed on first use (only without a tracker)."""
+        if self._capacity is None:
+            self._capacity = node_device_capacity(self.node)
+        return self._capacity
+
+    def no_devices(self, res: str) -> tuple[str, ...]:
+        """``_no_devices_reason`` for ``res``, built once per node version."""
+        why = self._no_devices.get(res)
+        if why is None:
+            why = self._no_devices[res] = (_no_devices_reason(self.node, res),)
+        return why
+
+
+def _static_unfit(node: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """Cordon, then Ready, then the first untolerated NoSchedule/NoExecute taint."""
+    node_spec = node.get("spec") or _EMPTY
+    if node_spec.get("unschedulable"):
+        return _CORDONED
+    if not is_node_ready(node):
+        return _NOT_READY
+    for taint in node_spec.get("taints") or ():
+        if taint.get("effect") in FILTERING_TAINT_EFFECTS and not is_shared_taint(taint):
+            return (f"have untolerated taint {{{taint.get('key', '')}: {taint.get('value', '')}}}",)
+    return None
+
+
+#: Node name -> its facts at the version last seen; a new version or a new object
+#: replaces the entry. Bounded: ``place`` prunes names it was not given once the memo
+#: outgrows the fleet (``_prune``).
+_MEMO: dict[str, _NodeFacts] = {}
+
+
+def _facts(node: Mapping[str, Any]) -> _NodeFacts:
+    """The node's facts, from the memo when this very object at this resourceVersion was
+    seen before.
+
+    A resourceVersion names one content of an object (the API server's guarantee; the
+    informer cache replaces a stored Node on update, never edits it), and the identity
+    check keeps a copy someone edited without a new version from reusing old facts.
+    A Node without a resourceVersion (hand-built, tests) is never memoised.
+    """
+    meta = node.get("metadata") or _EMPTY
+    name = meta.get("name")
+    version = meta.get("resourceVersion")
+    facts = _MEMO.get(name) if type(name) is str else None
+    if facts is not None and facts.node is node and facts.version == version:
+        return facts
+    facts = _NodeFacts(node, version)
+    if version and type(name) is str:
+        _MEMO[name] = facts
+    return facts
+
+
+def _prune(seen: int, *names: Iterable[str]) -> None:
+    """Forget nodes not in the last fleet once the memo holds many more than it (deleted
+    nodes, other callers' lists): the memo stays within about the fleet's size, and the
+    pass over it runs only when it has outgrown that."""
+    if len(_MEMO) > seen + seen // 4 + 64:
+        keep = {n: f for n in chain(*names) if (f := _MEMO.get(n)) is not None}
+        _MEMO.clear()
+        _MEMO.update(keep)
+
+
+def clear_memo() -> None:
+    """Forget every memoised node (tests; never needed for correctness)."""
+    _MEMO.clear()
+
 
 def filter_node(
     spec: Mapping[str, Any],
@@ -172,12 +292,33 @@ def filter_node(
     the caller knows are used outside SDG (node -> resource -> reason); such a resource
     fails with that reason before its free count is looked at.
     """
-    wanted = sorted((spec.get("resources") or {}).items())
-    node_blocked = blocked.get(node_name(node)) if blocked else None
-    return _filter(spec, wanted, node, free, _capacity_of(free), node_blocked)[0]
+    facts = _facts(node)
+    selector = tuple((spec.get("nodeSelector") or _EMPTY).items())
+    why = _static_reasons(facts, selector)
+    if why is not None:
+        return why
+    wanted = sorted((spec.get("resources") or _EMPTY).items())
+    node_blocked = blocked.get(facts.name) if blocked else None
+    return _devices(facts, node, facts.name, wanted, free, _capacity_of(free), node_blocked)[0]
 
 
-_NOT_PARSED: Mapping[str, int] = {}  # _filter's, when the tracker knows the capacity
+def _no_devices(facts: _NodeFacts | None, node: Mapping[str, Any], res: str) -> tuple[str, ...]:
+    """Why the node offers no ``res``: memoised with its facts, or built (rare path)."""
+    return facts.no_devices(res) if facts is not None else (_no_devices_reason(node, res),)
+
+
+def _static_reasons(
+    facts: _NodeFacts, selector: tuple[tuple[str, Any], ...]
+) -> tuple[str, ...] | None:
+    """The filters before the device filter, in order (None: all pass)."""
+    if facts.unshared is not None:
+        return facts.unshared
+    if selector:
+        labels = facts.labels
+        for key, value in selector:
+            if labels.get(key) != value:
+                return _SELECTOR_MISS
+    return facts.unfit
 
 
 def _capacity_of(free: object) -> Callable[[str, str], int] | None:
@@ -188,40 +329,28 @@ def _capacity_of(free: object) -> Callable[[str, str], int] | None:
     return known if callable(known) else None
 
 
-def _filter(
-    spec: Mapping[str, Any],
-    wanted: list[tuple[str, int]],
+def _devices(
+    facts: _NodeFacts | None,
     node: Mapping[str, Any],
+    name: str,
+    wanted: list[tuple[str, int]],
     free: FreeCounts,
     known_capacity: Callable[[str, str], int] | None,
     node_blocked: Mapping[str, str] | None,
 ) -> tuple[tuple[str, ...], int]:
-    """``filter_node``'s reasons and, when it fits, the free devices left after placement."""
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    if labels.get(NODE_MODE_LABEL) != NODE_MODE_SHARED:
-        return (f"not labelled {NODE_MODE_LABEL}={NODE_MODE_SHARED}",), 0
-    selector = spec.get("nodeSelector")
-    if selector and any(labels.get(k) != v for k, v in selector.items()):
-        return ("didn't match the group's nodeSelector",), 0
-    node_spec = node.get("spec") or {}
-    if node_spec.get("unschedulable"):
-        return ("unschedulable (cordoned)",), 0
-    if not is_node_ready(node):
-        return ("not Ready",), 0
-    for taint in node_spec.get("taints") or ():
-        if taint.get("effect") in FILTERING_TAINT_EFFECTS and not is_shared_taint(taint):
-            return (
-                f"have untolerated taint {{{taint.get('key', '')}: {taint.get('value', '')}}}",
-            ), 0
-    name = str(meta.get("name") or "")
-    parsed = node_device_capacity(node) if known_capacity is None else _NOT_PARSED
+    """The device filter's reasons (every short resource) and, when the node fits, the
+    free devices left after placement, summed over the requested resources."""
     short: list[str] = []
     left = 0
     for res, need in wanted:
-        capacity = parsed.get(res, 0) if known_capacity is None else known_capacity(name, res)
+        if known_capacity is not None:
+            capacity = known_capacity(name, res)
+        elif facts is not None:
+            capacity = facts.capacity().get(res, 0)
+        else:
+            capacity = node_device_capacity(node).get(res, 0)
         if capacity <= 0:
-            short.append(_no_devices_reason(node, res))
+            short.extend(_no_devices(facts, node, res))
             continue
         if node_blocked and res in node_blocked:
             short.append(node_blocked[res])
@@ -245,6 +374,13 @@ def place(
     the requested resources), spread by the most. ``blocked`` is as for ``filter_node``.
     Raises ValueError for a spec without resources (the CRD forbids it; a caller must not
     bind such a group).
+
+    The same filters as ``filter_node``, written out in one loop because this runs over
+    the whole fleet for every Pending group (hack/bench/bench_placement.py): per node, a
+    memo lookup (``_facts``, inline) and, for the common one-resource request, the
+    tracker's free count read inline, with no per-node list, tuple or string unless the
+    node is short. tests/unit/test_placement_memo.py checks it decides as a plain
+    filter-every-node reference does, on random fleets edited between calls.
     """
     resources = spec.get("resources") or {}
     if not resources:
@@ -255,22 +391,101 @@ def place(
     counts: FreeCounts = free if hasattr(free, "free") else _MappingFree(free)
     wanted = sorted(resources.items())
     known_capacity = _capacity_of(counts)
-    sign = -1 if strategy == "binpack" else 1
+    selector = tuple((spec.get("nodeSelector") or _EMPTY).items())
+    blocked_of = blocked.get if blocked else None
+    free_of = counts.free
+    ((res, need),) = wanted[:1]
+    single = len(wanted) == 1
+    # A DeviceTracker never counts more free than capacity, so a node with enough free
+    # devices has the resource: its capacity need not be read first.
+    trusted: DeviceTracker | None = (
+        counts
+        if type(counts) is DeviceTracker  # exactly: a subclass may count otherwise
+        and single
+        and type(need) is int
+        and need > 0
+        and blocked_of is None
+        else None
+    )
+    short: dict[int, tuple[str, ...]] = {}  # one-resource reasons, shared per free count
+    memo = _MEMO
     reasons: dict[str, tuple[str, ...]] = {}
-    scores: dict[str, int] = {}
     free_after: dict[str, int] = {}
     candidates = 0
+    facts: _NodeFacts | None
     for node in nodes:
         candidates += 1
-        name = node_name(node)
-        node_blocked = blocked.get(name) if blocked else None
-        why, left = _filter(spec, wanted, node, counts, known_capacity, node_blocked)
-        if why:
+        meta = node.get("metadata") or _EMPTY
+        name = meta.get("name")
+        version = meta.get("resourceVersion")
+        if version and type(name) is str:  # _facts, inline
+            facts = memo.get(name)
+            if facts is None or facts.node is not node or facts.version != version:
+                facts = memo[name] = _NodeFacts(node, version)
+            labels = facts.labels
+            why = facts.unshared
+        else:  # not memoised: the same filters read straight from the Node
+            facts = None
+            name = str(name or "")
+            labels = meta.get("labels") or _EMPTY
+            why = None if labels.get(NODE_MODE_LABEL) == NODE_MODE_SHARED else _NOT_SHARED
+        if why is None:
+            for key, value in selector:
+                if labels.get(key) != value:
+                    why = _SELECTOR_MISS
+                    break
+            else:
+                why = facts.unfit if facts is not None else _static_unfit(node)
+        if why is not None:
             reasons[name] = why
             continue
-        free_after[name] = left
-        scores[name] = sign * left
-    ranked = tuple(sorted(scores, key=lambda n: (-scores[n], n)))
+        if not single:
+            node_blocked = blocked_of(name) if blocked_of is not None else None
+            why, left = _devices(facts, node, name, wanted, counts, known_capacity, node_blocked)
+            if why:
+                reasons[name] = why
+            else:
+                free_after[name] = left
+            continue
+        if trusted is not None:
+            available = free_of(name, res)
+            if available >= need:
+                free_after[name] = available - need
+                continue
+            if trusted.capacity(name, res) <= 0:
+                reasons[name] = _no_devices(facts, node, res)
+                continue
+        else:
+            if known_capacity is not None:
+                capacity = known_capacity(name, res)
+            elif facts is not None:
+                capacity = facts.capacity().get(res, 0)
+            else:
+                capacity = node_device_capacity(node).get(res, 0)
+            if capacity <= 0:
+                reasons[name] = _no_devices(facts, node, res)
+                continue
+            if blocked_of is not None:
+                node_blocked = blocked_of(name)
+                if node_blocked and res in node_blocked:
+                    reasons[name] = (node_blocked[res],)
+                    continue
+            available = free_of(name, res)
+            if available >= need:
+                free_after[name] = available - need
+                continue
+        why = short.get(available)
+        if why is None:
+            why = short[available] = (f"have {available} free {res} (need {need})",)
+        reasons[name] = why
+    _prune(candidates, reasons, free_after)
+    if strategy == "binpack":
+        scores = {name: -left for name, left in free_after.items()}
+    else:
+        scores = dict(free_after)
+    # Best score first, ties by name: sort by name, then stably by score.
+    ranked = sorted(scores)
+    ranked.sort(key=scores.__getitem__, reverse=True)
     return PlacementDecision(
         node=ranked[0] if ranked else None,
         strategy=strategy,
@@ -278,7 +493,7 @@ def place(
         reasons=reasons,
         scores=scores,
         free_after=free_after,
-        ranked=ranked,
+        ranked=tuple(ranked),
     )
 
 

@@ -53,8 +53,9 @@ class Fleet:
 
 def build_fleet(n: int, seed: int = 42) -> Fleet:
     """``n`` nodes: ~70% shared, 1/2/4/8 GPUs, ~5% tainted, ~3% cordoned, ~2% NotReady,
-    ``gpu-type``/``zone`` labels for nodeSelectors; then about half the devices claimed
-    by single- and multi-device groups, lowest IDs first, as the scheduler would."""
+    ``gpu-type``/``zone`` labels for nodeSelectors, a resourceVersion each as from the
+    API server; then about half the devices claimed by single- and multi-device groups,
+    lowest IDs first, as the scheduler would."""
     rng = random.Random(seed)
     nodes: list[dict[str, Any]] = []
     counts = dict.fromkeys(("shared", "tainted", "cordoned", "not_ready"), 0)
@@ -79,16 +80,17 @@ def build_fleet(n: int, seed: int = 42) -> Fleet:
             counts["tainted"] += bool(taints)
             counts["cordoned"] += unschedulable
             counts["not_ready"] += not ready
-        nodes.append(
-            make_node(
-                name,
-                labels=labels,
-                allocatable={GPU: rng.choice((1, 2, 4, 8))},
-                taints=taints,
-                ready=ready,
-                unschedulable=unschedulable,
-            )
+        node = make_node(
+            name,
+            labels=labels,
+            allocatable={GPU: rng.choice((1, 2, 4, 8))},
+            taints=taints,
+            ready=ready,
+            unschedulable=unschedulable,
         )
+        # Every Node the informer cache holds carries one (placement memoises by it).
+        node["metadata"]["resourceVersion"] = str(1000 + i)
+        nodes.append(node)
     tracker = DeviceTracker()
     for node in nodes:
         tracker.set_node_capacity(node["metadata"]["name"], node_device_capacity(node))
@@ -150,7 +152,7 @@ def run(n_nodes: int, iterations: int, warmup: int, seed: int) -> dict[str, Any]
     nodes, tracker = fleet.nodes, fleet.tracker
     results: list[Stats] = []
 
-    specs = {
+    specs: dict[str, dict[str, Any]] = {
         "place binpack 1 GPU": {"resources": {GPU: 1}},
         "place spread 2 GPU": {"resources": {GPU: 2}, "schedulingStrategy": "spread"},
         "place binpack 2 GPU + nodeSelector": {
@@ -165,6 +167,47 @@ def run(n_nodes: int, iterations: int, warmup: int, seed: int) -> dict[str, Any]
         results.append(
             measure(label, lambda s=spec: place(s, nodes, tracker), iterations, warmup, note)
         )
+
+    # The memo's two edges: Nodes without a resourceVersion (hand-built; nothing is
+    # memoised), and 1% of the fleet updated before every call (new objects with new
+    # versions, as node heartbeats and label edits arrive through the informer).
+    spec = specs["place binpack 1 GPU"]
+    unversioned = [
+        {**n, "metadata": {k: v for k, v in n["metadata"].items() if k != "resourceVersion"}}
+        for n in nodes
+    ]
+    results.append(
+        measure(
+            "place binpack 1 GPU, Nodes without resourceVersion",
+            lambda: place(spec, unversioned, tracker),
+            iterations,
+            warmup,
+            "nothing memoised",
+        )
+    )
+    churn = list(nodes)
+    updated = [
+        {**n, "metadata": {**n["metadata"], "resourceVersion": f"u{n['metadata']['name']}"}}
+        for n in nodes
+    ]
+    step = max(1, n_nodes // 100)
+    turn = [0]
+
+    def place_with_churn() -> None:
+        start = turn[0] = (turn[0] + step) % n_nodes
+        for i in range(start, min(start + step, n_nodes)):
+            churn[i] = updated[i] if churn[i] is nodes[i] else nodes[i]
+        place(spec, churn, tracker)
+
+    results.append(
+        measure(
+            "place binpack 1 GPU, 1% of Nodes updated per call",
+            place_with_churn,
+            iterations,
+            warmup,
+            f"{step} new Node objects per call",
+        )
+    )
 
     nowhere = {"resources": {GPU: 16}}
     decision = place(nowhere, nodes, tracker)
