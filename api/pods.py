@@ -180,7 +180,7 @@ def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
                 slim_spec[key] = [
                     _kept(c, _KEPT_CONTAINER) if isinstance(c, dict) else c for c in containers
                 ]
-    out = {k: pod[k] for k in ("apiVersion", "kind") if k in pod}
+    out: dict[str, Any] = {k: pod[k] for k in ("apiVersion", "kind") if k in pod}
     if "metadata" in pod:
         out["metadata"] = _kept(pod["metadata"], _KEPT_METADATA)
     if "spec" in pod:
@@ -207,7 +207,7 @@ _KEPT_NODE_STATUS = ("allocatable", "capacity", "conditions")
 def cached_node(node: dict[str, Any]) -> dict[str, Any]:
     """The manager's cache transform for nodes: what placement, fit checks, the inventory
     and the delivery label read; not images, addresses, nodeInfo or volumes."""
-    out = {k: node[k] for k in ("apiVersion", "kind") if k in node}
+    out: dict[str, Any] = {k: node[k] for k in ("apiVersion", "kind") if k in node}
     for key, fields in (
         ("metadata", _KEPT_NODE_METADATA),
         ("spec", _KEPT_NODE_SPEC),

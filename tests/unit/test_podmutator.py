@@ -4,7 +4,6 @@ cannot say), the delivery settings it is given, and which requests it judges."""
 from __future__ import annotations
 
 import copy as copy_module
-
 from typing import Any
 
 import pytest

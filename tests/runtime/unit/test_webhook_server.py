@@ -399,6 +399,24 @@ async def test_only_http11_is_negotiated(cert_dir: SecretVolume, ca: CA) -> None
 
 
 @pytest.mark.anyio
+async def test_no_session_ticket_is_issued(cert_dir: SecretVolume, ca: CA) -> None:
+    """The API server (client-go) never resumes a TLS session, so a ticket is wasted work."""
+    async with running(make_server(cert_dir), ca) as srv:
+        stream = await anyio.connect_tcp(
+            "127.0.0.1",
+            srv.server.port,
+            ssl_context=ca.client_context(),
+            tls_standard_compatible=False,
+        )
+        async with stream:
+            await stream.send(b"GET /nowhere HTTP/1.1\r\nhost: x\r\n\r\n")
+            await stream.receive()  # the answer comes after any ticket (TLS 1.3)
+            ssl_object = stream.extra(TLSAttribute.ssl_object)
+            assert ssl_object.version() == "TLSv1.3"
+            assert ssl_object.session is not None and not ssl_object.session.has_ticket
+
+
+@pytest.mark.anyio
 async def test_a_rotated_certificate_is_used_for_new_connections(
     cert_dir: SecretVolume, ca: CA
 ) -> None:
