@@ -219,9 +219,10 @@ async def settle(pid: int, max_wait: float = 20.0, idle: float = 0.05) -> float:
 class Env:
     """The one control plane and how each contender is started on it."""
 
-    def __init__(self, cp: ControlPlane, work: Path) -> None:
+    def __init__(self, cp: ControlPlane, work: Path, manager_flags: list[str]) -> None:
         self.cp = cp
         self.work = work
+        self.manager_flags = manager_flags
         self.sa_kubeconfig = str(cp.user_kubeconfig(SA_USER, SA_GROUPS))
         self.admin_kubeconfig = str(cp.kubeconfig_path)
         self.binaries = cp.binaries
@@ -245,6 +246,7 @@ class Env:
             f"--leader-election-namespace={MANAGER_NS}",
             f"--claims-namespace={MANAGER_NS}",
             f"--pod-workers={pod_workers}",
+            *self.manager_flags,  # --manager-flag: later flags win
         ]
         self.commands.setdefault("SDG manager", shlex.join(["python", *cmd[1:]]))
         proc = Proc(f"sdg-manager ({tag})", cmd, self.work / f"manager-{tag}.log", self.env)
@@ -626,7 +628,7 @@ class Run:
         try:
             self.out["controlplane_start_s"] = time.perf_counter() - t0
             install_rbac(cp)
-            env = Env(cp, cp.work_dir)
+            env = Env(cp, cp.work_dir, self.args.manager_flag)
             self.env = env
             self.out["work_dir"] = str(cp.work_dir)
             async with Kube(env.admin_kubeconfig, limit=self.args.in_flight + 16) as kube:
@@ -1218,6 +1220,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", help="keep logs and the control plane's files here")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--no-results", action="store_true", help="leave RESULTS.md alone")
+    parser.add_argument(
+        "--manager-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more flag for every SDG manager (repeatable): --manager-flag=--pod-workers=32",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     command = "python hack/bench/compare.py " + " ".join(sys.argv[1:] if argv is None else argv)
