@@ -12,9 +12,11 @@ import base64
 import contextlib
 import json
 import os
+import re
 import ssl
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,26 @@ class Kube:
             if resp.status not in ok:
                 raise ApiError(resp.status, text)
             return json.loads(text) if text else {}
+
+    async def writes(self) -> Counter[str]:
+        """The API server's count of write requests so far (``apiserver_request_total``),
+        by ``resource[/subresource] VERB``."""
+        assert self.session is not None
+        async with self.session.get("/metrics") as resp:
+            text = await resp.text()
+        counts: Counter[str] = Counter()
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels_text, _, value = line[len("apiserver_request_total{") :].rpartition("} ")
+            labels = dict(_LABEL.findall(labels_text))
+            if labels.get("verb") not in _WRITE_VERBS:
+                continue
+            what = labels.get("resource", "?")
+            if labels.get("subresource"):
+                what += "/" + labels["subresource"]
+            counts[f"{what} {labels['verb']}"] += int(float(value))
+        return counts
 
     async def list(self, path: str, **params: str) -> tuple[list[Obj], str]:
         items: list[Obj] = []
@@ -172,10 +194,16 @@ def reset_peak(pid: int) -> bool:
     return False
 
 
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
+
+
 class Stopwatch:
-    """CPU seconds and peak RSS of some processes over a stretch of time."""
+    """CPU seconds and peak RSS of some processes over a stretch of time (and, when
+    ``writes0`` is set, the API server's write requests in it)."""
 
     def __init__(self, pids: dict[str, int]) -> None:
+        self.writes0: Counter[str] | None = None
         self.pids = {k: v for k, v in pids.items() if v}
         self.t0 = time.perf_counter()
         self.cpu0 = {k: cpu_seconds(p) for k, p in self.pids.items()}

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,10 +219,10 @@ async def settle(pid: int, max_wait: float = 20.0, idle: float = 0.05) -> float:
 class Env:
     """The one control plane and how each contender is started on it."""
 
-    def __init__(self, cp: ControlPlane, work: Path, manager_flags: list[str]) -> None:
+    def __init__(self, cp: ControlPlane, work: Path, manager_flags: Sequence[str] = ()) -> None:
         self.cp = cp
         self.work = work
-        self.manager_flags = manager_flags
+        self.manager_flags = list(manager_flags)
         self.sa_kubeconfig = str(cp.user_kubeconfig(SA_USER, SA_GROUPS))
         self.admin_kubeconfig = str(cp.kubeconfig_path)
         self.binaries = cp.binaries
@@ -564,12 +564,24 @@ class Run:
         self.group_nodes: dict[str, str] = {}  # S1 group -> its node
         self.procs: list[Proc] = []
 
-    def phase(
+    async def stopwatch(self, pids: dict[str, int]) -> Stopwatch:
+        """A Stopwatch that also counts the API server's writes from now on."""
+        sw = Stopwatch(pids)
+        sw.writes0 = await self.kube.writes()
+        return sw
+
+    async def phase(
         self, name: str, sw: Stopwatch, cpu: dict[str, float] | None = None, **extra: Any
     ) -> None:
         cpu = cpu or sw.cpu()
-        self.phases.append({"name": name, "wall": sw.wall(), "cpu": cpu, **extra})
-        log.warning("%s: %.1f s; CPU %s", name, sw.wall(), fmt_cpu(cpu))
+        wall = sw.wall()
+        writes = {}
+        if sw.writes0 is not None:
+            after = await self.kube.writes()
+            writes = {k: n - sw.writes0.get(k, 0) for k, n in after.items()}
+            writes = {k: n for k, n in sorted(writes.items(), key=lambda kv: -kv[1]) if n > 0}
+        self.phases.append({"name": name, "wall": wall, "cpu": cpu, "writes": writes, **extra})
+        log.warning("%s: %.1f s; CPU %s", name, wall, fmt_cpu(cpu))
 
     def pids(self, **procs: Proc | None) -> dict[str, int]:
         out = {"kube-apiserver": self.cp.pids["kube-apiserver"], "etcd": self.cp.pids["etcd"]}
@@ -724,7 +736,7 @@ class Run:
             if is_bound(obj):
                 nodes[obj["metadata"]["name"]] = obj["status"]["nodeName"]
 
-        sw = Stopwatch(self.pids(manager=mgr))
+        sw = await self.stopwatch(self.pids(manager=mgr))
         async with Watch(self.kube, SDG_PATH, on):
             made = await create_all(
                 self.kube, SDG_PATH, [group_obj(n) for n in names], self.args.in_flight
@@ -733,7 +745,7 @@ class Run:
         last = max(seen.first[n] for n in names)
         secs = last - made.t_first
         self.group_nodes.update({n: nodes[n] for n in names})
-        self.phase(label, sw, groups=len(names), created_s=made.create_s, bound_s=secs)
+        await self.phase(label, sw, groups=len(names), created_s=made.create_s, bound_s=secs)
         key = "s3" if "s3" not in self.out else "s3b"
         self.out[key] = {"groups": len(names), "bound_s": secs, "per_s": len(names) / secs}
 
@@ -742,14 +754,14 @@ class Run:
         pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
         seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
         spy = PySpy(mgr.pid, mgr.log_path.parent / "py-spy-s1.txt") if self.args.py_spy else None
-        sw = Stopwatch(self.pids(manager=mgr))
+        sw = await self.stopwatch(self.pids(manager=mgr))
         async with Watch(self.kube, pods_path("s1-sdg"), seen):
             made = await create_all(self.kube, pods_path("s1-sdg"), pods, self.args.in_flight)
             await seen.wait(900)
         self.out["profile"] = spy.stop() if spy else None
         last = max(seen.first.values())
         secs = last - made.t_first
-        self.phase("S1: streaming pods, SDG", sw, pods=n, created_s=made.create_s)
+        await self.phase("S1: streaming pods, SDG", sw, pods=n, created_s=made.create_s)
         self.out["s1_sdg"] = {
             "pods": n,
             "seconds": secs,
@@ -771,13 +783,13 @@ class Run:
             g = groups[i % len(groups)]
             pods.append(twin_pod(self.templates[g], f"p-{i:05d}", self.group_nodes[g], None))
         seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
-        sw = Stopwatch(self.pids(**{"kube-scheduler": ks}))
+        sw = await self.stopwatch(self.pids(**{"kube-scheduler": ks}))
         async with Watch(self.kube, pods_path("s1-kube"), seen):
             made = await create_all(self.kube, pods_path("s1-kube"), pods, self.args.in_flight)
             await seen.wait(900)
         last = max(seen.first.values())
         secs = last - made.t_first
-        self.phase("S1: streaming pods, kube-scheduler", sw, pods=n, created_s=made.create_s)
+        await self.phase("S1: streaming pods, kube-scheduler", sw, pods=n, created_s=made.create_s)
         self.out["s1_kube"] = {
             "pods": n,
             "seconds": secs,
@@ -823,7 +835,7 @@ class Run:
         per = self.scale.s8_pods // rounds
         warm = int(self.scale.s8_rate // 2)
         lat: dict[str, list[float]] = {"on": [], "off": []}
-        sw = Stopwatch(self.pids(manager=mgr))
+        sw = await self.stopwatch(self.pids(manager=mgr))
         for r in range(rounds):
             for mode in ("on", "off"):
                 ns = f"s8-{mode}"
@@ -832,7 +844,7 @@ class Run:
                 await self.paced(ns, f"warm{r}", groups, warm)
                 lat[mode] += await self.paced(ns, f"w{r}", groups, per)
         label = f"S8: {rounds} rounds of paced creates, webhook on / off in turn"
-        self.phase(label, sw, pods=2 * rounds * (per + warm))
+        await self.phase(label, sw, pods=2 * rounds * (per + warm))
         return {
             "on": {"latency": summary(lat["on"]), "rate": self.s8_rate_seen},
             "off": {"latency": summary(lat["off"]), "rate": self.s8_rate_seen},
@@ -842,9 +854,9 @@ class Run:
     async def s2_backlog(self, mgr: Proc, groups: list[str]) -> list[Obj]:
         n = self.scale.pods
         pods = [group_pod(f"b-{i:05d}", groups[i % len(groups)]) for i in range(n)]
-        sw = Stopwatch(self.pids(manager=mgr))
+        sw = await self.stopwatch(self.pids(manager=mgr))
         made = await create_all(self.kube, pods_path("s2-sdg"), pods, self.args.in_flight)
-        self.phase("S2: backlog created (webhook on, manager not leading)", sw, pods=n)
+        await self.phase("S2: backlog created (webhook on, manager not leading)", sw, pods=n)
         items, _ = await self.kube.list(pods_path("s2-sdg"))
         assert len(items) == n and not any(has_node(p) for p in items)
         assert all(p["spec"].get("schedulerName") == "deviceshare-scheduler" for p in items)
@@ -854,13 +866,13 @@ class Run:
     async def s2_sdg(self, mgr: Proc, backlog: list[Obj]) -> None:
         n = len(backlog)
         seen = FirstSeen([p["metadata"]["name"] for p in backlog], has_node)
-        sw = Stopwatch(self.pids(manager=mgr))
+        sw = await self.stopwatch(self.pids(manager=mgr))
         async with Watch(self.kube, pods_path("s2-sdg"), seen):
             t_release = time.perf_counter()
             await hold_lease(self.kube, "", 1)
             await seen.wait(900)
         first, last = min(seen.first.values()), max(seen.first.values())
-        self.phase("S2: backlog bound, SDG", sw, pods=n)
+        await self.phase("S2: backlog bound, SDG", sw, pods=n)
         self.out["s2_sdg"] = {
             "pods": n,
             "seconds": last - first,
@@ -897,13 +909,13 @@ class Run:
                 self.env.work / "raw-binder.log",
                 self.env.env,
             )
-            sw = Stopwatch(self.pids(**{"raw binder": proc}))
+            sw = await self.stopwatch(self.pids(**{"raw binder": proc}))
             await seen.wait(900)
             cpu = sw.cpu()
             await asyncio.to_thread(proc.popen.wait, 120)
         report = json.loads(proc.log_path.read_text().strip().splitlines()[-1])
         first, last = min(seen.first.values()), max(seen.first.values())
-        self.phase("S2: backlog bound, raw binder", sw, cpu, pods=n)
+        await self.phase("S2: backlog bound, raw binder", sw, cpu, pods=n)
         self.out["s2_raw"] = {
             "pods": n,
             "seconds": last - first,
@@ -926,7 +938,7 @@ class Run:
         state: dict[str, Any] = {"t": None, "cpu": None}
         done = asyncio.Event()
         peak_reset = reset_peak(proc.pid)
-        sw = Stopwatch(self.pids(**{proc.name.split(" (")[0]: proc}))
+        sw = await self.stopwatch(self.pids(**{proc.name.split(" (")[0]: proc}))
 
         def on(typ: str, obj: Obj) -> None:
             name = obj["metadata"]["name"]
@@ -962,7 +974,7 @@ class Run:
         mem = memory(proc.pid)
         who = "sdg" if "sdg" in ns else "kopf"
         lag = state["t"] - made.t_last
-        self.phase(label, sw, state["cpu"], pods=n, groups=len(groups))
+        await self.phase(label, sw, state["cpu"], pods=n, groups=len(groups))
         self.out[f"s4_{who}"] = {
             "pods": n,
             "groups": len(groups),
@@ -976,23 +988,23 @@ class Run:
 
     async def s6_s7(self) -> None:
         env = self.env
-        sw = Stopwatch(self.pids())
+        sw = await self.stopwatch(self.pids())
         mgr, _, ready = await env.manager("s7")
         self.procs.append(mgr)
         settled = await settle(mgr.pid)
         mem = memory(mgr.pid)
         cpu = cpu_seconds(mgr.pid)
-        self.phase("S7/S6: SDG cold start", sw)
+        await self.phase("S7/S6: SDG cold start", sw)
         await self.stop(mgr)
         self.out["s7_sdg"] = {"ready_s": ready, "settle_s": settled, "cpu_s": cpu}
         self.out["s6_sdg"] = mem
-        sw = Stopwatch(self.pids())
+        sw = await self.stopwatch(self.pids())
         ks, ready = await env.kube_scheduler("s6")
         self.procs.append(ks)
         settled = await settle(ks.pid)
         mem = memory(ks.pid)
         cpu = cpu_seconds(ks.pid)
-        self.phase("S7/S6: kube-scheduler cold start", sw)
+        await self.phase("S7/S6: kube-scheduler cold start", sw)
         await self.stop(ks)
         self.out["s7_kube"] = {"ready_s": ready, "settle_s": settled, "cpu_s": cpu}
         self.out["s6_kube"] = mem
@@ -1181,11 +1193,12 @@ def markdown(out: dict[str, Any], command: str) -> str:
         "",
         "CPU seconds per phase (from /proc; `bench` is this script: load generator and watches):",
         "",
-        "| phase | wall s | CPU s |",
-        "| --- | ---: | --- |",
+        "| phase | wall s | CPU s | API server writes (apiserver_request_total) |",
+        "| --- | ---: | --- | --- |",
     ]
     for ph in out["phases"]:
-        lines.append(f"| {ph['name']} | {ph['wall']:.1f} | {fmt_cpu(ph['cpu'])} |")
+        writes = ", ".join(f"{k} {n}" for k, n in (ph.get("writes") or {}).items())
+        lines.append(f"| {ph['name']} | {ph['wall']:.1f} | {fmt_cpu(ph['cpu'])} | {writes} |")
     lines += ["", "How each contender ran:", ""]
     for who, cmd in out["commands"].items():
         lines.append(f"- {who}: `{cmd}`")
