@@ -1,4 +1,5 @@
-"""A small HTTP/1.1 server on anyio + h11, for webhooks, probes and metrics.
+"""A small HTTP/1.1 (and opt-in HTTP/2) server on anyio + h11, for webhooks, probes and
+metrics.
 
 Why not a framework: we need three tiny endpoints sets, per-connection TLS with a
 certificate that can change at any time, strict limits, and structured concurrency
@@ -28,8 +29,12 @@ Behaviour worth knowing:
 - a handler that raises gets 500, one that outlives ``handler_timeout`` gets 503;
 - with ``ssl_context_provider`` each new connection is wrapped with the context the
   provider returns *at that moment*, so a rotated certificate takes effect for new
-  connections without a restart. Only HTTP/1.1 is spoken, so ALPN must not offer h2
-  (``CertWatcher`` configures its contexts that way).
+  connections without a restart;
+- with ``http2=True``, a TLS connection whose ALPN chose ``h2`` is served by
+  ``sdgruntime.http2`` (same limits and handlers, per stream; see there); the context
+  must then offer ``h2`` (``server_context(..., http2=True)``). Without it, ALPN must not
+  offer h2 (``server_context`` by default does not). Each served connection counts in
+  ``sdgruntime_http_connections_total{server,protocol}``.
 
 Shutdown is cancellation: in-flight requests are cancelled with their connection.
 """
@@ -49,9 +54,9 @@ import anyio
 import anyio.abc
 import h11
 from anyio.abc import SocketAttribute
-from anyio.streams.tls import TLSStream
+from anyio.streams.tls import TLSAttribute, TLSStream
 
-from sdgruntime import jsoncodec
+from sdgruntime import jsoncodec, metrics
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +187,7 @@ class HTTPServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_buffered_bytes: int | None = None,
         name: str = "http",
+        http2: bool = False,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
@@ -203,6 +209,7 @@ class HTTPServer:
         self.max_connections = max_connections
         self.max_buffered_bytes = max_buffered_bytes
         self.name = name
+        self.http2 = http2
         self._requested_port = port
         self._port: int | None = None
         self._listening = False
@@ -314,12 +321,21 @@ class HTTPServer:
             async with raw:
                 try:
                     stream: anyio.abc.ByteStream = raw
+                    protocol = "http/1.1"
                     if self.ssl_context_provider is not None:
                         wrapped = await self._handshake(raw, client)
                         if wrapped is None:
                             return
                         stream = wrapped
-                    await self._serve_connection(raw, stream, client)
+                        if self.http2 and wrapped.extra(TLSAttribute.alpn_protocol) == "h2":
+                            protocol = "h2"
+                    metrics.HTTP_CONNECTIONS.labels(server=self.name, protocol=protocol).inc()
+                    if protocol == "h2":
+                        from sdgruntime.http2 import H2Session  # h2 only loaded if used
+
+                        await H2Session(self, stream, client).run()
+                    else:
+                        await self._serve_connection(raw, stream, client)
                 except _NETWORK_ERRORS as exc:
                     log.debug("%s connection from %s ended: %r", self.name, client, exc)
                 except Exception:
@@ -620,7 +636,24 @@ def _encode(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
 
 
 def _make_request(head: h11.Request, body: bytes, client: tuple[str, int] | None) -> Request:
-    target = head.target.decode("latin-1")
+    return make_request(
+        head.method.decode("ascii"),
+        head.target.decode("latin-1"),
+        [(name.decode("latin-1"), value.decode("latin-1")) for name, value in head.headers],
+        body,
+        client,
+    )
+
+
+def make_request(
+    method: str,
+    target: str,
+    fields: Iterable[tuple[str, str]],
+    body: bytes,
+    client: tuple[str, int] | None,
+) -> Request:
+    """A ``Request`` from a parsed head (either protocol's); ``_Reject`` (400) for a
+    target that cannot be split."""
     if target.startswith("/"):
         raw_path, _, raw_query = target.partition("?")
     else:  # absolute-form ("http://host/path") or "*"
@@ -630,11 +663,10 @@ def _make_request(head: h11.Request, body: bytes, client: tuple[str, int] | None
             raise _Reject(400, f"bad request target: {exc}") from None
         raw_path, raw_query = parts.path or target, parts.query
     headers: dict[str, str] = {}
-    for name, value in head.headers:
-        key, text = name.decode("latin-1"), value.decode("latin-1")
+    for key, text in fields:
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
     return Request(
-        method=head.method.decode("ascii"),
+        method=method,
         path=unquote(raw_path),
         query=parse_qs(raw_query, keep_blank_values=True),
         headers=headers,

@@ -173,3 +173,12 @@ REST_CLIENT_LATENCY = Histogram(
     ["verb", "host"],
     registry=REGISTRY,
 )
+
+# --- HTTP servers ---------------------------------------------------------------------
+HTTP_CONNECTIONS = Counter(
+    "sdgruntime_http_connections_total",
+    "Connections served by sdgruntime's HTTP servers, by server and negotiated protocol "
+    "(h2 or http/1.1); a fast-growing count means clients reconnect instead of reusing",
+    ["server", "protocol"],
+    registry=REGISTRY,
+)

@@ -7,7 +7,7 @@ import anyio
 import pytest
 import yaml
 
-from sdgruntime import errors
+from sdgruntime import errors, metrics
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.envtest.controlplane import free_port
@@ -206,6 +206,60 @@ async def test_an_object_the_handler_cannot_read_fails_the_call_with_our_reason(
                 GADGETS, {**gadget, "metadata": {"name": "g2"}, "spec": owned}, namespace
             )
             assert created["metadata"]["name"] == "g2"
+        finally:
+            for obj in _configs(namespace):
+                control_plane.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+            tg.cancel_scope.cancel()
+
+
+async def test_the_api_server_calls_our_webhooks_over_one_h2_connection(
+    control_plane: ControlPlane, client: Client, namespace: str
+) -> None:
+    """kube-apiserver (Go's net/http) picks h2 from our ALPN offer and multiplexes
+    concurrent reviews on one connection instead of opening one per review."""
+
+    def count(protocol: str) -> float:
+        value = metrics.REGISTRY.get_sample_value(
+            "sdgruntime_http_connections_total", {"server": "webhook", "protocol": protocol}
+        )
+        return value or 0.0
+
+    path = control_plane.work_dir / "gadget-crd.yaml"
+    path.write_text(yaml.safe_dump(CRD))
+    control_plane.install_crds([path])
+    port = free_port()
+    server = WebhookServer("127.0.0.1", port, control_plane.webhook_cert_dir())
+    server.register("/mutate-gadget", DefaultColor())
+    server.register("/validate-gadget", SizeLimit())
+    h2_before, h1_before = count("h2"), count("http/1.1")
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        control_plane.install_webhooks(_configs(namespace), port)
+        try:
+
+            async def create(i: int) -> None:
+                await client.create(
+                    GADGETS,
+                    {
+                        "apiVersion": GADGETS.api_version,
+                        "kind": "Gadget",
+                        "metadata": {"name": f"h2-{i}"},
+                        "spec": {"size": 1},
+                    },
+                    namespace,
+                )
+
+            # Sequential first: concurrent calls to a host it has no connection to yet
+            # make Go's transport dial once for each (it learns h2 from the handshake).
+            await create(-1)
+            warm = count("h2")
+            for burst in range(3):
+                async with anyio.create_task_group() as creates:
+                    for i in range(40):  # over client-go's 25 idle HTTP/1.1 connections
+                        creates.start_soon(create, 100 * burst + i)
+            assert count("http/1.1") == h1_before
+            assert warm - h2_before >= 1
+            assert count("h2") == warm  # every review of the bursts on those connections
         finally:
             for obj in _configs(namespace):
                 control_plane.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
