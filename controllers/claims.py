@@ -21,6 +21,10 @@ the disputed IDs for everyone (holder ``!conflict:...``); a malformed record blo
 whole node. So a view that is wrong can only make SDG hand out less, never twice; and the
 write itself re-checks the record it fences on.
 
+Writes of one node's record are serialised, and the changes that queue up behind a write
+go together in the next one (``controllers.coalesce``): group reconciles run concurrently,
+and binds onto one node must neither 409 each other nor pay one round trip each.
+
 A record is identified by its ConfigMap's *name*, never by a field inside it: a labelled
 ConfigMap whose name is not ``record_name(data.node)`` (a decoy, or a record whose
 contents were edited to name another node) is malformed and blocks every node it names,
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import parse_ids
+from controllers.coalesce import Abandoned, Coalescer
 from controllers.inventory import Offer, count_offer
 from controllers.tracker import (
     Devices,
@@ -151,18 +156,29 @@ class ClaimBook:
         #: Per node, every held ID under a holder name ``<group>@<node>`` (or a blocker).
         self.tracker = tracker or DeviceTracker()
         self.records: dict[str, Record] = {}
+        #: group -> nodes whose record names it (an index of ``records``: every reconcile
+        #: asks where a group is claimed; a scan of every node's record would be O(nodes)).
+        self._claimed: dict[str, set[str]] = {}
         #: Per node, the malformed ConfigMaps that name it: ConfigMap name -> why.
         self._malformed: dict[str, dict[str, str]] = {}
         #: ConfigMap name -> (resourceVersion, nodes it named) as last observed.
         self._seen: dict[str, tuple[int, set[str]]] = {}
         #: Bound groups' statuses: group -> (node, devices).
         self.statuses: dict[str, tuple[str, Devices]] = {}
+        #: node -> groups whose status is bound there (an index of ``statuses``: mirroring
+        #: one node must not walk every bound group of the cluster).
+        self._status_on: dict[str, set[str]] = {}
+        #: node -> the holder keys ``_mirror`` last put into the tracker for it (the book is
+        #: the only writer of its tracker's holdings).
+        self._mirrored: dict[str, list[str]] = {}
         #: Decisions in flight (reserved, record write pending): group -> (node, devices).
         self.reserved: dict[str, tuple[str, Devices]] = {}
         #: Per node, the devices each resource offers (its inventory).
         self.offers: dict[str, dict[str, Offer]] = {}
         #: Per node, disputed IDs: "<res> <id>: held by a, b" (for conditions and logs).
         self.conflicts: dict[str, list[str]] = {}
+        #: Record writes, serialised and coalesced per node.
+        self._commits: Coalescer[str, _Change] = Coalescer(self._flush)
 
     # --- mirroring: records ------------------------------------------------------------
     @property
@@ -206,7 +222,7 @@ class ClaimBook:
             log.error("%s is malformed: %s", ref, err)
             self._malformed.setdefault(node, {})[name] = f"{ref}: {err}"
             claims, uids = {}, {}
-        self.records[node] = Record(node, claims, dict(cm), uids)
+        self._set_record(node, Record(node, claims, dict(cm), uids))
         for n in touched:
             self._mirror(n)
         return node
@@ -224,11 +240,24 @@ class ClaimBook:
         for node in list(touched):
             record = self.records.get(node)
             if record is not None and record.obj is not None and record_name(node) == name:
-                del self.records[node]
+                self._set_record(node, None)
                 gone = node
         for node in touched:
             self._mirror(node)
         return gone
+
+    def _set_record(self, node: str, record: Record | None) -> None:
+        """Replace (None: drop) ``node``'s record, keeping the group index in step."""
+        old = self.records.pop(node, None)
+        for group in old.claims if old else ():
+            nodes = self._claimed[group]
+            nodes.discard(node)
+            if not nodes:
+                del self._claimed[group]
+        if record is not None:
+            self.records[node] = record
+            for group in record.claims:
+                self._claimed.setdefault(group, set()).add(node)
 
     def _drop_observation(self, name: str) -> set[str]:
         """Forget what ConfigMap ``name`` said about its nodes; returns those nodes."""
@@ -259,19 +288,29 @@ class ClaimBook:
         old = self.statuses.get(name)
         if held == old:
             return
-        if held is None:
-            self.statuses.pop(name, None)
-        else:
-            self.statuses[name] = held
+        self._set_status(name, held)
         for node in _nodes_of(old, held):
             self._mirror(node)
 
     def forget_group(self, group: Mapping[str, Any]) -> None:
         """The group object is gone: its status no longer holds anything."""
         name = (group.get("metadata") or {}).get("name", "")
+        old = self.statuses.get(name)
+        if old is not None:
+            self._set_status(name, None)
+            self._mirror(old[0])
+
+    def _set_status(self, name: str, held: tuple[str, Devices] | None) -> None:
+        """Replace (None: drop) what ``name``'s status holds, keeping the node index."""
         old = self.statuses.pop(name, None)
         if old is not None:
-            self._mirror(old[0])
+            on = self._status_on[old[0]]
+            on.discard(name)
+            if not on:
+                del self._status_on[old[0]]
+        if held is not None:
+            self.statuses[name] = held
+            self._status_on.setdefault(held[0], set()).add(name)
 
     def set_capacity(self, node: str, capacities: Mapping[str, int]) -> None:
         """IDs ``0..N-1`` of each resource (a count-only inventory)."""
@@ -325,10 +364,11 @@ class ClaimBook:
         record = self.records.get(node)
         for group, devices in (record.claims if record else {}).items():
             hold(group, devices)
-        for source in (self.statuses, self.reserved):
-            for group, (where, devices) in source.items():
-                if where == node:
-                    hold(group, devices)
+        for group in self._status_on.get(node, ()):
+            hold(group, self.statuses[group][1])
+        for group, (where, devices) in self.reserved.items():
+            if where == node:
+                hold(group, devices)
         holders: dict[str, dict[str, list[int]]] = {}
         disputes: list[str] = []
         for (res, i), groups in sorted(owners.items()):
@@ -355,12 +395,16 @@ class ClaimBook:
             ]
             if rest:
                 holders.setdefault("!unavailable", {})[res] = rest
-        for key in [g for g in self.tracker.claims_on(node)]:
+        for key in self._mirrored.pop(node, ()):
             self.tracker.release(key)
+        keys = []
         for holder, devices in sorted(holders.items()):
             # Holder keys are per node: a group claimed on two nodes (a stale record)
             # still blocks both sets of IDs.
-            self.tracker.add_claim(f"{holder}@{node}", node, devices)
+            keys.append(f"{holder}@{node}")
+            self.tracker.add_claim(keys[-1], node, devices)
+        if keys:
+            self._mirrored[node] = keys
         if disputes:
             self.conflicts[node] = disputes
             log.error("node %s: devices claimed twice: %s", node, "; ".join(disputes))
@@ -371,11 +415,10 @@ class ClaimBook:
 
     # --- reading ---------------------------------------------------------------------
     def claim_of(self, group: str) -> tuple[str, Devices] | None:
-        """Where ``group`` holds devices according to the records (None: nowhere)."""
-        for node, record in self.records.items():
-            if group in record.claims:
-                return node, record.claims[group]
-        return None
+        """Where ``group`` holds devices according to the records (None: nowhere; the
+        first node by name when stale records name it on several)."""
+        nodes = self.nodes_claiming(group)
+        return (nodes[0], self.records[nodes[0]].claims[group]) if nodes else None
 
     def claim_on(self, node: str, group: str) -> Devices | None:
         """``group``'s claim in ``node``'s record (None: the record names it not)."""
@@ -383,7 +426,7 @@ class ClaimBook:
         return record.claims.get(group) if record else None
 
     def nodes_claiming(self, group: str) -> list[str]:
-        return sorted(n for n, r in self.records.items() if group in r.claims)
+        return sorted(self._claimed.get(group, ()))
 
     def uid_of(self, node: str, group: str) -> str:
         """The UID recorded with ``group``'s claim on ``node`` ("" when none was)."""
@@ -395,7 +438,7 @@ class ClaimBook:
         others: set[str] = set()
         record = self.records.get(node)
         sources: list[Iterable[tuple[str, Devices]]] = [(record.claims if record else {}).items()]
-        sources.append(((g, d) for g, (n, d) in self.statuses.items() if n == node))
+        sources.append((g, self.statuses[g][1]) for g in self._status_on.get(node, ()))
         for items in sources:
             for other, held in items:
                 if other == group:
@@ -416,51 +459,83 @@ class ClaimBook:
         the caller re-decides from the fresh view; it never retries blindly. Removing a
         claim is the caller's decision to make on a live read of the group (see
         ``GroupScheduler``); this method only fences the write.
+
+        Writes to one node are serialised, and changes that arrive while one is in flight
+        go together in the next (``controllers.coalesce``): concurrent binds onto one node
+        cost one write, not a 409 each. Each caller still gets its own outcome: a change
+        that overlaps a claim already recorded fails alone; a failed write (409, or any
+        error) fails every change it carried, so each caller gives back what it reserved.
         """
+        try:
+            await self._commits.submit(node, _Change(group, devices, uid))
+        except Abandoned as err:
+            raise errors.TransportError(
+                f"claim record of node {node}: the write was cancelled ({err})"
+            ) from err
+
+    async def _flush(self, node: str, changes: list[_Change]) -> list[BaseException | None]:
+        """One conditional write of ``node``'s record with every change that fits it; one
+        outcome per change."""
         if node in self._malformed:
-            raise ClaimRecordBroken(self.broken[node])
+            broken = ClaimRecordBroken(self.broken[node])
+            return [broken] * len(changes)
         record = self.records.get(node) or Record(node)
-        claims = {g: d for g, d in record.claims.items() if g != group}
-        uids = {g: u for g, u in record.uids.items() if g != group}
-        if devices is not None:
-            overlap = [g for g, held in claims.items() if _overlaps(held, devices)]
+        claims, uids = dict(record.claims), dict(record.uids)
+        outcomes: list[BaseException | None] = []
+        for change in changes:
+            group, devices = change.group, change.devices
+            overlap = sorted(
+                g for g, held in claims.items() if g != group and _overlaps(held, devices or {})
+            )
             if overlap:
                 # The record we fence on already gives some of these IDs to another
                 # group: our view was wrong. Never write a device twice.
+                why = f"node {node}: {devices} overlap the claims of {overlap}"
+                outcomes.append(errors.Conflict(why, code=409))
+                continue
+            claims.pop(group, None)
+            uids.pop(group, None)
+            if devices is not None:
+                claims[group] = devices
+                if change.uid:
+                    uids[group] = change.uid
+            outcomes.append(None)
+        if claims != record.claims or uids != record.uids:
+            try:
+                self.observe(await self._put(node, record, claims, uids))
+            except (errors.Conflict, errors.AlreadyExists) as err:
                 await self.refresh(node)
-                raise errors.Conflict(
-                    f"node {node}: {devices} overlap the claims of {sorted(overlap)}", code=409
+                conflict = errors.Conflict(
+                    f"claim record of node {node} changed concurrently; re-deciding", code=409
                 )
-            claims[group] = devices
-            if uid:
-                uids[group] = uid
-        if claims == record.claims and uids == record.uids:
-            return
+                conflict.__cause__ = err
+                return [conflict if o is None else o for o in outcomes]
+            except Exception as err:
+                return [err if o is None else o for o in outcomes]
+        if any(o is not None for o in outcomes):
+            await self.refresh(node)
+        return outcomes
+
+    async def _put(
+        self, node: str, record: Record, claims: dict[str, Devices], uids: dict[str, str]
+    ) -> dict[str, Any]:
+        """Create or update ``node``'s record as ``claims``/``uids``, conditionally."""
         body = {DATA_NODE: node, DATA_CLAIMS: encode_claims(claims)}
         if uids:
             body[DATA_UIDS] = json.dumps(uids, separators=(",", ":"), sort_keys=True)
-        try:
-            if record.obj is None:
-                cm = {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": {
-                        "name": record_name(node),
-                        "namespace": self.namespace,
-                        "labels": {RECORD_LABEL: RECORD_LABEL_VALUE},
-                    },
-                    "data": body,
-                }
-                written = await self.client.create(CONFIGMAPS, cm, self.namespace)
-            else:
-                cm = {**record.obj, "data": body}
-                written = await self.client.update(CONFIGMAPS, cm)
-        except (errors.Conflict, errors.AlreadyExists) as err:
-            await self.refresh(node)
-            raise errors.Conflict(
-                f"claim record of node {node} changed concurrently; re-deciding", code=409
-            ) from err
-        self.observe(written)
+        if record.obj is None:
+            cm = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": record_name(node),
+                    "namespace": self.namespace,
+                    "labels": {RECORD_LABEL: RECORD_LABEL_VALUE},
+                },
+                "data": body,
+            }
+            return await self.client.create(CONFIGMAPS, cm, self.namespace)
+        return await self.client.update(CONFIGMAPS, {**record.obj, "data": body})
 
     async def refresh(self, node: str) -> None:
         """Read a node's record from the API server by its name (after a conflict)."""
@@ -470,10 +545,19 @@ class ClaimBook:
         except errors.NotFound:
             self.forget({"metadata": {"name": name}})
             if node in self.records:  # known only from our own writes so far
-                del self.records[node]
+                self._set_record(node, None)
                 self._mirror(node)
             return
         self.observe(cm)
+
+
+@dataclass(frozen=True)
+class _Change:
+    """One caller's change to a node's record: ``devices`` None removes the claim."""
+
+    group: str
+    devices: Devices | None
+    uid: str
 
 
 def _overlaps(held: Mapping[str, list[int]], devices: Mapping[str, list[int]]) -> bool:

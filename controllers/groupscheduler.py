@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -37,11 +37,12 @@ from api.constants import (
     REASON_NOT_READY,
     SDG_KIND,
 )
-from api.pods import POD_GROUP_INDEX, delivered_devices, is_active, pod_key
+from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.v1alpha1 import format_ids, selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.claims import ClaimBook, nodes_named_by
 from controllers.foreign import ForeignDevices, foreign_changed, foreign_facts
+from controllers.grouppods import survey
 from controllers.groupstatus import (
     Problem,
     bound_status,
@@ -57,12 +58,15 @@ from controllers.recovery import Recovery, restore_record
 from controllers.release import ClaimReleaser, bound_pods
 from controllers.tracker import Devices, DeviceTracker
 from controllers.watches import (
+    group_changed,
     group_of_pod,
-    groups_on,
+    groups_bound_on,
+    index_groups,
     node_changed,
     only_deletes,
     pending_groups,
-    pod_moved,
+    pod_matters_to_group,
+    pods_of_group,
 )
 from sdgruntime import errors
 from sdgruntime.cache import Cache
@@ -202,6 +206,10 @@ class GroupScheduler:
                     "and the group is placed again",
                 )
                 return None
+            # From here to reserve() nothing awaits: with several group workers this is
+            # the one serialised step (one reconcile runs at a time between awaits), so no
+            # two decisions see the same devices free. The writes after it overlap; the
+            # claim book serialises those per node.
             nodes = self.cache.list(NODES, copy=False)
             decision = place(spec, nodes, self.claims.tracker, blocked=self._blocked(resources))
             span.set_attribute("sdg.candidates", decision.candidates)
@@ -330,19 +338,21 @@ class GroupScheduler:
             if refused:
                 await self._report(group, (REASON_CLAIM_CONFLICT, refused))
                 return None
-        conflict = self._devices_disputed(group, node, devices)
-        pods = sum(
-            1
-            for p in self.cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False)
-            if is_active(p)
+        pods = survey(
+            pods_of_group(self.cache, name),
+            node,
+            devices,
+            (group.get("spec") or {}).get("resources") or {},
+            self.env_table,
         )
+        conflict = self._devices_disputed(group, node, devices, pods.odd)
         status = bound_status(
             group,
             node,
             devices,
             self._node(node),
             problem=conflict,
-            pod_count=pods,
+            pod_count=pods.active,
             offers=self.claims.offers.get(node),
         )
         old = (group.get("status") or {}).get("conditions")
@@ -361,24 +371,21 @@ class GroupScheduler:
                 self.recorder.emit(group, "Warning", str(now["reason"]), str(now["message"]))
         return None
 
-    def _devices_disputed(self, group: Obj, node: str, devices: Devices) -> Problem | None:
+    def _devices_disputed(
+        self, group: Obj, node: str, devices: Devices, odd: Sequence[str]
+    ) -> Problem | None:
         """Why the group's devices are disputed right now, if they are: pods outside any
-        group use them, its own pods run with other devices, or its record is unreadable."""
+        group use them, its own pods run with other devices (``odd``, from ``survey``), or
+        its record is unreadable."""
         resources = (group.get("spec") or {}).get("resources") or {}
         foreign = self.foreign.problem(node, resources)
         if foreign is not None:
             return foreign
-        odd = []
-        for pod in bound_pods(self.cache, group["metadata"]["name"]):
-            where = pod["spec"]["nodeName"]
-            seen = delivered_devices(pod, resources, self.env_table)
-            if where != node or (seen is not None and seen != devices):
-                odd.append(f"{pod_key(pod)} on {where} with {seen}")
         if odd:
             return (
                 REASON_DEVICES_CONFLICT,
                 f"pods run with other devices than the group holds ({node} {devices}): "
-                f"{'; '.join(sorted(odd)[:5])}; delete those pods to resolve",
+                f"{'; '.join(odd[:5])}; delete those pods to resolve",
             )
         broken = self.claims.broken.get(node)
         if broken:
@@ -416,8 +423,9 @@ class GroupScheduler:
         return None
 
     def _node(self, name: str) -> Obj | None:
+        """The cached node, not copied: only read (placement's checks, status builders)."""
         try:
-            return self.cache.get(NODES, name)
+            return self.cache.get(NODES, name, copy=False)
         except errors.NotFound:
             return None
 
@@ -427,11 +435,12 @@ def setup(
 ) -> None:
     """Register the group scheduler with everything that can change a group's decision."""
     cache, claims, table = mgr.cache, scheduler.claims, scheduler.env_table
+    index_groups(cache)
 
     def for_node(node: Mapping[str, Any]) -> Iterator[Request]:
         """A node changed: Pending groups may fit now; bound groups re-check health."""
         yield from pending_groups(cache)
-        yield from groups_on(cache, [node["metadata"]["name"]])
+        yield from groups_bound_on(cache, [node["metadata"]["name"]])
 
     def for_record(cm: Mapping[str, Any]) -> Iterator[Request]:
         """A record changed: devices may be free, a claim may await adoption, bound groups
@@ -439,7 +448,7 @@ def setup(
         reported), and groups it names may hold a claim on the wrong node."""
         _node, named = nodes_named_by(cm)
         yield from pending_groups(cache)
-        yield from groups_on(cache, named)
+        yield from groups_bound_on(cache, named)
         for node in named:
             record = claims.records.get(node)
             yield from (Request(name) for name in (record.claims if record else ()))
@@ -448,16 +457,16 @@ def setup(
         """Pods outside any group on a node: groups there re-check; Pending groups retry."""
         if foreign_facts(pod, table):
             yield from pending_groups(cache)
-            yield from groups_on(cache, [(pod.get("spec") or {}).get("nodeName")])
+            yield from groups_bound_on(cache, [(pod.get("spec") or {}).get("nodeName")])
 
     def for_slice(resource_slice: Mapping[str, Any]) -> Iterator[Request]:
         """A node's published devices changed: as for a node."""
         node = node_of_slice(resource_slice)
         if node is not None:
             yield from pending_groups(cache)
-            yield from groups_on(cache, [node])
+            yield from groups_bound_on(cache, [node])
 
-    builder = mgr.controller("group-scheduler").for_(SDG_KIND)
+    builder = mgr.controller("group-scheduler").for_(SDG_KIND, [group_changed])
     if resource_slices:
         builder = builder.watches(RESOURCESLICES, MapTo(for_slice))
     (
@@ -465,7 +474,7 @@ def setup(
         .watches(CONFIGMAPS, MapTo(for_record))
         # A deleted group's status held its devices until now: Pending groups retry.
         .watches(SDG_KIND, MapTo(lambda _gone: pending_groups(cache)), [only_deletes])
-        .watches(PODS, MapTo(group_of_pod), [pod_moved])
+        .watches(PODS, MapTo(group_of_pod), [pod_matters_to_group])
         .watches(PODS, MapTo(near_foreign_pod), [foreign_changed(table)])
         .with_options(max_concurrent_reconciles=workers)
         .complete(scheduler)

@@ -113,7 +113,12 @@ class Settings(BaseModel):
     device_env_file: str | None = Field(
         None, description="a file of RESOURCE_GLOB=ENV_VAR mappings, one per line (# comments)"
     )
-    group_workers: int = Field(1, ge=1, le=64, description="concurrent group reconciles")
+    group_workers: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="concurrent group reconciles (claim record writes per node are serialised)",
+    )
     pod_workers: int = Field(
         8, ge=1, le=256, description="concurrent pod reconciles (bind calls are pipelined)"
     )

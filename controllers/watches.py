@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from api.constants import PHASE_BOUND, SDG_KIND
-from api.pods import POD_GROUP_INDEX, pod_group
+from api.constants import DEVICES_ANNOTATION, PHASE_BOUND, SDG_KIND
+from api.pods import POD_GROUP_INDEX, is_active, pod_group
 from controllers.inventory import ANNOTATION_PREFIX
 from sdgruntime.cache import Cache
 from sdgruntime.kinds import PODS
@@ -30,6 +30,45 @@ def _pod_facts(pod: Obj) -> tuple[Any, ...]:
 #: Pod updates that matter to a group (its pods' membership, node, phase, deletion);
 #: status-only churn (conditions, container statuses) does not reconcile the group.
 pod_moved = Funcs(update=lambda old, new: _pod_facts(old) != _pod_facts(new))
+
+
+def _group_pod_facts(pod: Obj) -> tuple[Any, ...]:
+    """All the group scheduler reads of a pod: its group, its node, whether it is active
+    (terminating pods still count) and the devices it was given (the annotation; the env
+    it falls back to cannot change)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return (
+        pod_group(pod),
+        (pod.get("spec") or {}).get("nodeName"),
+        is_active(pod),
+        annotations.get(DEVICES_ANNOTATION),
+    )
+
+
+#: Pod updates that can change a group scheduler decision: Pending -> Running, conditions
+#: and a deletion that has not ended yet change nothing it reads (``pod_moved`` wakes the
+#: status controller on phase and deletion too).
+pod_matters_to_group = Funcs(update=lambda old, new: _group_pod_facts(old) != _group_pod_facts(new))
+
+#: What the status controller writes to a group (from the pod cache): the group scheduler
+#: has its own pod watch for that, so these writes need not wake it again.
+_POD_LIST_FIELDS = ("allocatedPods", "podCount")
+
+
+def _beyond_pod_list(group: Obj) -> tuple[Any, ...]:
+    meta = {
+        k: v
+        for k, v in (group.get("metadata") or {}).items()
+        if k not in ("resourceVersion", "managedFields")
+    }
+    status = {k: v for k, v in (group.get("status") or {}).items() if k not in _POD_LIST_FIELDS}
+    rest = {k: v for k, v in group.items() if k not in ("metadata", "status")}
+    return meta, status, rest
+
+
+#: Group updates beyond the pod list: a status write of the status controller (one for
+#: every pod that joins or leaves) does not reconcile the group scheduler once more.
+group_changed = Funcs(update=lambda old, new: _beyond_pod_list(old) != _beyond_pod_list(new))
 
 only_deletes = Funcs(create=lambda _o: False, update=lambda _o, _n: False)
 
@@ -63,9 +102,39 @@ node_changed = Funcs(update=lambda old, new: _node_facts(old) != _node_facts(new
 
 
 # --- from an object to the requests it concerns ----------------------------------------
+#: Cache indexes of groups (``index_groups``): by ``status.nodeName``, and the unbound ones.
+GROUP_NODE_INDEX = "group-node"
+GROUP_UNBOUND_INDEX = "unbound"
+_UNBOUND = "unbound"
+
+
+def _group_node(group: Obj) -> list[str]:
+    node = (group.get("status") or {}).get("nodeName")
+    return [node] if isinstance(node, str) and node else []
+
+
+def _group_unbound(group: Obj) -> list[str]:
+    return [] if (group.get("status") or {}).get("phase") == PHASE_BOUND else [_UNBOUND]
+
+
+def index_groups(cache: Cache) -> None:
+    """The indexes ``pending_groups`` and ``groups_bound_on`` read: every claim record
+    write wakes the Pending groups and the groups of its node, and a scan of every group
+    per write would make a burst of binds quadratic."""
+    cache.add_index(SDG_KIND, GROUP_NODE_INDEX, _group_node)
+    cache.add_index(SDG_KIND, GROUP_UNBOUND_INDEX, _group_unbound)
+
+
 def pending_groups(cache: Cache) -> Iterator[Request]:
-    for g in cache.list(SDG_KIND, copy=False):
-        if (g.get("status") or {}).get("phase") != PHASE_BOUND:
+    """Groups not Bound (needs ``index_groups``)."""
+    for g in cache.list(SDG_KIND, index=GROUP_UNBOUND_INDEX, value=_UNBOUND, copy=False):
+        yield Request(g["metadata"]["name"])
+
+
+def groups_bound_on(cache: Cache, nodes: Iterable[str | None]) -> Iterator[Request]:
+    """Groups whose status names any of ``nodes`` (``groups_on``, by ``index_groups``)."""
+    for node in {n for n in nodes if n}:
+        for g in cache.list(SDG_KIND, index=GROUP_NODE_INDEX, value=node, copy=False):
             yield Request(g["metadata"]["name"])
 
 

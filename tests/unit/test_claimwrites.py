@@ -1,0 +1,240 @@
+"""The claim book's fenced writes under concurrency: serialised and coalesced per node,
+each caller told its own outcome, and the view refreshed after any 409."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from controllers.claims import ClaimBook, ClaimRecordBroken, record_name
+from sdgruntime import errors
+from sdgruntime.kinds import Kind
+
+pytestmark = pytest.mark.anyio
+
+GPU = "nvidia.com/gpu"
+Obj = dict[str, Any]
+
+
+class Records:
+    """The API server's ConfigMaps, as far as the claim book uses them: create, a
+    conditional update, get. Each write waits for ``gate``; ``fail`` is raised once."""
+
+    def __init__(self) -> None:
+        self.objs: dict[str, Obj] = {}
+        self.rv = 0
+        self.writes: list[tuple[str, Obj]] = []
+        self.in_flight = 0
+        self.most_in_flight: dict[str, int] = {}
+        self.gate = anyio.Event()
+        self.gate.set()
+        self.fail: Exception | None = None
+
+    def _store(self, obj: Obj) -> Obj:
+        self.rv += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.objs[obj["metadata"]["name"]] = obj
+        return copy.deepcopy(obj)
+
+    async def _write(self, verb: str, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        self.writes.append((verb, copy.deepcopy(obj["data"])))
+        self.in_flight += 1
+        self.most_in_flight[name] = max(self.most_in_flight.get(name, 0), self.in_flight)
+        try:
+            await self.gate.wait()
+        finally:
+            self.in_flight -= 1
+        if self.fail is not None:
+            err, self.fail = self.fail, None
+            raise err
+
+    async def create(self, kind: Kind, obj: Obj, namespace: str) -> Obj:
+        await self._write("create", obj)
+        if obj["metadata"]["name"] in self.objs:
+            raise errors.AlreadyExists("exists", code=409)
+        return self._store(obj)
+
+    async def update(self, kind: Kind, obj: Obj) -> Obj:
+        await self._write("update", obj)
+        now = self.objs.get(obj["metadata"]["name"])
+        if now is None or now["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+            raise errors.Conflict("changed", code=409)
+        return self._store(obj)
+
+    async def get(self, kind: Kind, name: str, namespace: str) -> Obj:
+        if name not in self.objs:
+            raise errors.NotFound("gone", code=404)
+        return copy.deepcopy(self.objs[name])
+
+    def claims_of(self, node: str) -> Any:
+        return json.loads(self.objs[record_name(node)]["data"]["claims"])
+
+
+def book(api: Records, *nodes: str) -> ClaimBook:
+    b = ClaimBook(api, "ns")  # type: ignore[arg-type]  # the fake serves what it calls
+    for node in nodes:
+        b.set_capacity(node, {GPU: 8})
+    return b
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await anyio.lowlevel.checkpoint()
+
+
+async def write(
+    b: ClaimBook, out: dict[str, object], node: str, group: str, ids: list[int] | None
+) -> None:
+    try:
+        await b.write(node, group, None if ids is None else {GPU: ids}, uid=f"uid-{group}")
+        out[group] = "ok"
+    except Exception as err:
+        out[group] = err
+
+
+async def test_claims_arriving_during_a_write_go_together_in_the_next_one() -> None:
+    api = Records()
+    b = book(api, "n0")
+    out: dict[str, object] = {}
+    api.gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write, b, out, "n0", "a", [0])
+        await settle()
+        for i, g in enumerate(("b", "c", "d"), start=1):
+            tg.start_soon(write, b, out, "n0", g, [i])
+        await settle()
+        api.gate.set()
+    assert out == {"a": "ok", "b": "ok", "c": "ok", "d": "ok"}
+    assert [verb for verb, _ in api.writes] == ["create", "update"]  # 4 claims, 2 writes
+    assert api.most_in_flight[record_name("n0")] == 1  # never two writes of one record
+    assert api.claims_of("n0") == {
+        "a": {GPU: "0"},
+        "b": {GPU: "1"},
+        "c": {GPU: "2"},
+        "d": {GPU: "3"},
+    }
+    assert b.claim_on("n0", "d") == {GPU: [3]} and b.uid_of("n0", "d") == "uid-d"
+    assert b.nodes_claiming("c") == ["n0"] and b.claim_of("c") == ("n0", {GPU: [2]})
+
+
+async def test_different_nodes_are_written_side_by_side() -> None:
+    api = Records()
+    b = book(api, "n0", "n1")
+    out: dict[str, object] = {}
+    api.gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write, b, out, "n0", "a", [0])
+        tg.start_soon(write, b, out, "n1", "b", [0])
+        await settle()
+        assert api.in_flight == 2
+        api.gate.set()
+    assert out == {"a": "ok", "b": "ok"}
+
+
+async def test_a_claim_overlapping_the_record_fails_alone() -> None:
+    api = Records()
+    b = book(api, "n0")
+    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    out: dict[str, object] = {}
+    api.gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write, b, out, "n0", "first", [5])
+        await settle()
+        tg.start_soon(write, b, out, "n0", "b", [1])
+        tg.start_soon(write, b, out, "n0", "c", [1])  # b got 1 just before it in the batch
+        tg.start_soon(write, b, out, "n0", "d", [0])  # a holds 0
+        await settle()
+        api.gate.set()
+    assert out["first"] == out["b"] == "ok"
+    assert isinstance(out["c"], errors.Conflict) and isinstance(out["d"], errors.Conflict)
+    assert api.claims_of("n0") == {"a": {GPU: "0"}, "first": {GPU: "5"}, "b": {GPU: "1"}}
+    assert len(api.writes) == 3  # a; first; b (c and d left out, not a write of their own)
+
+
+async def test_a_conflict_fails_the_whole_batch_and_refreshes_the_view() -> None:
+    api = Records()
+    b = book(api, "n0")
+    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    # Another manager writes the record: our view of it is now one version behind.
+    theirs = copy.deepcopy(api.objs[record_name("n0")])
+    theirs["data"]["claims"] = '{"a":{"nvidia.com/gpu":"0"},"x":{"nvidia.com/gpu":"1"}}'
+    api._store(theirs)
+    out: dict[str, object] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write, b, out, "n0", "b", [1])
+        tg.start_soon(write, b, out, "n0", "c", [2])
+    assert isinstance(out["b"], errors.Conflict) and isinstance(out["c"], errors.Conflict)
+    assert b.claim_on("n0", "x") == {GPU: [1]}  # refreshed: the next decision sees x
+    assert b.claim_on("n0", "b") is None and b.claim_on("n0", "c") is None
+    await b.write("n0", "c", {GPU: [2]}, uid="uid-c")  # decided again: fenced on the new view
+    assert set(api.claims_of("n0")) == {"a", "x", "c"}
+
+
+async def test_any_write_error_fails_every_change_it_carried() -> None:
+    api = Records()
+    b = book(api, "n0")
+    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    out: dict[str, object] = {}
+    api.gate = anyio.Event()
+    refused = errors.Forbidden("quota", code=403)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write, b, out, "n0", "first", [3])
+        await settle()
+        tg.start_soon(write, b, out, "n0", "b", [1])
+        tg.start_soon(write, b, out, "n0", "a", None)  # a release rides in the same batch
+        await settle()
+        first_gate, api.gate = api.gate, anyio.Event()
+        first_gate.set()  # "first" is written; the batch of b and a's release waits
+        await settle()
+        api.fail = refused
+        api.gate.set()
+    assert out == {"first": "ok", "b": refused, "a": refused}
+    assert b.claim_on("n0", "a") == {GPU: [0]} and b.claim_on("n0", "b") is None
+
+
+async def test_a_release_and_a_claim_in_one_batch() -> None:
+    api = Records()
+    b = book(api, "n0")
+    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    out: dict[str, object] = {}
+    api.gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write, b, out, "n0", "first", [4])
+        await settle()
+        tg.start_soon(write, b, out, "n0", "a", None)
+        tg.start_soon(write, b, out, "n0", "b", [1])
+        await settle()
+        api.gate.set()
+    assert out == {"first": "ok", "a": "ok", "b": "ok"}
+    assert api.claims_of("n0") == {"first": {GPU: "4"}, "b": {GPU: "1"}}
+    assert b.nodes_claiming("a") == [] and b.claim_of("a") is None and b.uid_of("n0", "a") == ""
+
+
+async def test_nothing_is_written_to_a_malformed_record() -> None:
+    api = Records()
+    b = book(api, "n0")
+    b.observe(
+        {
+            "metadata": {"name": record_name("n0"), "resourceVersion": "9"},
+            "data": {"node": "n0", "claims": "["},
+        }
+    )
+    with pytest.raises(ClaimRecordBroken):
+        await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    assert api.writes == []
+
+
+async def test_a_change_that_changes_nothing_writes_nothing() -> None:
+    api = Records()
+    b = book(api, "n0")
+    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    await b.write("n0", "ghost", None)
+    assert len(api.writes) == 1
