@@ -110,6 +110,24 @@ def decode_uids(text: str | None, claims: Mapping[str, Any]) -> dict[str, str]:
     return dict(raw)
 
 
+def record_holdings(
+    cm: Mapping[str, Any],
+) -> tuple[str | None, set[str], frozenset[tuple[str, int]] | None]:
+    """What a record says, for deciding whether a change of it can free devices: (its
+    node, the nodes it names, every (resource, ID) it holds; None when it is malformed)."""
+    node, named = nodes_named_by(cm)
+    data = cm.get("data") or {}
+    try:
+        claims = decode_claims(data.get(DATA_CLAIMS, "") if isinstance(data, Mapping) else "")
+        decode_uids(data.get(DATA_UIDS) if isinstance(data, Mapping) else None, claims)
+    except ValueError:
+        return node, named, None
+    held = frozenset(
+        (r, i) for devices in claims.values() for r, ids in devices.items() for i in ids
+    )
+    return node, named, held
+
+
 def resource_version(obj: Mapping[str, Any]) -> int:
     """An object's resourceVersion as a number (0 when absent or not numeric)."""
     try:

@@ -67,6 +67,7 @@ from controllers.watches import (
     pending_groups,
     pod_matters_to_group,
     pods_of_group,
+    record_frees_devices,
 )
 from sdgruntime import errors
 from sdgruntime.cache import Cache
@@ -443,11 +444,11 @@ def setup(
         yield from groups_bound_on(cache, [node["metadata"]["name"]])
 
     def for_record(cm: Mapping[str, Any]) -> Iterator[Request]:
-        """A record changed: devices may be free, a claim may await adoption, bound groups
-        on its node re-check that it still holds them (written back, or the conflict
-        reported), and groups it names may hold a claim on the wrong node."""
+        """A record changed: a claim may await adoption, bound groups on its node re-check
+        that it still holds them (written back, or the conflict reported), and groups it
+        names may hold a claim on the wrong node. (Pending groups retry when it frees
+        devices: ``record_frees_devices``.)"""
         _node, named = nodes_named_by(cm)
-        yield from pending_groups(cache)
         yield from groups_bound_on(cache, named)
         for node in named:
             record = claims.records.get(node)
@@ -472,6 +473,7 @@ def setup(
     (
         builder.watches(NODES, MapTo(for_node), [node_changed])
         .watches(CONFIGMAPS, MapTo(for_record))
+        .watches(CONFIGMAPS, MapTo(lambda _cm: pending_groups(cache)), [record_frees_devices])
         # A deleted group's status held its devices until now: Pending groups retry.
         .watches(SDG_KIND, MapTo(lambda _gone: pending_groups(cache)), [only_deletes])
         .watches(PODS, MapTo(group_of_pod), [pod_matters_to_group])

@@ -8,6 +8,7 @@ from typing import Any
 
 from api.constants import DEVICES_ANNOTATION, PHASE_BOUND, SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_group
+from controllers.claims import record_holdings
 from controllers.inventory import ANNOTATION_PREFIX
 from sdgruntime.cache import Cache
 from sdgruntime.kinds import PODS
@@ -71,6 +72,20 @@ def _beyond_pod_list(group: Obj) -> tuple[Any, ...]:
 group_changed = Funcs(update=lambda old, new: _beyond_pod_list(old) != _beyond_pod_list(new))
 
 only_deletes = Funcs(create=lambda _o: False, update=lambda _o, _n: False)
+
+
+def _frees(old: Obj, new: Obj) -> bool:
+    (node_a, named_a, held_a), (node_b, named_b, held_b) = map(record_holdings, (old, new))
+    if (node_a, named_a) != (node_b, named_b) or (held_a is None) != (held_b is None):
+        return True  # another node's record now, or readable again (or no longer)
+    return held_a is not None and held_b is not None and bool(held_a - held_b)
+
+
+#: Claim record events after which a Pending group may fit: a device given back, a record
+#: repaired, renamed or deleted. A record created or a claim added frees nothing, and a
+#: burst of binds writes one record per bind: waking every Pending group on each of those
+#: writes would make the burst quadratic.
+record_frees_devices = Funcs(create=lambda _cm: False, update=_frees)
 
 
 def _node_facts(node: Obj) -> tuple[Any, ...]:

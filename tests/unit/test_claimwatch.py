@@ -1,0 +1,61 @@
+"""Which claim record events wake the Pending groups: only those that can free devices."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from controllers.claims import record_name
+from controllers.watches import record_frees_devices
+
+GPU = "nvidia.com/gpu"
+
+
+def cm(claims: Any, node: str = "n0", name: str | None = None, uids: Any = None) -> dict:
+    data = {"node": node, "claims": claims if isinstance(claims, str) else json.dumps(claims)}
+    if uids is not None:
+        data["uids"] = json.dumps(uids)
+    return {"metadata": {"name": name or record_name(node)}, "data": data}
+
+
+A = {"a": {GPU: "0,1"}}
+AB = {"a": {GPU: "0,1"}, "b": {GPU: "2"}}
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (cm(A), cm(AB)),  # a claim added
+        (cm({}), cm(A)),
+        (cm(A), cm(A, uids={"a": "u1"})),  # a UID recorded
+        (cm(A), cm({"a": {GPU: "1,0"}})),  # the same devices, written otherwise
+        (cm(AB), cm({"a": {GPU: "0,1"}, "c": {GPU: "2"}})),  # handed from b to c at once
+        (cm("["), cm("{")),  # malformed before and after: still blocked
+    ],
+    ids=["claim-added", "first-claim", "uid", "same", "handed-over", "still-malformed"],
+)
+def test_updates_that_free_nothing_do_not_wake_pending_groups(old: dict, new: dict) -> None:
+    assert not record_frees_devices.update(old, new)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (cm(AB), cm(A)),  # b released
+        (cm(A), cm({"a": {GPU: "0"}})),  # a shrank
+        (cm(A), cm({})),
+        (cm("["), cm(A)),  # repaired
+        (cm(A, uids={"ghost": "u"}), cm(A)),  # a malformed uids entry repaired
+        (cm(A), cm(A, node="n1")),  # edited to name another node
+    ],
+    ids=["released", "shrank", "emptied", "repaired", "uids-repaired", "renamed"],
+)
+def test_updates_that_can_free_devices_wake_pending_groups(old: dict, new: dict) -> None:
+    assert record_frees_devices.update(old, new)
+
+
+def test_creates_free_nothing_and_deletes_may() -> None:
+    assert not record_frees_devices.create(cm(A))
+    assert record_frees_devices.delete(cm(A))
