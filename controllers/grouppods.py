@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from api.constants import DEVICES_ANNOTATION
@@ -40,7 +41,7 @@ def survey(
     """One pass over the pods of a group bound to ``node`` with ``devices`` (each ID list
     sorted, as ``selected_devices`` gives them). A pod whose given devices cannot be told
     (no annotation, no complete env) is odd only when it runs on another node."""
-    expected = devices_annotation(devices)
+    expected = _annotation(tuple((r, tuple(ids)) for r, ids in sorted(devices.items())))
     active = 0
     odd: list[str] = []
     for pod in pods:
@@ -59,3 +60,10 @@ def survey(
         if where != node or (seen is not None and seen != devices):
             odd.append(f"{pod_key(pod)} on {where} with {seen}")
     return PodSurvey(active, sorted(odd))
+
+
+@lru_cache(maxsize=1024)
+def _annotation(devices: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
+    """``devices_annotation``, remembered: every reconcile of a bound group asks it for the
+    same few device sets."""
+    return devices_annotation({r: list(ids) for r, ids in devices})
