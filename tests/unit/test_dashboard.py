@@ -39,7 +39,14 @@ def targets() -> list[dict[str, Any]]:
 
 
 def referenced(expr: str) -> set[str]:
-    known_prefixes = ("sdg_", "controller_runtime_", "workqueue_", "leader_", "rest_client_")
+    known_prefixes = (
+        "sdg_",
+        "sdgruntime_",
+        "controller_runtime_",
+        "workqueue_",
+        "leader_",
+        "rest_client_",
+    )
     return {m for m in re.findall(r"[a-z_:][a-z0-9_:]*", expr) if m.startswith(known_prefixes)}
 
 
