@@ -224,11 +224,11 @@ class SDG:
             sdg_metrics.DEVICES_FREE.remove(node, res)
             sdg_metrics.DEVICES_ALLOCATED.remove(node, res)
             sdg_metrics.DEVICES_MISSING.remove(node, res)
-        held: dict[str, set[int]] = {}
-        for holder, devices in tracker.claims_on(node).items():
-            if not holder.startswith("!"):
-                for res, ids in devices.items():
-                    held.setdefault(res, set()).update(ids)
+        # O(devices held on this node): it runs on every change of the node's claims.
+        held = {
+            res: {i for i, holder in ids.items() if not holder.startswith("!")}
+            for res, ids in tracker.holders_on(node).items()
+        }
         offers = self.claims.offers.get(node) or {}
         for res, total in capacities.items():
             free = tracker.free(node, res)

@@ -197,6 +197,11 @@ class DeviceTracker:
     def holder(self, node: str, resource: str, device: int) -> str | None:
         return self._held.get(node, {}).get(resource, {}).get(device)
 
+    def holders_on(self, node: str) -> Mapping[str, Mapping[int, str]]:
+        """``{resource: {device ID: holder}}`` on ``node``, read-only, in O(1): what a
+        per-node reader needs without walking every claim as ``claims_on`` does."""
+        return MappingProxyType(self._held.get(node, _NONE))
+
     def claims_of(self, group: str) -> Claim | None:
         return self._claims.get(group)
 

@@ -445,3 +445,22 @@ class TrackerMachine(RuleBasedStateMachine):
 
 TestTrackerMachine = TrackerMachine.TestCase
 TestTrackerMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+
+
+def test_holders_on_a_node_agree_with_its_claims_and_follow_releases() -> None:
+    t = tracker(n1={GPU: 4, NPU: 2}, n2={GPU: 4})
+    t.allocate("a", "n1", {GPU: 2})
+    t.allocate("b", "n1", {GPU: 1, NPU: 1})
+    t.allocate("c", "n2", {GPU: 1})
+    expected: dict[str, dict[int, str]] = {}
+    for group, devices in t.claims_on("n1").items():
+        for res, ids in devices.items():
+            for i in parse_ids(ids) if isinstance(ids, str) else ids:
+                expected.setdefault(res, {})[i] = group
+    assert {res: dict(ids) for res, ids in t.holders_on("n1").items()} == expected
+    assert dict(t.holders_on("n1")[GPU]) == {0: "a", 1: "a", 2: "b"}
+    t.release("a")
+    assert dict(t.holders_on("n1")[GPU]) == {2: "b"}
+    assert dict(t.holders_on("n3")) == {}
+    with pytest.raises(TypeError):
+        t.holders_on("n1")["x"] = {}  # type: ignore[index]
