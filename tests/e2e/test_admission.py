@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from api.constants import SDG_KIND
-from sdgruntime import errors
+from controllers.app import GROUP_WEBHOOK_PATH
+from sdgruntime import errors, metrics
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.kinds import PODS
@@ -167,3 +168,32 @@ async def test_delete_guard_lists_pods_and_finalizer_holds_without_webhook(
         await eventually(gone, what="group deleted after its pods")
         n = await wait_bound(client, "next")
         assert n["status"]["selectedDevices"] == {GPU: "0,1"}  # the devices were reused
+
+
+def _group_reviews() -> float:
+    """Group reviews the manager's webhook has answered (all codes), from its metrics."""
+    return sum(
+        sample.value
+        for metric in metrics.WEBHOOK_REQUESTS.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.labels["webhook"] == GROUP_WEBHOOK_PATH
+    )
+
+
+async def test_only_creates_deletes_and_spec_changes_reach_the_group_webhook(
+    cluster: ControlPlane, client: Client
+) -> None:
+    """The manager's own finalizer write (and any label or annotation edit) is not sent
+    to the group webhook; what it judges still is."""
+    await add_node(client, "n1", 4)
+    async with run_sdg(cluster):
+        before = _group_reviews()
+        await client.create(SDG_KIND, group("quiet", {GPU: 1}))
+        await wait_bound(client, "quiet")  # the scheduler added its finalizer on the way
+        assert _group_reviews() == before + 1  # the create
+        await client.patch(SDG_KIND, "quiet", {"metadata": {"labels": {"team": "a"}}})
+        assert _group_reviews() == before + 1
+        await client.patch(SDG_KIND, "quiet", {"spec": {"schedulingStrategy": "spread"}})
+        assert _group_reviews() == before + 2
+        await client.delete(SDG_KIND, "quiet")
+        assert _group_reviews() == before + 3
