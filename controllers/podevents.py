@@ -1,0 +1,186 @@
+"""PodsJoined / PodsLeft events, coalesced per group.
+
+The status controller used to post one Event with every status write that changed a
+group's pods: as many API writes again as the status patches themselves, landing while
+the API server is busiest (a burst of pods, and the status writes that follow it). Here
+the pods that joined or left a group are collected until the group has been quiet for
+``quiet`` seconds (at most ``longest`` seconds after its first unreported change) and then
+told in one PodsJoined and one PodsLeft Event, naming at most ``EVENT_PODS`` pods and
+counting the rest ("and N more"), as before. Nothing is lost but the timing: every pod
+that joined or left is named or counted in the next event of its group.
+
+Memory is bounded: a group has pending state only from its first unreported change until
+its flush (at most ``2 * EVENT_PODS`` names and two counts), and it is dropped at once
+when the group is gone or replaced by a new one of the same name.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+
+from sdgruntime.events import EventRecorder
+
+#: Pods named in one PodsJoined/PodsLeft event; the rest are counted.
+EVENT_PODS: Final = 10
+#: A group's events go out once no pod has joined or left it for this many seconds: one
+#: event per burst of pods. (A setting would be ``--pod-event-quiet``.)
+EVENT_QUIET: Final = 5.0
+#: ... but no later than this many seconds after its first unreported change, so a group
+#: that never rests still reports.
+EVENT_LONGEST: Final = 30.0
+
+
+@dataclass(slots=True)
+class _Names:
+    """The first ``EVENT_PODS`` pod keys in arrival order and how many more came."""
+
+    first: list[str] = field(default_factory=list)
+    more: int = 0
+
+    def add(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            if key in self.first:
+                # told again by a write made before the cache held our previous one
+                continue
+            if len(self.first) < EVENT_PODS:
+                self.first.append(key)
+            else:
+                self.more += 1
+
+    def text(self) -> str:
+        more = f" and {self.more} more" if self.more else ""
+        return ", ".join(self.first) + more
+
+
+@dataclass(slots=True)
+class _Pending:
+    ref: dict[str, Any]  # the group's identity as of its newest status write
+    due: float  # the earlier of (last change + quiet) and (first change + longest)
+    latest: float  # first change + longest
+    joined: _Names = field(default_factory=_Names)
+    left: _Names = field(default_factory=_Names)
+
+
+def _ref(group: Mapping[str, Any]) -> dict[str, Any]:
+    """What an Event's involvedObject needs of the group, not the whole object."""
+    meta = group.get("metadata") or {}
+    return {
+        "apiVersion": group.get("apiVersion"),
+        "kind": group.get("kind"),
+        "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion") if meta.get(k)},
+    }
+
+
+class PodEvents:
+    """Collects each group's joined/left pods and emits them once the group is quiet."""
+
+    def __init__(
+        self,
+        recorder: EventRecorder,
+        *,
+        quiet: float = EVENT_QUIET,
+        longest: float = EVENT_LONGEST,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        for what, value in (("quiet", quiet), ("longest", longest)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{what} must be a finite number of seconds >= 0, not {value!r}")
+        self.recorder = recorder
+        self.quiet = quiet
+        self.longest = max(longest, quiet)
+        self.clock = clock
+        self._pending: dict[str, _Pending] = {}
+        # (due, seq, name); an entry whose due is no longer its group's is stale and skipped.
+        # Every change pushes one, so there are at most as many as changes in ``longest``.
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+        self._wake = anyio.Event()
+
+    def __len__(self) -> int:
+        """Groups with unreported changes."""
+        return len(self._pending)
+
+    def record(self, group: Mapping[str, Any], joined: Iterable[str], left: Iterable[str]) -> None:
+        """Note that ``joined``/``left`` pods changed ``group`` (the object just written)."""
+        joined, left = list(joined), list(left)
+        if not joined and not left:
+            return
+        ref = _ref(group)
+        name = ref["metadata"].get("name", "")
+        now = self.clock()
+        pending = self._pending.get(name)
+        uid = ref["metadata"].get("uid")
+        if pending is not None and pending.ref["metadata"].get("uid") != uid:
+            self.flush(name)  # those changes were of the group this one replaced
+            pending = None
+        if pending is None:
+            latest = now + self.longest
+            pending = self._pending[name] = _Pending(ref, min(now + self.quiet, latest), latest)
+        else:
+            pending.ref = ref
+            pending.due = min(now + self.quiet, pending.latest)
+        pending.joined.add(joined)
+        pending.left.add(left)
+        if self.quiet <= 0:
+            self.flush(name)
+            return
+        # No due is ever earlier than one already queued (now + quiet at most, and every
+        # queued one was set no later than now): only an idle runner needs waking.
+        heapq.heappush(self._heap, (pending.due, next(self._seq), name))
+        self._wake.set()
+
+    def flush(self, name: str) -> None:
+        """Emit ``name``'s pending events now and drop its state (the group is gone)."""
+        pending = self._pending.pop(name, None)
+        if pending is None:
+            return
+        if pending.joined.first:
+            self.recorder.emit(
+                pending.ref, "Normal", "PodsJoined", f"pods joined: {pending.joined.text()}"
+            )
+        if pending.left.first:
+            self.recorder.emit(
+                pending.ref, "Normal", "PodsLeft", f"pods left: {pending.left.text()}"
+            )
+
+    def flush_due(self) -> float | None:
+        """Emit every group whose time has come; seconds until the next one is due."""
+        now = self.clock()
+        while self._heap:
+            due, _, name = self._heap[0]
+            pending = self._pending.get(name)
+            if pending is None or pending.due != due:
+                heapq.heappop(self._heap)  # stale: flushed, or its due moved on
+                continue
+            if due > now:
+                return due - now
+            heapq.heappop(self._heap)
+            self.flush(name)
+        return None
+
+    def flush_all(self) -> None:
+        for name in list(self._pending):
+            self.flush(name)
+        self._heap.clear()
+
+    async def run(self) -> None:
+        """Emit pending events when due, until cancelled; then emit what is left (the
+        recorder writes it if it still runs: leadership lost, shutdown)."""
+        try:
+            while True:
+                wait = self.flush_due()
+                if wait is None:
+                    await self._wake.wait()
+                else:
+                    await anyio.sleep(wait)
+                self._wake = anyio.Event()
+        finally:
+            self.flush_all()
