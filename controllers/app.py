@@ -134,7 +134,7 @@ class SDG:
         self.status_controller = StatusController(
             mgr.client, cache, mgr.event_recorder("deviceshare-controller")
         )
-        statuscontroller.setup(mgr, self.status_controller)
+        statuscontroller.setup(mgr, self.status_controller, workers=settings.status_workers)
         self.pod_scheduler = PodScheduler(
             mgr.client,
             cache,

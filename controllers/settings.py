@@ -26,6 +26,7 @@ from api.constants import (
 from api.envvars import parse_env_table
 from api.validation import is_dns_subdomain
 from controllers.inventory import DEFAULT_DRA_DRIVERS
+from controllers.statuscontroller import STATUS_WORKERS
 from webhooks.delivery import Delivery, cdi_prefix_problem
 
 ENV_PREFIX = "SDG_"
@@ -118,6 +119,12 @@ class Settings(BaseModel):
         ge=1,
         le=64,
         description="concurrent group reconciles (claim record writes per node are serialised)",
+    )
+    status_workers: int = Field(
+        STATUS_WORKERS,
+        ge=1,
+        le=64,
+        description="concurrent status reconciles (each mostly one status PATCH)",
     )
     pod_workers: int = Field(
         8, ge=1, le=256, description="concurrent pod reconciles (bind calls are pipelined)"
