@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, Literal, Self
 
@@ -310,11 +310,14 @@ class Client:
         label_selector: str | None = None,
         field_selector: str | None = None,
         page_size: int = 500,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> tuple[builtins.list[dict[str, Any]], str]:
         """Every item, paged; and the list's resourceVersion (to start a watch from).
 
         Items get ``apiVersion``/``kind`` filled in (the server omits them in lists), so they
-        look like objects from GET or watch. An expired continue token (410) restarts the
+        look like objects from GET or watch. ``transform`` is applied to each item as its
+        page arrives, so a cache that keeps a slim copy never holds the whole list in full
+        (the peak memory of a cold start). An expired continue token (410) restarts the
         list from scratch once.
         """
         for restart in (False, True):
@@ -330,7 +333,11 @@ class Client:
                         limit=page_size,
                         continue_=token,
                     )
-                    items.extend(page.get("items") or ())
+                    for item in page.get("items") or ():
+                        if "kind" not in item:
+                            item["apiVersion"] = kind.api_version
+                            item["kind"] = kind.kind
+                        items.append(transform(item) if transform is not None else item)
                     meta = page.get("metadata") or {}
                     token = meta.get("continue")
                     if not token:
@@ -339,10 +346,6 @@ class Client:
                 if restart or token is None:
                     raise
                 continue
-            for item in items:
-                if "kind" not in item:
-                    item["apiVersion"] = kind.api_version
-                    item["kind"] = kind.kind
             return items, str(meta.get("resourceVersion", ""))
         raise AssertionError("unreachable")
 

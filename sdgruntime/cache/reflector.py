@@ -189,8 +189,9 @@ class Reflector:
             label_selector=self.label_selector,
             field_selector=self.field_selector,
             page_size=self.options.page_size,
+            transform=self.store.transform,
         )
-        changes = self.store.replace(items)
+        changes = self.store.replace(items, transformed=True)
         self.resource_version = rv
         self.stats.lists += 1
         self.last_sync_error = None

@@ -300,8 +300,11 @@ class Store:
             self._unindex(key)
         return old
 
-    def replace(self, items: Iterable[Obj]) -> Replaced:
+    def replace(self, items: Iterable[Obj], *, transformed: bool = False) -> Replaced:
         """Make the store hold exactly ``items`` (a relist); returns what changed.
+
+        ``transformed``: the items already went through ``transform`` (the reflector
+        transforms each page as it arrives).
 
         ``deleted`` is what vanished: objects stored before but absent from ``items``, in
         their last known state. An object counts as updated when its resourceVersion (or,
@@ -312,7 +315,7 @@ class Store:
         new_items: dict[str, Obj] = {}
         new_values: dict[str, dict[str, tuple[str, ...]]] = {n: {} for n in self._index_funcs}
         for raw in items:
-            obj = self._prepare(raw)
+            obj = raw if transformed else self._prepare(raw)
             key = object_key(obj)
             new_items[key] = obj
             for name, fn in self._index_funcs.items():

@@ -97,6 +97,22 @@ async def test_list_label_selector_and_pagination(client: Client, namespace: str
     # list items carry apiVersion/kind like GET and watch objects
     assert {(o["apiVersion"], o["kind"]) for o in items} == {("v1", "ConfigMap")}
 
+    # A transform sees each item as its page arrives, with apiVersion/kind filled in, and
+    # the list holds what it returned (a cache keeps slim copies, never the whole list).
+    seen: list[str] = []
+
+    def slim(obj: dict) -> dict:
+        seen.append(obj["kind"])
+        return {"kind": obj["kind"], "metadata": {"name": obj["metadata"]["name"]}}
+
+    items, _ = await client.list_all(
+        CONFIGMAPS, namespace, label_selector="app=x", page_size=2, transform=slim
+    )
+    assert seen == ["ConfigMap"] * 5
+    assert sorted(items, key=lambda o: o["metadata"]["name"]) == [
+        {"kind": "ConfigMap", "metadata": {"name": f"cm-{i}"}} for i in range(5)
+    ]
+
 
 async def test_list_field_selector(client: Client, namespace: str):
     for i in range(3):
