@@ -52,7 +52,12 @@ _Pending = tuple[Mapping[str, Any], "EventType", str, str, str | None]
 
 
 class EventRecorder:
-    """Writes Events for one component (``source.component``/``reportingComponent``)."""
+    """Writes Events for one component (``source.component``/``reportingComponent``).
+
+    ``writers`` Events are in flight at once and ``buffer`` wait: a scheduler binding
+    400+ pods/s emits one Event per bind, and at ~10-30 ms per POST under that load 4
+    writers and 1024 places dropped half of them (hack/bench/RESULTS.md, session 14).
+    A waiting Event holds a reference to its (cached) object and its strings: ~1 KB."""
 
     def __init__(
         self,
@@ -62,8 +67,8 @@ class EventRecorder:
         host: str = "",
         window: float = 600.0,
         max_keys: int = 4096,
-        buffer: int = 1024,
-        writers: int = 4,
+        buffer: int = 4096,
+        writers: int = 16,
     ) -> None:
         self.client = client
         self.component = component
