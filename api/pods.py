@@ -10,6 +10,7 @@ from typing import Any
 from api.constants import DEVICES_ANNOTATION, GROUP_ANNOTATION
 from api.envvars import env_var_for
 from api.v1alpha1 import format_ids, parse_ids
+from sdgruntime.cache.store import intern_strings
 
 #: Cache index: pods by the group their annotation names.
 POD_GROUP_INDEX = "group"
@@ -169,8 +170,8 @@ def _kept(obj: Any, fields: tuple[str, ...]) -> dict[str, Any]:
 
 def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
     """The manager's cache transform for pods: only the fields SDG reads (a third to a
-    tenth of a real pod's size). Malformed parts are kept as they are, for readers to
-    judge."""
+    tenth of a real pod's size), their short strings shared (``intern_strings``).
+    Malformed parts are kept as they are, for readers to judge."""
     spec = pod.get("spec")
     slim_spec = _kept(spec, _KEPT_SPEC)
     if isinstance(spec, dict):
@@ -188,7 +189,7 @@ def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
     if "status" in pod:
         status = pod["status"]
         out["status"] = _kept(status, _KEPT_STATUS) if isinstance(status, dict) else status
-    return out
+    return intern_strings(out)
 
 
 # A node's status is mostly what SDG never reads: its image list alone is often 10-50 KB.
@@ -216,4 +217,4 @@ def cached_node(node: dict[str, Any]) -> dict[str, Any]:
         if key in node:
             part = node[key]
             out[key] = _kept(part, fields) if isinstance(part, dict) else part
-    return out
+    return intern_strings(out)

@@ -35,7 +35,7 @@ from controllers.podscheduler import PodScheduler
 from controllers.settings import Settings
 from controllers.statuscontroller import StatusController
 from sdgruntime import errors
-from sdgruntime.cache import CacheNotSynced, KindOptions
+from sdgruntime.cache import CacheNotSynced, KindOptions, drop_managed_fields, intern_strings
 from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
 from sdgruntime.manager import Manager, ManagerOptions
@@ -72,6 +72,7 @@ def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
             # Every pod and node is cached, but only the fields SDG reads (api.pods).
             PODS: KindOptions(transform=cached_pod),
             NODES: KindOptions(transform=cached_node),
+            SDG_KIND: KindOptions(transform=lambda g: intern_strings(drop_managed_fields(g))),
         },
     }
     values.update(overrides)

@@ -11,6 +11,7 @@ from sdgruntime.cache import (
     Store,
     drop_managed_fields,
     field_indexer,
+    intern_strings,
     json_copy,
     make_key,
     object_key,
@@ -268,3 +269,27 @@ def test_drop_managed_fields_keeps_everything_else() -> None:
     expected = pod("a", labels={"x": "y"})
     assert drop_managed_fields(obj) == expected
     assert drop_managed_fields({"kind": "Status"}) == {"kind": "Status"}
+
+
+def test_intern_strings_shares_short_values_and_keeps_the_object_equal() -> None:
+    def obj(i: int) -> dict:
+        # Fresh strings per object, as a JSON decoder makes them.
+        ns, node = "".join(["team-", "a"]), "".join(["gpu-", "node-1"])
+        return {
+            "metadata": {"name": f"p{i}", "namespace": ns},
+            "spec": {"nodeName": node, "tolerations": [{"key": "".join(["k", "1"])}]},
+            "big": "x" * 65 + str(i % 1),
+        }
+
+    a, b = intern_strings(obj(1)), intern_strings(obj(2))
+    assert a == obj(1)
+    assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
+    assert a["spec"]["nodeName"] is b["spec"]["nodeName"]
+    assert a["spec"]["tolerations"][0]["key"] is b["spec"]["tolerations"][0]["key"]
+    assert a["big"] is not b["big"]  # longer than INTERN_MAX_LEN: left alone
+    deep: dict = {}
+    cur = deep
+    for _ in range(10_000):  # iterative: no recursion limit to hit
+        cur["d"] = {}
+        cur = cur["d"]
+    intern_strings(deep)
