@@ -24,11 +24,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -46,6 +44,7 @@ from compare import (  # noqa: E402
     FirstSeen,
     Proc,
     PySpy,
+    StatusConverged,
     Watch,
     create_all,
     create_nodes,
@@ -63,28 +62,16 @@ from tests.e2e.harness import install_rbac  # noqa: E402
 
 log = logging.getLogger("bench_status")
 NS = "s4-bench"
-_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 
 
 async def writes(kube: Kube) -> dict[str, float]:
     """The API server's request counts for the writes S4 is about."""
-    assert kube.session is not None
-    async with kube.session.get("/metrics") as resp:
-        text = await resp.text()
-    out = {"status_patch": 0.0, "event_post": 0.0, "event_patch": 0.0}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"]))
-        res, verb, sub = labels.get("resource"), labels.get("verb"), labels.get("subresource")
-        if res == "shareddevicegroups" and sub == "status" and verb == "PATCH":
-            out["status_patch"] += float(m["value"])
-        elif res == "events" and verb == "POST":
-            out["event_post"] += float(m["value"])
-        elif res == "events" and verb == "PATCH":
-            out["event_patch"] += float(m["value"])
-    return out
+    counts = await kube.writes()
+    return {
+        "status_patch": counts["shareddevicegroups/status PATCH"],
+        "event_post": counts["events POST"],
+        "event_patch": counts["events PATCH"],
+    }
 
 
 async def start_manager(env: Env, tree: Path, tag: str) -> Proc:
@@ -108,34 +95,13 @@ async def phase(
         expected[p["metadata"]["annotations"][GROUP_ANNOTATION]].add(
             f"{NS}/{p['metadata']['name']}"
         )
-    bad = set(groups)
-    state: dict[str, Any] = {"t": None, "cpu": None}
-    done = asyncio.Event()
     reset_peak(proc.pid)
     sw = Stopwatch(
         {"manager": proc.pid, "apiserver": cp.pids["kube-apiserver"], "etcd": cp.pids["etcd"]}
     )
     w0 = await writes(kube)
     sampler = PySpy(proc.pid, spy) if spy else None
-
-    def on(typ: str, obj: dict) -> None:
-        name = obj["metadata"]["name"]
-        if name not in expected or typ == "DELETED":
-            return
-        st = obj.get("status") or {}
-        ok = (
-            st.get("podCount") == len(expected[name])
-            and set(st.get("allocatedPods") or ()) == expected[name]
-        )
-        if ok:
-            bad.discard(name)
-            if not bad and state["t"] is None:
-                state["t"], state["cpu"] = time.perf_counter(), sw.cpu()
-                done.set()
-        else:
-            bad.add(name)
-            state["t"] = None
-            done.clear()
+    converged = StatusConverged(expected, sw.cpu)
 
     pod_seen: list[float] = []
 
@@ -143,26 +109,23 @@ async def phase(
         if typ == "ADDED":
             pod_seen.append(time.perf_counter())
 
-    async with Watch(kube, SDG_PATH, on), Watch(kube, pods_path(NS), on_pod):
+    async with Watch(kube, SDG_PATH, converged), Watch(kube, pods_path(NS), on_pod):
         made = await create_all(kube, pods_path(NS), pods, 64)
-        while True:
-            await asyncio.wait_for(done.wait(), 600)
-            await asyncio.sleep(3)
-            if done.is_set():
-                break
+        await converged.wait(600)
+    assert converged.t is not None and converged.cpu is not None
     profile = sampler.stop() if sampler else None
     w1 = await writes(kube)  # at convergence (+3 s)
     await asyncio.sleep(40)  # coalesced Events go out up to 30 s after a change
     w2 = await writes(kube)
     mem = memory(proc.pid)
     return {
-        "lag_s": round(state["t"] - made.t_last, 2),
+        "lag_s": round(converged.t - made.t_last, 2),
         "wall_last_create": round(time.time() - (time.perf_counter() - made.t_last), 3),
         "wall_first_create": round(time.time() - (time.perf_counter() - made.t_first), 3),
-        "wall_converged": round(time.time() - (time.perf_counter() - state["t"]), 3),
+        "wall_converged": round(time.time() - (time.perf_counter() - converged.t), 3),
         "create_s": round(made.create_s, 2),
         "last_pod_seen_s": round(max(pod_seen) - made.t_last, 2),
-        "cpu": {k: round(v, 2) for k, v in state["cpu"].items()},
+        "cpu": {k: round(v, 2) for k, v in converged.cpu.items()},
         "peak_rss_mib": round(mem["VmHWM"] / 2**20, 1),
         "writes": {k: w1[k] - w0[k] for k in w0},
         "writes_40s_later": {k: w2[k] - w0[k] for k in w0},

@@ -367,6 +367,49 @@ class FirstSeen:
             ) from None
 
 
+class StatusConverged:
+    """S4's judge, a Watch handler on groups: ``done`` is set while every expected group's
+    ``podCount``/``allocatedPods`` equal its pods; ``t``/``cpu`` are when that became true
+    (and the ``cpu()`` reading then), reset if a later write undoes it."""
+
+    def __init__(self, expected: dict[str, set[str]], cpu: Callable[[], dict[str, float]]):
+        self.expected = expected
+        self.bad = set(expected)
+        self.cpu_of = cpu
+        self.t: float | None = None
+        self.cpu: dict[str, float] | None = None
+        self.done = asyncio.Event()
+
+    def __call__(self, typ: str, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        if name not in self.expected or typ == "DELETED":
+            return
+        st = obj.get("status") or {}
+        want = self.expected[name]
+        if st.get("podCount") == len(want) and set(st.get("allocatedPods") or ()) == want:
+            self.bad.discard(name)
+            if not self.bad and self.t is None:
+                self.t, self.cpu = time.perf_counter(), self.cpu_of()
+                self.done.set()
+        else:
+            self.bad.add(name)
+            self.t = None
+            self.done.clear()
+
+    async def wait(self, within: float, holds: float = 3.0) -> None:
+        """Until converged and still so ``holds`` seconds later."""
+        deadline = time.monotonic() + within
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeError(f"{len(self.bad)} groups not converged in {within:g} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.done.wait(), remaining)
+            await asyncio.sleep(holds)  # it holds: no later write undid it
+            if self.done.is_set():
+                return
+
+
 def has_node(pod: Obj) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName"))
 
@@ -934,53 +977,26 @@ class Run:
             expected[p["metadata"]["annotations"][GROUP_ANNOTATION]].add(
                 f"{ns}/{p['metadata']['name']}"
             )
-        bad = set(groups)
-        state: dict[str, Any] = {"t": None, "cpu": None}
-        done = asyncio.Event()
         peak_reset = reset_peak(proc.pid)
         sw = await self.stopwatch(self.pids(**{proc.name.split(" (")[0]: proc}))
-
-        def on(typ: str, obj: Obj) -> None:
-            name = obj["metadata"]["name"]
-            if name not in expected or typ == "DELETED":
-                return
-            st = obj.get("status") or {}
-            ok = (
-                st.get("podCount") == len(expected[name])
-                and set(st.get("allocatedPods") or ()) == expected[name]
-            )
-            if ok:
-                bad.discard(name)
-                if not bad and state["t"] is None:
-                    state["t"], state["cpu"] = time.perf_counter(), sw.cpu()
-                    done.set()
-            else:
-                bad.add(name)
-                state["t"] = None
-                done.clear()
-
-        async with Watch(self.kube, SDG_PATH, on):
+        converged = StatusConverged(expected, sw.cpu)
+        async with Watch(self.kube, SDG_PATH, converged):
             made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
-            deadline = time.monotonic() + 900
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RuntimeError(f"{label}: {len(bad)} groups not converged in 900 s")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(done.wait(), remaining)
-                await asyncio.sleep(3)  # it holds: no later write undid it
-                if done.is_set():
-                    break
+            try:
+                await converged.wait(900)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{label}: {exc}") from None
+        assert converged.t is not None and converged.cpu is not None
         mem = memory(proc.pid)
         who = "sdg" if "sdg" in ns else "kopf"
-        lag = state["t"] - made.t_last
-        await self.phase(label, sw, state["cpu"], pods=n, groups=len(groups))
+        lag = converged.t - made.t_last
+        await self.phase(label, sw, converged.cpu, pods=n, groups=len(groups))
         self.out[f"s4_{who}"] = {
             "pods": n,
             "groups": len(groups),
             "create_s": made.create_s,
             "lag_s": lag,
-            "cpu_s": state["cpu"][proc.name.split(" (")[0]],
+            "cpu_s": converged.cpu[proc.name.split(" (")[0]],
             "peak_rss": mem["VmHWM"],
             "rss": mem["VmRSS"],
             "peak_reset": peak_reset,
