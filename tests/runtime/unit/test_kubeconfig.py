@@ -6,7 +6,6 @@ user needs it (exec plugins, auth-providers): that package's import costs ~32 Mi
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
 import os
 import ssl
@@ -19,9 +18,6 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from sdgruntime.client import Client
 from sdgruntime.rest.config import (
@@ -36,32 +32,15 @@ from sdgruntime.rest.kubeconfig import (
     incluster_rest_config,
     kubeconfig_rest_config,
 )
+from sdgruntime.securemetrics import self_signed_pair
 from sdgruntime.webhook.certs import not_after
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _pair(cn: str, *, days: int = 1) -> tuple[bytes, bytes]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=1))
-        .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+    """A self-signed certificate and key, valid ``days`` days."""
+    return self_signed_pair([cn], days=days)
 
 
 @pytest.fixture(scope="module")
