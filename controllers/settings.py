@@ -127,7 +127,7 @@ class Settings(BaseModel):
         description="concurrent status reconciles (each mostly one status PATCH)",
     )
     pod_workers: int = Field(
-        8, ge=1, le=256, description="concurrent pod reconciles (bind calls are pipelined)"
+        32, ge=1, le=256, description="concurrent pod reconciles (bind calls are pipelined)"
     )
     resource_slices: Literal["auto", "on", "off"] = Field(
         "auto",

@@ -4,7 +4,7 @@
 starts the local control plane once (etcd + kube-apiserver, CRD, ``config/rbac``) and, in
 turn on that one API server, runs each contender as its own process:
 
-- the SDG manager (``python -m controllers --leader-elect --pod-workers=16``, as
+- the SDG manager (``python -m controllers --leader-elect``, its default workers, as
   ``hack/demo.py`` starts it) under its ServiceAccount's RBAC, webhooks called over TLS;
 - kube-scheduler from the cached ``hack/controlplane`` build (admin kubeconfig, client
   QPS/burst 5000, no leader election);
@@ -229,7 +229,7 @@ class Env:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.commands: dict[str, str] = {}
 
-    async def manager(self, tag: str, pod_workers: int = 16) -> tuple[Proc, int, float]:
+    async def manager(self, tag: str) -> tuple[Proc, int, float]:
         """The real manager process; returns it, its webhook port and seconds to Ready."""
         webhook_port, probe_port = free_port(), free_port()
         cmd = [
@@ -245,7 +245,6 @@ class Env:
             "--leader-elect",
             f"--leader-election-namespace={MANAGER_NS}",
             f"--claims-namespace={MANAGER_NS}",
-            f"--pod-workers={pod_workers}",
             *self.manager_flags,  # --manager-flag: later flags win
         ]
         self.commands.setdefault("SDG manager", shlex.join(["python", *cmd[1:]]))
