@@ -194,6 +194,7 @@ class GroupScheduler:
                     return None  # gone or recreated: its own events follow
                 if (live.get("status") or {}).get("phase") == PHASE_BOUND:
                     return Result(requeue=True)  # our cache is behind: decide on the new copy
+                group = dict(live)  # the fenced copy: our writes below are conditional on it
             stranded = sorted(pod_key(p) for p in bound_pods(self.cache, name))
             if stranded:
                 # Pods of this group run with devices nobody records (recovery could not

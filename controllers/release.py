@@ -8,7 +8,9 @@ one recorded with the claim), never on a cache that may lag:
   claim is an orphan;
 - the group is Bound elsewhere: a claim on another node is left over from a lost race;
 - the group is Pending and the claim cannot be adopted (its spec changed, the node no
-  longer fits): the claim is given back and the group placed afresh.
+  longer fits): the claim is given back and the group placed afresh. First the group's
+  status is written (conditionally): a bind of it in flight elsewhere, whose status write
+  is conditional on the older version, then fails instead of landing on freed devices.
 
 A claim is never removed while active pods of that group name are bound to its node: they
 may be using the devices right now (a finalizer removed by hand, an old incarnation).
@@ -20,14 +22,19 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from api.constants import PHASE_BOUND
+from api.conditions import rfc3339
+from api.constants import CONDITION_SCHEDULED, PHASE_BOUND
 from api.pods import POD_GROUP_INDEX, is_active
 from controllers.claims import ClaimBook
 from controllers.groupwriter import GroupWriter
+from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.kinds import PODS
 
 log = logging.getLogger(__name__)
+
+#: The Scheduled condition's reason while a Pending group's stale claim is given back.
+REASON_CLAIM_GIVEN_BACK = "ClaimGivenBack"
 
 Obj = Mapping[str, Any]
 
@@ -54,6 +61,17 @@ def should_release(live: Obj | None, node: str, claim_uid: str, *, adoptable: bo
     if status.get("phase") == PHASE_BOUND and status.get("nodeName"):
         return status["nodeName"] != node
     return not adoptable
+
+
+def _same_pending_group(live: Obj | None, claim_uid: str) -> bool:
+    """The claim is this very group's (same UID, or none recorded) and it is not Bound:
+    the one case where a bind of it may be in flight elsewhere."""
+    if live is None:
+        return False
+    uid = (live.get("metadata") or {}).get("uid") or ""
+    if claim_uid and claim_uid != uid:
+        return False
+    return (live.get("status") or {}).get("phase") != PHASE_BOUND
 
 
 class ClaimReleaser:
@@ -90,9 +108,43 @@ class ClaimReleaser:
                     node,
                 )
             elif stale:
+                if _same_pending_group(live, self.claims.uid_of(node, name)):
+                    assert live is not None
+                    fenced = await self._fence(live, node)
+                    if fenced is None:
+                        return None  # someone wrote the group first: its event follows
+                    live = fenced
                 log.info("releasing the claim of %s on node %s (live read)", name, node)
                 await self.claims.write(node, name, None)
         return live
+
+    async def _fence(self, live: Obj, node: str) -> Obj | None:
+        """Bump a Pending group's resourceVersion before its claim is given back.
+
+        The claim may be the first half of a bind still in flight in another manager (or
+        another worker): its status write is conditional on the version it read, so after
+        this write it fails instead of marking the group Bound on devices about to be
+        freed. None when that write came first (409) or the group is gone: then nothing
+        is released."""
+        rv = (live.get("metadata") or {}).get("resourceVersion", "")
+        status = dict(live.get("status") or {})
+        status["conditions"] = [
+            c for c in status.get("conditions") or () if c.get("type") != CONDITION_SCHEDULED
+        ] + [
+            {
+                "type": CONDITION_SCHEDULED,
+                "status": "False",
+                "reason": REASON_CLAIM_GIVEN_BACK,
+                "message": f"the claim on node {node} (resourceVersion {rv}) was given back; "
+                "placing the group again",
+                "lastTransitionTime": rfc3339(),
+            }
+        ]
+        try:
+            written = await self.writer.status(live, status)
+        except (errors.Conflict, errors.NotFound):
+            return None
+        return written if written is not None else dict(live)
 
     async def release_deleted(self, group: Obj) -> bool:
         """A group being deleted whose pods are gone: give back all of its claims, after a
