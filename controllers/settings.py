@@ -115,11 +115,10 @@ class Settings(BaseModel):
         None, description="a file of RESOURCE_GLOB=ENV_VAR mappings, one per line (# comments)"
     )
     group_workers: int = Field(
-        # 8 reach S3's 100 groups/s (hack/bench/RESULTS.md), but two managers racing with
-        # 8 workers each once gave a device to two groups (tests/e2e/test_safety.py split
-        # brain): a Pending group's claim released while its binder's status write was in
-        # flight. 1 until release_stale fences the group before it gives a claim back.
-        1,
+        # 8 reach S3's 100+ groups/s (hack/bench/RESULTS.md). Safe with two managers
+        # racing because a Pending group's claim is given back only after a conditional
+        # write of the group (controllers/release.py), so a bind in flight elsewhere fails.
+        8,
         ge=1,
         le=64,
         description="concurrent group reconciles (claim record writes per node are serialised)",
