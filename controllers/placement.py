@@ -329,6 +329,22 @@ def _capacity_of(free: object) -> Callable[[str, str], int] | None:
     return known if callable(known) else None
 
 
+def _node_capacity(
+    facts: _NodeFacts | None,
+    node: Mapping[str, Any],
+    name: str,
+    res: str,
+    known_capacity: Callable[[str, str], int] | None,
+) -> int:
+    """A node's count of ``res``: from the tracker when it knows, else the memoised facts,
+    else parsed from the Node (unversioned Nodes are never memoised)."""
+    if known_capacity is not None:
+        return known_capacity(name, res)
+    if facts is not None:
+        return facts.capacity().get(res, 0)
+    return node_device_capacity(node).get(res, 0)
+
+
 def _devices(
     facts: _NodeFacts | None,
     node: Mapping[str, Any],
@@ -343,12 +359,7 @@ def _devices(
     short: list[str] = []
     left = 0
     for res, need in wanted:
-        if known_capacity is not None:
-            capacity = known_capacity(name, res)
-        elif facts is not None:
-            capacity = facts.capacity().get(res, 0)
-        else:
-            capacity = node_device_capacity(node).get(res, 0)
+        capacity = _node_capacity(facts, node, name, res, known_capacity)
         if capacity <= 0:
             short.extend(_no_devices(facts, node, res))
             continue
@@ -456,12 +467,7 @@ def place(
                 reasons[name] = _no_devices(facts, node, res)
                 continue
         else:
-            if known_capacity is not None:
-                capacity = known_capacity(name, res)
-            elif facts is not None:
-                capacity = facts.capacity().get(res, 0)
-            else:
-                capacity = node_device_capacity(node).get(res, 0)
+            capacity = _node_capacity(facts, node, name, res, known_capacity)
             if capacity <= 0:
                 reasons[name] = _no_devices(facts, node, res)
                 continue
