@@ -31,6 +31,17 @@ contents were edited to name another node) is malformed and blocks every node it
 so it can never act as a second fence. Each claim carries the claiming group's UID
 (``data.uids``), so a group deleted and recreated under the same name is a different
 claimant: it never inherits the old claim.
+
+Every change is also conditional on the claim it changes: the caller says which claim of
+that group it saw (``expect``), and a record whose claim of the group differs fails that
+change with 409. The resourceVersion alone does not say enough once writes are
+coalesced and two managers race: a bind decided on a view without the group's claim
+must not silently replace the claim another manager just wrote for the same group (its
+status may already be Bound on those devices). Each claim also records the
+resourceVersion of the group it was decided on (``data.versions``): a bind that adopts
+a claim renews it with its own version, so giving back a claim that a bind in flight
+has just renewed fails instead of freeing devices that group is about to be Bound on
+(``controllers.release``).
 """
 
 from __future__ import annotations
@@ -63,6 +74,7 @@ RECORD_LABEL_VALUE = "node"
 DATA_NODE = "node"
 DATA_CLAIMS = "claims"
 DATA_UIDS = "uids"
+DATA_VERSIONS = "versions"
 RECORD_PREFIX = "sdg-claims."
 
 
@@ -94,19 +106,32 @@ def nodes_named_by(cm: Mapping[str, Any]) -> tuple[str | None, set[str]]:
 def decode_uids(text: str | None, claims: Mapping[str, Any]) -> dict[str, str]:
     """``data.uids``: group -> UID of the claiming group. Absent (a record written before
     UIDs were recorded) is no UIDs; a UID for a group without a claim is malformed."""
+    return _decode_group_map(DATA_UIDS, "UID", text, claims)
+
+
+def decode_versions(text: str | None, claims: Mapping[str, Any]) -> dict[str, str]:
+    """``data.versions``: group -> resourceVersion of the group its claim was decided
+    on. Absent (a record written before versions were recorded) is none."""
+    return _decode_group_map(DATA_VERSIONS, "resourceVersion", text, claims)
+
+
+def _decode_group_map(
+    key: str, what: str, text: str | None, claims: Mapping[str, Any]
+) -> dict[str, str]:
+    """A JSON object of group -> non-empty string, naming only groups with a claim."""
     if text is None or not str(text).strip():
         return {}
     try:
         raw: Any = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(f"{DATA_UIDS} is not JSON: {err}") from None
+        raise ValueError(f"{key} is not JSON: {err}") from None
     if not isinstance(raw, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and v for k, v in raw.items()
     ):
-        raise ValueError(f"{DATA_UIDS} must be a JSON object of group -> UID")
+        raise ValueError(f"{key} must be a JSON object of group -> {what}")
     stray = sorted(set(raw) - set(claims))
     if stray:
-        raise ValueError(f"{DATA_UIDS} names groups without a claim: {stray[:5]}")
+        raise ValueError(f"{key} names groups without a claim: {stray[:5]}")
     return dict(raw)
 
 
@@ -120,6 +145,7 @@ def record_holdings(
     try:
         claims = decode_claims(data.get(DATA_CLAIMS, "") if isinstance(data, Mapping) else "")
         decode_uids(data.get(DATA_UIDS) if isinstance(data, Mapping) else None, claims)
+        decode_versions(data.get(DATA_VERSIONS) if isinstance(data, Mapping) else None, claims)
     except ValueError:
         return node, named, None
     held = frozenset(
@@ -136,6 +162,18 @@ def resource_version(obj: Mapping[str, Any]) -> int:
         return 0
 
 
+@dataclass(frozen=True)
+class Claim:
+    """One group's claim in a node's record, as a caller saw it: what a change to that
+    group's claim is conditional on (``ClaimBook.write``'s ``expect``)."""
+
+    devices: Devices
+    #: UID of the group that made the claim ("" for a claim recorded without one).
+    uid: str = ""
+    #: resourceVersion of the group the claim was decided on ("" when not recorded).
+    version: str = ""
+
+
 @dataclass
 class Record:
     """One node's claims as last seen, with the resourceVersion that fences the next write."""
@@ -145,10 +183,18 @@ class Record:
     obj: dict[str, Any] | None = None  # the ConfigMap; None while it does not exist
     #: group -> UID of the group that made the claim ("" for claims recorded without one).
     uids: dict[str, str] = field(default_factory=dict)
+    #: group -> resourceVersion of the group its claim was decided on.
+    versions: dict[str, str] = field(default_factory=dict)
 
     @property
     def resource_version(self) -> int:
         return resource_version(self.obj) if self.obj else 0
+
+    def claim(self, group: str) -> Claim | None:
+        devices = self.claims.get(group)
+        if devices is None:
+            return None
+        return Claim(devices, self.uids.get(group, ""), self.versions.get(group, ""))
 
 
 class ClaimRecordBroken(Exception):
@@ -236,11 +282,12 @@ class ClaimBook:
         try:
             claims = decode_claims(data.get(DATA_CLAIMS, ""))
             uids = decode_uids(data.get(DATA_UIDS), claims)
+            versions = decode_versions(data.get(DATA_VERSIONS), claims)
         except ValueError as err:
             log.error("%s is malformed: %s", ref, err)
             self._malformed.setdefault(node, {})[name] = f"{ref}: {err}"
-            claims, uids = {}, {}
-        self._set_record(node, Record(node, claims, dict(cm), uids))
+            claims, uids, versions = {}, {}, {}
+        self._set_record(node, Record(node, claims, dict(cm), uids, versions))
         for n in touched:
             self._mirror(n)
         return node
@@ -373,20 +420,24 @@ class ClaimBook:
     def _mirror(self, node: str) -> None:
         """Rebuild ``node``'s holdings in the tracker from every source (module doc)."""
         owners: dict[tuple[str, int], set[str]] = {}
+        #: The same, from the records and bound statuses only (not decisions in flight).
+        durable: dict[tuple[str, int], set[str]] = {}
 
-        def hold(group: str, devices: Mapping[str, list[int]]) -> None:
+        def hold(group: str, devices: Mapping[str, list[int]], *, lasting: bool) -> None:
             for res, ids in devices.items():
                 for i in ids:
                     owners.setdefault((res, i), set()).add(group)
+                    if lasting:
+                        durable.setdefault((res, i), set()).add(group)
 
         record = self.records.get(node)
         for group, devices in (record.claims if record else {}).items():
-            hold(group, devices)
+            hold(group, devices, lasting=True)
         for group in self._status_on.get(node, ()):
-            hold(group, self.statuses[group][1])
+            hold(group, self.statuses[group][1], lasting=True)
         for group, (where, devices) in self.reserved.items():
             if where == node:
-                hold(group, devices)
+                hold(group, devices, lasting=False)
         holders: dict[str, dict[str, list[int]]] = {}
         disputes: list[str] = []
         for (res, i), groups in sorted(owners.items()):
@@ -394,7 +445,11 @@ class ClaimBook:
                 holder = next(iter(groups))
             else:
                 holder = "!conflict:" + ",".join(sorted(groups))
-                disputes.append(f"{res} {i}: held by {', '.join(sorted(groups))}")
+                if len(durable.get((res, i), ())) > 1:
+                    # Only the records and statuses count as claimed twice: a decision
+                    # in flight that overlaps a record another manager just wrote loses
+                    # its fenced write (blocked meanwhile all the same).
+                    disputes.append(f"{res} {i}: held by {', '.join(sorted(groups))}")
             holders.setdefault(holder, {}).setdefault(res, []).append(i)
         if node in self._malformed:
             # Nothing on a node with an unreadable record is free: block every ID.
@@ -443,6 +498,12 @@ class ClaimBook:
         record = self.records.get(node)
         return record.claims.get(group) if record else None
 
+    def claim(self, node: str, group: str) -> Claim | None:
+        """``group``'s whole claim in ``node``'s record as seen now: what a change of it
+        is conditional on (``write``'s ``expect``)."""
+        record = self.records.get(node)
+        return record.claim(group) if record else None
+
     def nodes_claiming(self, group: str) -> list[str]:
         return sorted(self._claimed.get(group, ()))
 
@@ -468,15 +529,27 @@ class ClaimBook:
         return sorted(others)
 
     # --- fenced writes ---------------------------------------------------------------
-    async def write(self, node: str, group: str, devices: Devices | None, uid: str = "") -> None:
+    async def write(
+        self,
+        node: str,
+        group: str,
+        devices: Devices | None,
+        *,
+        expect: Claim | None,
+        uid: str = "",
+        version: str = "",
+    ) -> None:
         """Set (or, with ``devices=None``, remove) ``group``'s claim in ``node``'s record,
-        recording ``uid`` (the claiming group's) with it.
+        recording ``uid`` (the claiming group's) and ``version`` (the resourceVersion of
+        the group object it was decided on) with it.
 
-        Conditional on the record's resourceVersion (or on its absence, for a create).
-        Raises ``errors.Conflict`` after refreshing the view when someone else wrote first:
-        the caller re-decides from the fresh view; it never retries blindly. Removing a
-        claim is the caller's decision to make on a live read of the group (see
-        ``GroupScheduler``); this method only fences the write.
+        Conditional twice: on the record's resourceVersion (or on its absence, for a
+        create), and on ``group``'s claim in it being ``expect`` (what the caller decided
+        on, from ``claim``; None: no claim of the group there). Removing a claim that is
+        already gone succeeds. Raises ``errors.Conflict`` after refreshing the view when
+        either differs: the caller re-decides from the fresh view; it never retries
+        blindly. Removing a claim is the caller's decision to make on a live read of the
+        group (``controllers.release``); this method only fences the write.
 
         Writes to one node are serialised, and changes that arrive while one is in flight
         go together in the next (``controllers.coalesce``): concurrent binds onto one node
@@ -485,7 +558,7 @@ class ClaimBook:
         error) fails every change it carried, so each caller gives back what it reserved.
         """
         try:
-            await self._commits.submit(node, _Change(group, devices, uid))
+            await self._commits.submit(node, _Change(group, devices, uid, version, expect))
         except Abandoned as err:
             raise errors.TransportError(
                 f"claim record of node {node}: the write was cancelled ({err})"
@@ -499,9 +572,23 @@ class ClaimBook:
             return [broken] * len(changes)
         record = self.records.get(node) or Record(node)
         claims, uids = dict(record.claims), dict(record.uids)
+        versions = dict(record.versions)
         outcomes: list[BaseException | None] = []
         for change in changes:
             group, devices = change.group, change.devices
+            if devices is None and group not in claims:
+                outcomes.append(None)  # given back already
+                continue
+            now = Record(node, claims, None, uids, versions).claim(group)
+            if now != change.expect:
+                # The group's claim is not the one the caller decided on: another manager
+                # (or a bind of the same group elsewhere) wrote it meanwhile.
+                why = (
+                    f"node {node}: the claim of {group} is {_describe(now)}, "
+                    f"not {_describe(change.expect)} as when decided"
+                )
+                outcomes.append(errors.Conflict(why, code=409))
+                continue
             overlap = sorted(
                 g for g, held in claims.items() if g != group and _overlaps(held, devices or {})
             )
@@ -513,14 +600,17 @@ class ClaimBook:
                 continue
             claims.pop(group, None)
             uids.pop(group, None)
+            versions.pop(group, None)
             if devices is not None:
                 claims[group] = devices
                 if change.uid:
                     uids[group] = change.uid
+                if change.version:
+                    versions[group] = change.version
             outcomes.append(None)
-        if claims != record.claims or uids != record.uids:
+        if claims != record.claims or uids != record.uids or versions != record.versions:
             try:
-                self.observe(await self._put(node, record, claims, uids))
+                self.observe(await self._put(node, record, claims, uids, versions))
             except (errors.Conflict, errors.AlreadyExists) as err:
                 await self.refresh(node)
                 conflict = errors.Conflict(
@@ -535,12 +625,20 @@ class ClaimBook:
         return outcomes
 
     async def _put(
-        self, node: str, record: Record, claims: dict[str, Devices], uids: dict[str, str]
+        self,
+        node: str,
+        record: Record,
+        claims: dict[str, Devices],
+        uids: dict[str, str],
+        versions: dict[str, str],
     ) -> dict[str, Any]:
-        """Create or update ``node``'s record as ``claims``/``uids``, conditionally."""
+        """Create or update ``node``'s record as ``claims``/``uids``/``versions``,
+        conditionally."""
         body = {DATA_NODE: node, DATA_CLAIMS: encode_claims(claims)}
         if uids:
             body[DATA_UIDS] = json.dumps(uids, separators=(",", ":"), sort_keys=True)
+        if versions:
+            body[DATA_VERSIONS] = json.dumps(versions, separators=(",", ":"), sort_keys=True)
         if record.obj is None:
             cm = {
                 "apiVersion": "v1",
@@ -571,11 +669,21 @@ class ClaimBook:
 
 @dataclass(frozen=True)
 class _Change:
-    """One caller's change to a node's record: ``devices`` None removes the claim."""
+    """One caller's change to a node's record: ``devices`` None removes the claim;
+    ``expect`` is the group's claim it was decided on."""
 
     group: str
     devices: Devices | None
     uid: str
+    version: str
+    expect: Claim | None
+
+
+def _describe(claim: Claim | None) -> str:
+    if claim is None:
+        return "absent"
+    devices = ";".join(f"{r}={','.join(map(str, ids))}" for r, ids in sorted(claim.devices.items()))
+    return f"{devices} (uid {claim.uid or '-'}, group version {claim.version or '-'})"
 
 
 def _overlaps(held: Mapping[str, list[int]], devices: Mapping[str, list[int]]) -> bool:

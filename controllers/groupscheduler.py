@@ -183,9 +183,24 @@ class GroupScheduler:
             if existing is not None:
                 node, devices = existing
                 if self._adoptable(group, node, devices):
-                    # The first half of an interrupted bind (ours or another manager's).
+                    # The first half of an interrupted bind (ours or another manager's),
+                    # renewed with this group version first: a release of it decided
+                    # meanwhile (on the claim as it was) then fails instead of freeing
+                    # the devices this status write is about to give the group.
                     span.set_attribute("sdg.result", "adopted")
                     span.set_attribute("sdg.node", node)
+                    try:
+                        await self.claims.write(
+                            node,
+                            name,
+                            devices,
+                            expect=self.claims.claim(node, name),
+                            uid=uid,
+                            version=str(meta.get("resourceVersion") or ""),
+                        )
+                    except errors.Conflict:
+                        span.set_attribute("sdg.result", "conflict")
+                        return Result(requeue=True)
                     return await self._bind_status(group, node, devices, started)
                 # Another group's claim under this name, one for an older spec, or on a
                 # node that no longer fits: given back if a live read agrees.
@@ -232,7 +247,14 @@ class GroupScheduler:
                 "sdg.devices", ";".join(f"{r}={format_ids(i)}" for r, i in devices.items())
             )
             try:
-                await self.claims.write(decision.node, name, devices, uid=uid)
+                await self.claims.write(
+                    decision.node,
+                    name,
+                    devices,
+                    expect=None,
+                    uid=uid,
+                    version=str(group["metadata"].get("resourceVersion") or ""),
+                )
             except errors.Conflict:
                 # Someone wrote the record first; the view is refreshed: decide again.
                 span.set_attribute("sdg.result", "conflict")
@@ -336,7 +358,7 @@ class GroupScheduler:
             if live is None or live["metadata"].get("uid") != uid:
                 return None
         if self.claims.claim_on(node, name) != devices or self.claims.uid_of(node, name) != uid:
-            refused = await restore_record(self.claims, name, uid, node, devices)
+            refused = await restore_record(self.claims, group, node, devices)
             if refused:
                 await self._report(group, (REASON_CLAIM_CONFLICT, refused))
                 return None

@@ -120,7 +120,7 @@ class Recovery:
             return None  # reported as InvalidStatus by the group scheduler
         if self.claims.claim_of(name) == (node, devices) and self.claims.uid_of(node, name) == uid:
             return None
-        return await restore_record(self.claims, name, uid, node, devices)
+        return await restore_record(self.claims, group, node, devices)
 
     async def _restore_from_pods(self, group: Obj) -> str | None:
         """A group that lost its status: its bound pods say where and what they got."""
@@ -150,7 +150,14 @@ class Recovery:
             return f"its pods on {node} use devices now held by {', '.join(others)}"
         log.warning("recovery: restoring group %s to %s %s from its pods", name, node, devices)
         self.claims.hold(name, node, devices)
-        await self.claims.write(node, name, devices, uid=uid)
+        await self.claims.write(
+            node,
+            name,
+            devices,
+            expect=self.claims.claim(node, name),
+            uid=uid,
+            version=str(group["metadata"].get("resourceVersion") or ""),
+        )
         self.claims.unreserve(name)
         return None
 
@@ -165,17 +172,24 @@ class Recovery:
         self.recorder.emit(group, "Warning", problem[0], problem[1])
 
 
-async def restore_record(
-    claims: ClaimBook, name: str, uid: str, node: str, devices: Devices
-) -> str | None:
+async def restore_record(claims: ClaimBook, group: Obj, node: str, devices: Devices) -> str | None:
     """Write a bound group's status into ``node``'s record; returns a problem instead when
     a record or another bound status gives those devices to someone else. (A claim of the
     group left on another node is the releaser's to judge, on a live read.)"""
+    meta = group["metadata"]
+    name = meta["name"]
     others = claims.held_by_others(name, node, devices)
     if others:
         return (
             f"status says node {node} devices {describe(devices)}, but {', '.join(others)} "
             "hold(s) them too; delete and recreate this group"
         )
-    await claims.write(node, name, devices, uid=uid)
+    await claims.write(
+        node,
+        name,
+        devices,
+        expect=claims.claim(node, name),
+        uid=meta.get("uid", ""),
+        version=str(meta.get("resourceVersion") or ""),
+    )
     return None

@@ -91,6 +91,9 @@ class ClaimReleaser:
         nodes = self.claims.nodes_claiming(name)
         if not nodes:
             return live  # nothing to give back: no read needed
+        # The claims as judged, taken before the live read: each is given back only if it
+        # is still exactly this one (a bind that adopts a claim renews it first).
+        seen = {node: self.claims.claim(node, name) for node in nodes}
         if live is None:
             live = await self.writer.live(name)
         running = {(p.get("spec") or {}).get("nodeName") for p in bound_pods(self.cache, name)}
@@ -115,7 +118,7 @@ class ClaimReleaser:
                         return None  # someone wrote the group first: its event follows
                     live = fenced
                 log.info("releasing the claim of %s on node %s (live read)", name, node)
-                await self.claims.write(node, name, None)
+                await self.claims.write(node, name, None, expect=seen[node])
         return live
 
     async def _fence(self, live: Obj, node: str) -> Obj | None:
@@ -151,14 +154,14 @@ class ClaimReleaser:
         live read confirms it is that same group, still being deleted. Returns whether the
         finalizer may go."""
         name = group["metadata"]["name"]
+        seen = {node: self.claims.claim(node, name) for node in self.claims.nodes_claiming(name)}
         live = await self.writer.live(name)
         if live is None or live["metadata"].get("uid") != group["metadata"].get("uid"):
             return False  # gone already, or recreated: its reconcile will judge
         if not live["metadata"].get("deletionTimestamp"):
             return False
-        for node in self.claims.nodes_claiming(name):
-            claim_uid = self.claims.uid_of(node, name)
-            if claim_uid and claim_uid != live["metadata"].get("uid"):
+        for node, claim in seen.items():
+            if claim is not None and claim.uid and claim.uid != live["metadata"].get("uid"):
                 continue  # an earlier group's claim: the orphan path judges it
-            await self.claims.write(node, name, None)
+            await self.claims.write(node, name, None, expect=claim)
         return True

@@ -93,7 +93,8 @@ async def write(
     b: ClaimBook, out: dict[str, object], node: str, group: str, ids: list[int] | None
 ) -> None:
     try:
-        await b.write(node, group, None if ids is None else {GPU: ids}, uid=f"uid-{group}")
+        devices = None if ids is None else {GPU: ids}
+        await b.write(node, group, devices, expect=b.claim(node, group), uid=f"uid-{group}")
         out[group] = "ok"
     except Exception as err:
         out[group] = err
@@ -141,7 +142,7 @@ async def test_different_nodes_are_written_side_by_side() -> None:
 async def test_a_claim_overlapping_the_record_fails_alone() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     out: dict[str, object] = {}
     api.gate = anyio.Event()
     async with anyio.create_task_group() as tg:
@@ -161,7 +162,7 @@ async def test_a_claim_overlapping_the_record_fails_alone() -> None:
 async def test_a_conflict_fails_the_whole_batch_and_refreshes_the_view() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     # Another manager writes the record: our view of it is now one version behind.
     theirs = copy.deepcopy(api.objs[record_name("n0")])
     theirs["data"]["claims"] = '{"a":{"nvidia.com/gpu":"0"},"x":{"nvidia.com/gpu":"1"}}'
@@ -173,14 +174,16 @@ async def test_a_conflict_fails_the_whole_batch_and_refreshes_the_view() -> None
     assert isinstance(out["b"], errors.Conflict) and isinstance(out["c"], errors.Conflict)
     assert b.claim_on("n0", "x") == {GPU: [1]}  # refreshed: the next decision sees x
     assert b.claim_on("n0", "b") is None and b.claim_on("n0", "c") is None
-    await b.write("n0", "c", {GPU: [2]}, uid="uid-c")  # decided again: fenced on the new view
+    await b.write(
+        "n0", "c", {GPU: [2]}, expect=b.claim("n0", "c"), uid="uid-c"
+    )  # decided again: fenced on the new view
     assert set(api.claims_of("n0")) == {"a", "x", "c"}
 
 
 async def test_any_write_error_fails_every_change_it_carried() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     out: dict[str, object] = {}
     api.gate = anyio.Event()
     refused = errors.Forbidden("quota", code=403)
@@ -202,7 +205,7 @@ async def test_any_write_error_fails_every_change_it_carried() -> None:
 async def test_a_release_and_a_claim_in_one_batch() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     out: dict[str, object] = {}
     api.gate = anyio.Event()
     async with anyio.create_task_group() as tg:
@@ -227,14 +230,46 @@ async def test_nothing_is_written_to_a_malformed_record() -> None:
         }
     )
     with pytest.raises(ClaimRecordBroken):
-        await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
+        await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     assert api.writes == []
 
 
 async def test_a_change_that_changes_nothing_writes_nothing() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
-    await b.write("n0", "a", {GPU: [0]}, uid="uid-a")
-    await b.write("n0", "ghost", None)
+    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
+    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
+    await b.write("n0", "ghost", None, expect=None)
     assert len(api.writes) == 1
+
+
+async def test_a_bind_that_did_not_see_the_groups_claim_never_replaces_it() -> None:
+    # Two managers: ours binds "a" onto 0 and the other, whose view has no claim of "a"
+    # yet, decides on 3. Its write must not silently move a's claim (our status may
+    # already say Bound on 0, and 0 would then look free to everyone).
+    api = Records()
+    ours, theirs = book(api, "n0"), book(api, "n0")
+    await ours.write("n0", "a", {GPU: [0]}, expect=None, uid="uid-a", version="5")
+    theirs.observe(api.objs[record_name("n0")])
+    with pytest.raises(errors.Conflict, match="claim of a is"):
+        await theirs.write("n0", "a", {GPU: [3]}, expect=None, uid="uid-a", version="5")
+    assert api.claims_of("n0") == {"a": {GPU: "0"}}
+    assert len(api.writes) == 1  # refused before any write
+
+
+async def test_a_release_decided_on_a_claim_renewed_since_fails() -> None:
+    api = Records()
+    b = book(api, "n0")
+    await b.write("n0", "a", {GPU: [0]}, expect=None, uid="uid-a", version="5")
+    judged = b.claim("n0", "a")
+    assert judged is not None and judged.version == "5"
+    # A bind adopts the claim, renewing it with the group version it writes Bound on.
+    await b.write("n0", "a", {GPU: [0]}, expect=judged, uid="uid-a", version="8")
+    assert json.loads(api.objs[record_name("n0")]["data"]["versions"]) == {"a": "8"}
+    with pytest.raises(errors.Conflict, match=r"group version 5\) as when decided"):
+        await b.write("n0", "a", None, expect=judged)
+    assert api.claims_of("n0") == {"a": {GPU: "0"}}
+    # Giving back a claim that is gone already is done, whatever was judged.
+    await b.write("n0", "a", None, expect=b.claim("n0", "a"))
+    await b.write("n0", "a", None, expect=judged)
+    assert api.claims_of("n0") == {}

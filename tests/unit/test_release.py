@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from controllers.claims import Claim
 from controllers.release import REASON_CLAIM_GIVEN_BACK, ClaimReleaser
 from sdgruntime import errors
 
@@ -19,6 +20,7 @@ Obj = dict[str, Any]
 class Claims:
     def __init__(self, node: str, uid: str) -> None:
         self.node, self.uid = node, uid
+        self.version = "3"  # the group version the claim was decided (or renewed) on
         self.log: list[str] = []
 
     def nodes_claiming(self, name: str) -> list[str]:
@@ -27,16 +29,24 @@ class Claims:
     def uid_of(self, node: str, name: str) -> str:
         return self.uid
 
-    async def write(self, node: str, name: str, devices: Any) -> None:
-        self.log.append(f"release {name} on {node}")
+    def claim(self, node: str, name: str) -> Claim:
+        return Claim({"nvidia.com/gpu": [0]}, self.uid, self.version)
+
+    async def write(self, node: str, name: str, devices: Any, *, expect: Claim | None) -> None:
+        assert devices is None and expect is not None
+        self.log.append(f"release {name} on {node} if still at version {expect.version}")
 
 
 class Writer:
     def __init__(self, live: Obj | None, claims: Claims, fail: Exception | None = None):
         self._live, self.claims, self.fail = live, claims, fail
         self.written: list[Obj] = []
+        #: A bind elsewhere renews the claim while the live read is in flight.
+        self.renewed_meanwhile = False
 
     async def live(self, name: str) -> Obj | None:
+        if self.renewed_meanwhile:
+            self.claims.version = "9"
         return self._live
 
     async def status(self, group: Obj, status: Obj) -> Obj | None:
@@ -71,7 +81,10 @@ async def test_a_pending_groups_claim_is_released_only_after_its_status_was_bump
     writer = Writer(pending(), claims)
     releaser = ClaimReleaser(claims, writer, Cache())  # type: ignore[arg-type]
     live = await releaser.release_stale("g")
-    assert claims.log == ["status of g at rv 7", "release g on n1"]  # the fence first
+    assert claims.log == [
+        "status of g at rv 7",
+        "release g on n1 if still at version 3",
+    ]  # the fence first
     assert live is not None and live["metadata"]["resourceVersion"] == "8"
     cond = writer.written[0]["status"]["conditions"][-1]
     assert (cond["type"], cond["status"], cond["reason"]) == (
@@ -95,4 +108,15 @@ async def test_orphans_and_claims_of_other_incarnations_need_no_fence() -> None:
         claims = Claims("n1", "u1")
         writer = Writer(live, claims)
         await ClaimReleaser(claims, writer, Cache()).release_stale("g")  # type: ignore[arg-type]
-        assert claims.log == ["release g on n1"]
+        assert claims.log == ["release g on n1 if still at version 3"]
+
+
+async def test_the_release_is_conditional_on_the_claim_as_judged_before_the_live_read() -> None:
+    # A bind in another manager adopts the claim and renews it while our live read is in
+    # flight: the release must be conditional on the claim we judged (version 3), so the
+    # claim book refuses it rather than freeing devices that bind is about to get.
+    claims = Claims("n1", "u1")
+    writer = Writer(pending(), claims)
+    writer.renewed_meanwhile = True
+    await ClaimReleaser(claims, writer, Cache()).release_stale("g")  # type: ignore[arg-type]
+    assert claims.log == ["status of g at rv 7", "release g on n1 if still at version 3"]
