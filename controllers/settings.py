@@ -115,11 +115,9 @@ class Settings(BaseModel):
         None, description="a file of RESOURCE_GLOB=ENV_VAR mappings, one per line (# comments)"
     )
     group_workers: int = Field(
-        # 8 reach S3's 100+ groups/s (hack/bench/RESULTS.md), but with 8 per manager two
-        # managers racing (leader election off: tests/e2e/test_safety.py split brain)
-        # sometimes both mark groups Bound on one device (2 of 12 runs under load, also
-        # with the release fence). 1 until that race is found and closed.
-        1,
+        # 8 reach S3's 100+ groups/s (hack/bench/RESULTS.md). Placement and reservation
+        # stay one serialised step; the record writes they lead to overlap.
+        8,
         ge=1,
         le=64,
         description="concurrent group reconciles (claim record writes per node are serialised)",
