@@ -40,11 +40,13 @@ from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
 from sdgruntime.manager import Manager, ManagerOptions
 from sdgruntime.webhook import WebhookServer
+from webhooks.groupdefaulter import GroupDefaulter
 from webhooks.groupvalidator import GroupValidator
 from webhooks.podmutator import PodMutator
 
 POD_WEBHOOK_PATH = "/mutate-v1-pod"
 GROUP_WEBHOOK_PATH = "/validate-deviceshare-io-v1alpha1-shareddevicegroup"
+GROUP_DEFAULTER_PATH = "/mutate-deviceshare-io-v1alpha1-shareddevicegroup"
 
 Obj = dict[str, Any]
 
@@ -159,6 +161,7 @@ class SDG:
             ),
         )
         server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))
+        server.register(GROUP_DEFAULTER_PATH, GroupDefaulter())
 
     # --- informer feeds (cheap, synchronous) -----------------------------------------
     def _feed_claims(self) -> None:

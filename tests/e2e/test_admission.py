@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.constants import SDG_KIND
+from api.constants import FINALIZER, SDG_KIND
 from controllers.app import GROUP_WEBHOOK_PATH
 from sdgruntime import errors, metrics
 from sdgruntime.client import Client
@@ -191,7 +191,7 @@ async def test_only_creates_deletes_and_spec_changes_reach_the_group_webhook(
         await client.create(SDG_KIND, group("quiet", {GPU: 1}))
         reviewed = _group_reviews()  # answered before the create returned
         assert reviewed > before
-        await wait_bound(client, "quiet")  # the scheduler added its finalizer on the way
+        await wait_bound(client, "quiet")
         assert _group_reviews() == reviewed
         await client.patch(SDG_KIND, "quiet", {"metadata": {"labels": {"team": "a"}}})
         assert _group_reviews() == reviewed
@@ -200,3 +200,27 @@ async def test_only_creates_deletes_and_spec_changes_reach_the_group_webhook(
         reviewed = _group_reviews()
         await client.delete(SDG_KIND, "quiet")
         assert _group_reviews() > reviewed
+
+
+async def test_a_group_is_protected_from_its_creation(
+    cluster: ControlPlane, client: Client
+) -> None:
+    """The protection finalizer comes with the create (no write of the manager's own
+    before it binds), next to any finalizer the user set."""
+    await add_node(client, "n1", 4)
+    async with run_sdg(cluster):
+        created = await client.create(SDG_KIND, group("guarded", {GPU: 1}))
+        assert created["metadata"]["finalizers"] == [FINALIZER]
+        theirs = group("theirs", {GPU: 1})
+        theirs["metadata"]["finalizers"] = ["example.com/keep"]
+        created = await client.create(SDG_KIND, theirs)
+        assert created["metadata"]["finalizers"] == ["example.com/keep", FINALIZER]
+        bound = await wait_bound(client, "guarded")
+        assert bound["metadata"]["finalizers"] == [FINALIZER]
+    # With SDG down the group is created all the same; the manager adds the finalizer
+    # before it binds it.
+    created = await client.create(SDG_KIND, group("while-down", {GPU: 1}))
+    assert not created["metadata"].get("finalizers")
+    async with run_sdg(cluster):
+        bound = await wait_bound(client, "while-down")
+        assert bound["metadata"]["finalizers"] == [FINALIZER]

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from api.constants import SDG_KIND
-from controllers.app import GROUP_WEBHOOK_PATH, POD_WEBHOOK_PATH
+from controllers.app import GROUP_DEFAULTER_PATH, GROUP_WEBHOOK_PATH, POD_WEBHOOK_PATH
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.kinds import PODS
@@ -31,7 +31,7 @@ from tests.e2e.harness import GPU, add_node, env_of, group, pod, run_sdg, wait_b
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio, pytest.mark.timeout(240)]
 
-PATHS = (POD_WEBHOOK_PATH, GROUP_WEBHOOK_PATH)
+PATHS = (POD_WEBHOOK_PATH, GROUP_WEBHOOK_PATH, GROUP_DEFAULTER_PATH)
 GROUP = "fuzz"
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 FUZZ_SECONDS = 50.0  # all strategies together; examples past it are skipped
@@ -303,7 +303,10 @@ def malformed_objects(draw: st.DrawFn) -> tuple[str, bytes]:
     string... The API server never sends these; a handler may fail to read them."""
     doc = draw(st.sampled_from(base_reviews()))
     request = doc["request"]
-    path = POD_WEBHOOK_PATH if request["kind"]["kind"] == "Pod" else GROUP_WEBHOOK_PATH
+    if request["kind"]["kind"] == "Pod":
+        path = POD_WEBHOOK_PATH
+    else:
+        path = draw(st.sampled_from((GROUP_WEBHOOK_PATH, GROUP_DEFAULTER_PATH)))
     for key in ("object", "oldObject"):
         target = request[key]
         if target is None:
@@ -435,6 +438,7 @@ async def test_malformed_reviews_get_4xx_with_a_reason_and_the_server_keeps_serv
             for path, body in (
                 (POD_WEBHOOK_PATH, review("Pod", pod_obj())),
                 (GROUP_WEBHOOK_PATH, review(SDG_KIND.kind, group_obj())),
+                (GROUP_DEFAULTER_PATH, review(SDG_KIND.kind, group_obj())),
             ):
                 r = await https.post(path, json=body)
                 assert r.status_code == 200, r.text

@@ -329,12 +329,13 @@ def test_rbac_webhooks_and_security_context_match_exactly(
         got = one(chart, "ClusterRole", name)["metadata"]["labels"]
         assert {k: v for k, v in want.items() if k.startswith("rbac.")}.items() <= got.items()
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        (hook,) = one(chart, kind)["webhooks"]
-        (want,) = one(config, kind)["webhooks"]
-        for field in ("name", "rules", "failurePolicy", "sideEffects", "timeoutSeconds"):
-            assert hook[field] == want[field], (kind, field)
-        assert hook.get("matchConditions") == want.get("matchConditions"), kind
-        assert hook["clientConfig"]["service"] == want["clientConfig"]["service"]
+        hooks, wanted = one(chart, kind)["webhooks"], one(config, kind)["webhooks"]
+        assert [h["name"] for h in hooks] == [w["name"] for w in wanted], kind
+        for hook, want in zip(hooks, wanted, strict=True):
+            for field in ("rules", "failurePolicy", "sideEffects", "timeoutSeconds"):
+                assert hook[field] == want[field], (kind, hook["name"], field)
+            assert hook.get("matchConditions") == want.get("matchConditions"), hook["name"]
+            assert hook["clientConfig"]["service"] == want["clientConfig"]["service"]
     spec = one(chart, "Deployment")["spec"]["template"]["spec"]
     want_spec = one(config, "Deployment")["spec"]["template"]["spec"]
     assert spec["securityContext"] == want_spec["securityContext"]

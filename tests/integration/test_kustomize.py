@@ -462,17 +462,23 @@ def test_webhooks_get_a_certificate_and_ca_from_cert_manager(
 
     ref = f"{cert['metadata']['namespace']}/{cert['metadata']['name']}"
     paths = {
-        "MutatingWebhookConfiguration": "/mutate-v1-pod",
-        "ValidatingWebhookConfiguration": "/validate-deviceshare-io-v1alpha1-shareddevicegroup",
+        "MutatingWebhookConfiguration": {
+            "mpod.deviceshare.io": "/mutate-v1-pod",
+            "msdg.deviceshare.io": "/mutate-deviceshare-io-v1alpha1-shareddevicegroup",
+        },
+        "ValidatingWebhookConfiguration": {
+            "vsdg.deviceshare.io": "/validate-deviceshare-io-v1alpha1-shareddevicegroup",
+        },
     }
-    for kind, path in paths.items():
+    for kind, hooks in paths.items():
         config = one(answered, kind)
         assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == ref
+        assert {hook["name"] for hook in config["webhooks"]} == set(hooks)
         for hook in config["webhooks"]:
             assert hook["clientConfig"]["service"] == {
                 "name": service["metadata"]["name"],
                 "namespace": service["metadata"]["namespace"],
-                "path": path,
+                "path": hooks[hook["name"]],
                 "port": 443,
             }
 
