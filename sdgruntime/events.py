@@ -4,6 +4,10 @@ A reconciler that reports the same thing on every pass would otherwise write one
 pass; as in client-go, an identical event (same object, type, reason, message) seen again
 within ``window`` seconds bumps ``count`` and ``lastTimestamp`` of the Event already written.
 Recording is best effort: failures are logged, never raised into the reconciler.
+
+Stopping :meth:`EventRecorder.run` (cancelling it) still writes what is queued, within a
+deadline: the last Events a component emits before a restart (the binds before a rolling
+update) are the ones ``kubectl describe`` is read for.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from sdgruntime import errors
 from sdgruntime.kinds import EVENTS
@@ -57,7 +62,9 @@ class EventRecorder:
     ``writers`` Events are in flight at once and ``buffer`` wait: a scheduler binding
     400+ pods/s emits one Event per bind, and at ~10-30 ms per POST under that load 4
     writers and 1024 places dropped half of them (hack/bench/RESULTS.md, session 14).
-    A waiting Event holds a reference to its (cached) object and its strings: ~1 KB."""
+    A waiting Event holds a reference to its (cached) object and its strings: ~1 KB.
+    When :meth:`run` is cancelled, the queued and in-flight Events get ``drain_timeout``
+    seconds to be written (the manager passes its ``graceful_shutdown_timeout``)."""
 
     def __init__(
         self,
@@ -69,17 +76,22 @@ class EventRecorder:
         max_keys: int = 4096,
         buffer: int = 4096,
         writers: int = 16,
+        drain_timeout: float = 30.0,
     ) -> None:
         self.client = client
         self.component = component
         self.host = host
         self.window = window
         self.max_keys = max_keys
+        self.buffer = buffer
         self.writers = writers
+        self.drain_timeout = drain_timeout
         self._seen: OrderedDict[tuple[str, ...], _Seen] = OrderedDict()
-        self._send, self._receive = anyio.create_memory_object_stream[_Pending](buffer)
-        self._running = False
+        # set while run() takes events; None before, while stopping, and after
+        self._send: MemoryObjectSendStream[_Pending] | None = None
+        self._writing: anyio.CancelScope | None = None  # the writers' scope, while running
         self._dropped = 0
+        self._cut_off = 0  # writes of this run cancelled by its drain deadline or abort()
 
     def emit(
         self,
@@ -90,18 +102,20 @@ class EventRecorder:
         *,
         action: str | None = None,
     ) -> None:
-        """Queue an event for :meth:`run` to write; never waits.
+        """Queue an event for :meth:`run` to write; never waits, never raises.
 
         Events are best-effort (as client-go's broadcaster makes them): a reconcile or a
         webhook must not spend its time on them. Measured at 1000 nodes, awaiting each
         Event took 13% of a group decision and 36% of the pod workers' time. When the
-        buffer is full, or no :meth:`run` is active, the event is dropped and counted.
+        buffer is full, or no :meth:`run` is active (or it is stopping), the event is
+        dropped and counted.
         """
-        if not self._running:
+        send = self._send
+        if send is None:
             self._drop(reason, "the recorder is not running")
             return
         try:
-            self._send.send_nowait((obj, type_, reason, message, action))
+            send.send_nowait((obj, type_, reason, message, action))
         except anyio.WouldBlock:
             self._drop(reason, "the buffer is full")
 
@@ -113,45 +127,101 @@ class EventRecorder:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Write emitted events with ``writers`` concurrent writers until cancelled."""
-        self._running = True
+        """Write emitted events with ``writers`` concurrent writers until cancelled.
+
+        Cancellation stops taking events; the writers, shielded from it, go on with what
+        is queued and in flight until the buffer is empty, for at most ``drain_timeout``
+        seconds (or until :meth:`abort`). What is left then is dropped, counted and
+        logged in one line: a hanging API server delays a stop by that bound, no more.
+        """
+        if self._writing is not None:
+            raise RuntimeError(f"event recorder {self.component} is already running")
+        send, receive = anyio.create_memory_object_stream[_Pending](self.buffer)
+        writing = self._writing = anyio.CancelScope(shield=True)
+        self._cut_off = 0
         try:
             async with anyio.create_task_group() as tg:
-                for _ in range(self.writers):
-                    tg.start_soon(self._drain, self._receive.clone())
-                task_status.started()
+                try:
+                    await tg.start(self._write_all, writing, receive)
+                    self._send = send
+                    task_status.started()
+                    await anyio.sleep_forever()
+                finally:
+                    self._send = None  # before close: a late emit drops instead of raising
+                    send.close()  # the writers stop once the buffer is empty
+                    writing.deadline = anyio.current_time() + self.drain_timeout
+                    queued = receive.statistics().current_buffer_used
+                    if queued and not writing.cancel_called:
+                        log.info(
+                            "event recorder %s: stopping, writing %d queued events (up to %gs)",
+                            self.component,
+                            queued,
+                            self.drain_timeout,
+                        )
         finally:
-            self._running = False
-            self._drop_queued()
+            self._send = self._writing = None
+            self._drop_unwritten(receive)
+            receive.close()
+
+    def abort(self) -> None:
+        """Stop writing at once: what is queued or in flight is dropped (and logged when
+        :meth:`run` returns). The manager calls it when its graceful-shutdown deadline
+        has passed, so one deadline bounds its whole stop."""
+        self._send = None
+        if self._writing is not None:
+            self._writing.cancel()
 
     @property
     def dropped(self) -> int:
         """Events emitted but never written: buffer full, not running, or still queued
-        when :meth:`run` stopped."""
+        (or being written) when :meth:`run` gave up on them."""
         return self._dropped
 
-    def _drop_queued(self) -> None:
-        """Count what the stopped writers left in the buffer, so a later run does not write
-        stale events and the loss is visible (one log line, not one per event)."""
-        lost = 0
+    def _drop_unwritten(self, receive: MemoryObjectReceiveStream[_Pending]) -> None:
+        """Count what the stopped writers left, so a later run does not write stale events
+        and the loss is visible (one log line, not one per event)."""
+        queued = 0
         while True:
             try:
-                self._receive.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
                 break
-            lost += 1
+            queued += 1
+        lost = queued + self._cut_off
         if lost:
             self._dropped += lost
             log.warning(
-                "dropped %d queued events (%d so far): the recorder stopped before writing them",
+                "event recorder %s: dropped %d events at shutdown (%d queued, %d cut off "
+                "while being written; %d dropped so far): not written before the deadline",
+                self.component,
                 lost,
+                queued,
+                self._cut_off,
                 self._dropped,
             )
 
-    async def _drain(self, receive: anyio.abc.ObjectReceiveStream[_Pending]) -> None:
+    async def _write_all(
+        self,
+        writing: anyio.CancelScope,
+        receive: MemoryObjectReceiveStream[_Pending],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The writers, in the shielded scope :meth:`run` gives its deadline when stopping."""
+        with writing:
+            async with anyio.create_task_group() as tg:
+                for _ in range(self.writers):
+                    tg.start_soon(self._write, receive.clone())
+                task_status.started()
+
+    async def _write(self, receive: MemoryObjectReceiveStream[_Pending]) -> None:
         async with receive:
             async for obj, type_, reason, message, action in receive:
-                await self.event(obj, type_, reason, message, action=action)
+                try:
+                    await self.event(obj, type_, reason, message, action=action)
+                except anyio.get_cancelled_exc_class():
+                    self._cut_off += 1  # the POST may have landed; counted as not written
+                    raise
 
     async def event(
         self,

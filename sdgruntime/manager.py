@@ -18,8 +18,9 @@ Stop order (on cancellation, SIGTERM/SIGINT in :meth:`Manager.run`, or a failing
 controllers stop handing out requests and their in-flight reconciles finish (all within
 ``graceful_shutdown_timeout``; stragglers are then cancelled), runnables are cancelled,
 then the lease is released (``leader_election_release_on_cancel``), then the cache and the
-servers stop, and an owned client is closed. The lease is renewed until leader work has
-stopped, so no other replica starts while ours still writes.
+servers stop, the Event recorders writing what is still queued until the same deadline
+(then dropping the rest, counted), and an owned client is closed. The lease is renewed
+until leader work has stopped, so no other replica starts while ours still writes.
 
 Losing the lease cancels leader work *at once* (no draining: another replica may already
 be acting) and :meth:`run_until_cancelled` raises :class:`LeaderElectionLost` after the
@@ -336,7 +337,10 @@ class Manager:
         if recorder is None:
             self._check_not_running()
             recorder = self._recorders[name] = EventRecorder(
-                self.client, name, host=socket.gethostname()
+                self.client,
+                name,
+                host=socket.gethostname(),
+                drain_timeout=self.options.graceful_shutdown_timeout,
             )
         return recorder
 
@@ -561,13 +565,15 @@ class Manager:
     async def _shutdown(
         self, others: _Stage, election: _Stage, cache: _Stage, servers: _Stage
     ) -> None:
-        """Stop in order: leader work and runnables (graceful, bounded), the election (and
-        lease release), then the cache and the servers."""
+        """Stop in order: leader work and runnables (graceful), the election (and lease
+        release), then the cache and the servers with the Event recorders. One deadline
+        bounds the graceful parts: the pod's termination grace period is one budget."""
         timeout = self.options.graceful_shutdown_timeout
+        deadline = anyio.current_time() + timeout
         leader = self._leader
         assert leader is not None
         log.info("manager: stopping (graceful timeout %.0fs)", timeout)
-        with anyio.move_on_after(timeout) as graceful:
+        with anyio.move_on_at(deadline) as graceful:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(leader.stop)
                 tg.start_soon(others.stop)
@@ -579,5 +585,11 @@ class Manager:
             await others.stop()
         await election.stop()
         await cache.stop()
-        await servers.stop()
+        # the recorders drain (what leader work emitted last) in what is left of the deadline
+        with anyio.move_on_at(deadline) as drained:
+            await servers.stop()
+        if drained.cancelled_caught:
+            for recorder in self._recorders.values():
+                recorder.abort()
+            await servers.stop()
         log.info("manager: stopped")

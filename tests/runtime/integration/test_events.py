@@ -9,9 +9,11 @@ from typing import Any
 import anyio
 import pytest
 
+from sdgruntime.cache import KindOptions
 from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import CONFIGMAPS, EVENTS, NODES
+from sdgruntime.manager import Manager, ManagerOptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -136,3 +138,29 @@ async def test_emitted_events_are_written_by_the_running_recorder(
                 await anyio.sleep(0.05)
         tg.cancel_scope.cancel()
     assert [(e["reason"], e["count"]) for e in events] == [("Joined", 3)]
+
+
+async def test_events_queued_when_the_manager_stops_are_all_on_the_api_server(
+    kubeconfig: str, client: Client, namespace: str
+) -> None:
+    """The last Events before a restart (the binds before a rolling update) survive it."""
+    cm = await client.create(CONFIGMAPS, {"metadata": {"name": "last-words"}}, namespace)
+    options = ManagerOptions(
+        kubeconfig=kubeconfig,
+        metrics_bind_address="0",
+        health_probe_bind_address="0",
+        cache_by_kind={CONFIGMAPS: KindOptions(namespace=namespace)},
+    )
+    mgr = Manager(options=options)
+    recorder = mgr.event_recorder("sdg-test")
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(mgr.run_until_cancelled)
+            for i in range(300):
+                recorder.emit(cm, "Normal", "Scheduled", f"pod-{i} bound to node-a")
+            tg.cancel_scope.cancel()  # at once: nearly all of them are still queued
+    assert recorder.dropped == 0
+    events = await _events_about(client, cm, namespace)
+    assert sorted(e["message"] for e in events) == sorted(
+        f"pod-{i} bound to node-a" for i in range(300)
+    )

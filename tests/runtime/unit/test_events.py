@@ -1,38 +1,117 @@
-"""EventRecorder bookkeeping that needs no API server: events lost at shutdown count."""
+"""EventRecorder bookkeeping that needs no API server: what a stop writes, what it drops
+(and counts), and how long it may take, alone and inside the manager."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import Kind
+from sdgruntime.manager import Manager, ManagerOptions
+
+pytestmark = pytest.mark.anyio
 
 CM = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}}
 
 
-class StuckClient:
-    """An API server that never answers: writers block on their first create."""
+class SlowClient:
+    """An API server that answers every create after ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.created: list[dict[str, Any]] = []
+
+    async def create(self, kind: Kind, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+        await anyio.sleep(self.delay)
+        self.created.append(obj)
+        return obj
+
+
+class GatedClient:
+    """An API server that holds every create until ``open`` is set (never, by default)."""
 
     def __init__(self) -> None:
         self.creates = 0
+        self.created: list[dict[str, Any]] = []
         self.entered = anyio.Event()
+        self.open = anyio.Event()
 
     async def create(self, kind: Kind, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
         self.creates += 1
         self.entered.set()
+        await self.open.wait()
+        self.created.append(obj)
+        return obj
+
+
+class NoCache:
+    """A cache without informers: synced at once, so a Manager runs without an API server."""
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        task_status.started()
         await anyio.sleep_forever()
-        raise AssertionError
+
+    async def wait_for_sync(self, _timeout: float) -> None:
+        return None
 
 
-@pytest.mark.anyio
-async def test_events_still_queued_when_run_stops_are_counted_as_dropped(
+def bound(i: int) -> tuple[str, str]:
+    return "Scheduled", f"pod-{i} bound to node-a"
+
+
+async def test_events_queued_when_the_owner_is_cancelled_are_still_written(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    client = StuckClient()
+    client = SlowClient(delay=0.005)
+    recorder = EventRecorder(client, "test", writers=4)  # type: ignore[arg-type]
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(recorder.run)
+            for i in range(200):
+                recorder.emit(CM, "Normal", *bound(i))
+            tg.cancel_scope.cancel()  # at once: all 200 queued, 4 of them being written
+    assert sorted(e["message"] for e in client.created) == sorted(bound(i)[1] for i in range(200))
+    assert recorder.dropped == 0
+    assert "dropped" not in caplog.text
+
+
+async def test_emitting_while_the_recorder_stops_drops_and_never_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = GatedClient()
     recorder = EventRecorder(client, "test", writers=1)  # type: ignore[arg-type]
+    owner = anyio.CancelScope()
+
+    async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        with owner:
+            await recorder.run(task_status=task_status)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(run)
+            recorder.emit(CM, "Normal", "First", "in flight when the stop begins")
+            recorder.emit(CM, "Normal", "Second", "queued when the stop begins")
+            await client.entered.wait()
+            owner.cancel()
+            await anyio.wait_all_tasks_blocked()  # the recorder now drains
+            recorder.emit(CM, "Normal", "Late", "emitted during the drain")  # must not raise
+            client.open.set()
+    assert [e["reason"] for e in client.created] == ["First", "Second"]
+    assert recorder.dropped == 1
+    assert "dropped event Late" in caplog.text
+    recorder.emit(CM, "Normal", "After", "after the stop")  # not running: dropped too
+    assert recorder.dropped == 2
+
+
+async def test_a_hanging_write_holds_the_stop_only_until_the_drain_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = GatedClient()  # never answers
+    recorder = EventRecorder(client, "test", writers=1, drain_timeout=0.3)  # type: ignore[arg-type]
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(recorder.run)
@@ -40,8 +119,121 @@ async def test_events_still_queued_when_run_stops_are_counted_as_dropped(
                 recorder.emit(CM, "Normal", f"Reason{i}", "message")
             await client.entered.wait()  # the one writer holds the first event
             tg.cancel_scope.cancel()
+            stopping = anyio.current_time()
+    took = anyio.current_time() - stopping
+    assert 0.25 <= took < 1.3  # it waited for the write, but not past the deadline
     assert client.creates == 1
-    assert recorder.dropped == 3
-    assert caplog.text.count("dropped 3 queued events") == 1
-    recorder.emit(CM, "Normal", "Late", "after the stop")  # not running: dropped too
     assert recorder.dropped == 4
+    assert caplog.text.count("dropped 4 events at shutdown (3 queued, 1 cut off") == 1
+
+
+async def test_a_full_buffer_of_slow_writes_stops_by_the_deadline_and_every_event_is_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = SlowClient(delay=0.05)  # 2 writers: ~40 events/s, far fewer than queued
+    recorder = EventRecorder(client, "test", writers=2, buffer=1000, drain_timeout=0.3)  # type: ignore[arg-type]
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(recorder.run)
+            for i in range(1000):
+                recorder.emit(CM, "Normal", *bound(i))
+            tg.cancel_scope.cancel()
+            stopping = anyio.current_time()
+    assert anyio.current_time() - stopping < 1.3
+    assert 0 < len(client.created) < 1000
+    assert len(client.created) + recorder.dropped == 1000
+    assert caplog.text.count(f"dropped {recorder.dropped} events at shutdown") == 1
+
+
+async def test_abort_gives_up_on_the_drain_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    client = GatedClient()
+    recorder = EventRecorder(client, "test", writers=1, drain_timeout=3600)  # type: ignore[arg-type]
+    owner, stopped = anyio.CancelScope(), anyio.Event()
+
+    async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        with owner:
+            await recorder.run(task_status=task_status)
+        stopped.set()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(run)
+        recorder.emit(CM, "Normal", "First", "in flight")
+        recorder.emit(CM, "Normal", "Second", "queued")
+        await client.entered.wait()
+        owner.cancel()
+        await anyio.wait_all_tasks_blocked()  # draining, for up to an hour
+        recorder.abort()
+        with anyio.fail_after(1):
+            await stopped.wait()
+    assert recorder.dropped == 2
+    assert caplog.text.count("dropped 2 events at shutdown (1 queued, 1 cut off") == 1
+
+
+def manager(client: object, graceful_shutdown_timeout: float) -> Manager:
+    options = ManagerOptions(
+        metrics_bind_address="0",
+        health_probe_bind_address="0",
+        graceful_shutdown_timeout=graceful_shutdown_timeout,
+    )
+    return Manager(client, options=options, cache=NoCache())  # type: ignore[arg-type]
+
+
+async def test_the_manager_writes_the_events_its_leader_work_emits_while_stopping(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The last binds before a rolling update: emitted as leader work stops, written."""
+    client = SlowClient(delay=0.005)
+    mgr = manager(client, graceful_shutdown_timeout=30)
+    recorder = mgr.event_recorder("test")
+    running = anyio.Event()
+
+    async def binder() -> None:
+        running.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            for i in range(200):
+                recorder.emit(CM, "Normal", *bound(i))
+
+    mgr.add_runnable(binder)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mgr.run_until_cancelled)
+            await running.wait()
+            tg.cancel_scope.cancel()
+    assert sorted(e["message"] for e in client.created) == sorted(bound(i)[1] for i in range(200))
+    assert recorder.dropped == 0
+
+
+async def test_one_deadline_bounds_the_managers_stop_including_the_event_drain(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Leader work that takes most of the graceful timeout leaves the recorder the rest,
+    not a timeout of its own: the pod's grace period is one budget."""
+    client = GatedClient()  # never answers
+    mgr = manager(client, graceful_shutdown_timeout=1.0)
+    recorder = mgr.event_recorder("test")
+    running = anyio.Event()
+
+    async def binder() -> None:
+        running.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.7)  # finishing its last binds
+            for i in range(20):
+                recorder.emit(CM, "Normal", *bound(i))
+
+    mgr.add_runnable(binder)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mgr.run_until_cancelled)
+            await running.wait()
+            tg.cancel_scope.cancel()
+            stopping = anyio.current_time()
+    took = anyio.current_time() - stopping
+    assert 0.95 <= took < 1.5  # 0.7 + a drain timeout of its own would be 1.7
+    assert client.creates == recorder.writers == 16
+    assert recorder.dropped == 20
+    assert caplog.text.count("dropped 20 events at shutdown (4 queued, 16 cut off") == 1
