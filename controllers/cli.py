@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
-import kubernetes.config
 
 from api.constants import SDG_KIND
 from api.pods import pod_group
@@ -53,6 +52,7 @@ from sdgruntime.cache.informer import Informer
 from sdgruntime.cache.sync import CacheSyncError
 from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
+from sdgruntime.rest.kubeconfig import KubeconfigError, read_kubeconfig
 
 DEFAULT_CLAIMS_NAMESPACE = "deviceshare-system"
 _GROUP_TYPES = frozenset({"sdg", "shareddevicegroup", "shareddevicegroups", "group"})
@@ -188,15 +188,16 @@ def _parser() -> argparse.ArgumentParser:
 def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
     """The namespace of the kubeconfig context (kubectl's default for -n)."""
     try:
-        contexts, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
-    except Exception:  # no kubeconfig (in-cluster): fall back like kubectl
+        cfg = read_kubeconfig(kubeconfig)
+    except KubeconfigError:  # no kubeconfig (in-cluster): fall back like kubectl
         path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
         if os.path.exists(path):
             with open(path) as f:
                 return f.read().strip() or "default"
         return "default"
-    chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
-    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
+    name = context or cfg.current_context
+    chosen = cfg.contexts.get(name) if name else None
+    return str((chosen.body if chosen else {}).get("namespace") or "default")
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -204,7 +205,7 @@ def _client(args: argparse.Namespace) -> Client:
         if args.context:
             return Client.from_kubeconfig(args.kubeconfig, args.context, max_connections=4)
         return Client.auto(args.kubeconfig, max_connections=4)
-    except Exception as err:  # kubernetes.config raises several unrelated types
+    except Exception as err:  # a kubeconfig error, or the kubernetes package's (exec plugins)
         raise CliError(f"cannot load the Kubernetes configuration: {err}") from None
 
 

@@ -7,6 +7,7 @@ healthy node map, and one where records, statuses and nodes disagree.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -737,3 +738,20 @@ def test_explain_group_with_a_cut_pod_list_counts_every_pod() -> None:
     assert "; 1200 pod(s) use it.\nstatus.allocatedPods lists the first 1000 of 1200 pods" in text
     assert "  ml/p0000a   Running   gpu-a   not yet in status.allocatedPods\n" in text
     assert "  ml/p1100    Running   gpu-a\n" in text
+
+
+def test_the_default_namespace_is_the_kubeconfig_contexts(tmp_path: Path) -> None:
+    """As kubectl: -n defaults to the chosen context's namespace, else "default"."""
+    config = tmp_path / "config"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: work\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts:\n"
+        "- {name: work, context: {cluster: c, user: u, namespace: ml}}\n"
+        "- {name: bare, context: {cluster: c, user: u}}\n"
+    )
+    assert cli._context_namespace(str(config), None) == "ml"
+    assert cli._context_namespace(str(config), "bare") == "default"
+    assert cli._context_namespace(str(config), "unknown") == "default"
+    assert cli._context_namespace(str(tmp_path / "missing"), None) == "default"
