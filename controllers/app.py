@@ -27,11 +27,12 @@ from api.pods import (
 )
 from controllers import foreign, groupscheduler, podscheduler, statuscontroller
 from controllers import metrics as sdg_metrics
-from controllers.claims import RECORD_LABEL, RECORD_LABEL_VALUE, ClaimBook
+from controllers.claims import ClaimBook
 from controllers.foreign import ForeignDevices, ForeignPodReporter, is_shared
 from controllers.groupscheduler import GroupScheduler
 from controllers.inventory import RESOURCESLICES, Inventory, Offer
 from controllers.podscheduler import PodScheduler
+from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.settings import Settings
 from controllers.statuscontroller import StatusController
 from sdgruntime import errors

@@ -1,16 +1,11 @@
 """The fenced, authoritative record of which group holds which device IDs on each node.
 
-One ConfigMap per node (``sdg-claims.<node>`` in the manager's namespace) holds that node's
-claims as ``{"group": {"nvidia.com/gpu": "0,1"}}``. Every change is a conditional write
-(the ConfigMap's resourceVersion), so two managers with different views (a stale leader
-after failover, a forced split brain) get 409 Conflict instead of both succeeding: a
+One ConfigMap per node (``controllers.records``) holds that node's claims. Every change
+is a conditional write (the ConfigMap's resourceVersion), so two managers with different
+views (a stale leader after failover, a forced split brain) get 409 Conflict instead of
+both succeeding: a
 per-group status write alone would not fence, since two writers could bind two different
 groups to the same device on the same node.
-
-Why a ConfigMap and not a Node annotation: writing Nodes needs ``nodes/patch``, a right
-that can also change taints and labels that steer every scheduler in the cluster; a
-ConfigMap in our own namespace needs only a namespaced Role. Why not a CRD of our own:
-a ConfigMap is readable with plain kubectl and adds no API surface to version.
 
 ``ClaimBook`` mirrors, per node, everything that says a device is taken into one
 ``DeviceTracker`` that placement reads in memory: the records (fed by the ConfigMap
@@ -24,13 +19,6 @@ write itself re-checks the record it fences on.
 Writes of one node's record are serialised, and the changes that queue up behind a write
 go together in the next one (``controllers.coalesce``): group reconciles run concurrently,
 and binds onto one node must neither 409 each other nor pay one round trip each.
-
-A record is identified by its ConfigMap's *name*, never by a field inside it: a labelled
-ConfigMap whose name is not ``record_name(data.node)`` (a decoy, or a record whose
-contents were edited to name another node) is malformed and blocks every node it names,
-so it can never act as a second fence. Each claim carries the claiming group's UID
-(``data.uids``), so a group deleted and recreated under the same name is a different
-claimant: it never inherits the old claim.
 
 Every change is also conditional on the claim it changes: the caller says which claim of
 that group it saw (``expect``), and a record whose claim of the group differs fails that
@@ -46,155 +34,38 @@ has just renewed fails instead of freeing devices that group is about to be Boun
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from api.v1alpha1 import parse_ids
 from controllers.coalesce import Abandoned, Coalescer
 from controllers.inventory import Offer, count_offer
-from controllers.tracker import (
-    Devices,
-    DeviceTracker,
-    InsufficientDevices,
-    decode_claims,
-    encode_claims,
+from controllers.records import (
+    DATA_CLAIMS,
+    DATA_NODE,
+    DATA_UIDS,
+    DATA_VERSIONS,
+    RECORD_LABEL,
+    RECORD_LABEL_VALUE,
+    RECORD_PREFIX,
+    Claim,
+    Record,
+    decode_uids,
+    decode_versions,
+    describe_claim,
+    nodes_named_by,
+    record_data,
+    record_name,
+    resource_version,
 )
+from controllers.tracker import Devices, DeviceTracker, InsufficientDevices, decode_claims
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS
 
 log = logging.getLogger(__name__)
-
-RECORD_LABEL = "deviceshare.io/claims"
-RECORD_LABEL_VALUE = "node"
-DATA_NODE = "node"
-DATA_CLAIMS = "claims"
-DATA_UIDS = "uids"
-DATA_VERSIONS = "versions"
-RECORD_PREFIX = "sdg-claims."
-
-
-def record_name(node: str) -> str:
-    """``sdg-claims.<node>``; a hash keeps names of very long node names within 253 chars."""
-    name = f"{RECORD_PREFIX}{node}"
-    if len(name) <= 253:
-        return name
-    return f"{RECORD_PREFIX}{hashlib.sha256(node.encode()).hexdigest()[:40]}"
-
-
-def nodes_named_by(cm: Mapping[str, Any]) -> tuple[str | None, set[str]]:
-    """(the node whose record ``cm`` is, if its name and contents agree; every node it
-    names by its name or by ``data.node``)."""
-    name = str((cm.get("metadata") or {}).get("name") or "")
-    data = cm.get("data") or {}
-    claimed = data.get(DATA_NODE) if isinstance(data, Mapping) else None
-    named: set[str] = set()
-    if isinstance(claimed, str) and claimed:
-        named.add(claimed)
-    suffix = name[len(RECORD_PREFIX) :] if name.startswith(RECORD_PREFIX) else ""
-    if suffix and record_name(suffix) == name:
-        named.add(suffix)
-    if isinstance(claimed, str) and claimed and record_name(claimed) == name:
-        return claimed, named
-    return None, named
-
-
-def decode_uids(text: str | None, claims: Mapping[str, Any]) -> dict[str, str]:
-    """``data.uids``: group -> UID of the claiming group. Absent (a record written before
-    UIDs were recorded) is no UIDs; a UID for a group without a claim is malformed."""
-    return _decode_group_map(DATA_UIDS, "UID", text, claims)
-
-
-def decode_versions(text: str | None, claims: Mapping[str, Any]) -> dict[str, str]:
-    """``data.versions``: group -> resourceVersion of the group its claim was decided
-    on. Absent (a record written before versions were recorded) is none."""
-    return _decode_group_map(DATA_VERSIONS, "resourceVersion", text, claims)
-
-
-def _decode_group_map(
-    key: str, what: str, text: str | None, claims: Mapping[str, Any]
-) -> dict[str, str]:
-    """A JSON object of group -> non-empty string, naming only groups with a claim."""
-    if text is None or not str(text).strip():
-        return {}
-    try:
-        raw: Any = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(f"{key} is not JSON: {err}") from None
-    if not isinstance(raw, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and v for k, v in raw.items()
-    ):
-        raise ValueError(f"{key} must be a JSON object of group -> {what}")
-    stray = sorted(set(raw) - set(claims))
-    if stray:
-        raise ValueError(f"{key} names groups without a claim: {stray[:5]}")
-    return dict(raw)
-
-
-def record_holdings(
-    cm: Mapping[str, Any],
-) -> tuple[str | None, set[str], frozenset[tuple[str, int]] | None]:
-    """What a record says, for deciding whether a change of it can free devices: (its
-    node, the nodes it names, every (resource, ID) it holds; None when it is malformed)."""
-    node, named = nodes_named_by(cm)
-    data = cm.get("data") or {}
-    try:
-        claims = decode_claims(data.get(DATA_CLAIMS, "") if isinstance(data, Mapping) else "")
-        decode_uids(data.get(DATA_UIDS) if isinstance(data, Mapping) else None, claims)
-        decode_versions(data.get(DATA_VERSIONS) if isinstance(data, Mapping) else None, claims)
-    except ValueError:
-        return node, named, None
-    held = frozenset(
-        (r, i) for devices in claims.values() for r, ids in devices.items() for i in ids
-    )
-    return node, named, held
-
-
-def resource_version(obj: Mapping[str, Any]) -> int:
-    """An object's resourceVersion as a number (0 when absent or not numeric)."""
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One group's claim in a node's record, as a caller saw it: what a change to that
-    group's claim is conditional on (``ClaimBook.write``'s ``expect``)."""
-
-    devices: Devices
-    #: UID of the group that made the claim ("" for a claim recorded without one).
-    uid: str = ""
-    #: resourceVersion of the group the claim was decided on ("" when not recorded).
-    version: str = ""
-
-
-@dataclass
-class Record:
-    """One node's claims as last seen, with the resourceVersion that fences the next write."""
-
-    node: str
-    claims: dict[str, Devices] = field(default_factory=dict)
-    obj: dict[str, Any] | None = None  # the ConfigMap; None while it does not exist
-    #: group -> UID of the group that made the claim ("" for claims recorded without one).
-    uids: dict[str, str] = field(default_factory=dict)
-    #: group -> resourceVersion of the group its claim was decided on.
-    versions: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def resource_version(self) -> int:
-        return resource_version(self.obj) if self.obj else 0
-
-    def claim(self, group: str) -> Claim | None:
-        devices = self.claims.get(group)
-        if devices is None:
-            return None
-        return Claim(devices, self.uids.get(group, ""), self.versions.get(group, ""))
 
 
 class ClaimRecordBroken(Exception):
@@ -584,8 +455,8 @@ class ClaimBook:
                 # The group's claim is not the one the caller decided on: another manager
                 # (or a bind of the same group elsewhere) wrote it meanwhile.
                 why = (
-                    f"node {node}: the claim of {group} is {_describe(now)}, "
-                    f"not {_describe(change.expect)} as when decided"
+                    f"node {node}: the claim of {group} is {describe_claim(now)}, "
+                    f"not {describe_claim(change.expect)} as when decided"
                 )
                 outcomes.append(errors.Conflict(why, code=409))
                 continue
@@ -634,11 +505,7 @@ class ClaimBook:
     ) -> dict[str, Any]:
         """Create or update ``node``'s record as ``claims``/``uids``/``versions``,
         conditionally."""
-        body = {DATA_NODE: node, DATA_CLAIMS: encode_claims(claims)}
-        if uids:
-            body[DATA_UIDS] = json.dumps(uids, separators=(",", ":"), sort_keys=True)
-        if versions:
-            body[DATA_VERSIONS] = json.dumps(versions, separators=(",", ":"), sort_keys=True)
+        body = record_data(node, claims, uids, versions)
         if record.obj is None:
             cm = {
                 "apiVersion": "v1",
@@ -677,13 +544,6 @@ class _Change:
     uid: str
     version: str
     expect: Claim | None
-
-
-def _describe(claim: Claim | None) -> str:
-    if claim is None:
-        return "absent"
-    devices = ";".join(f"{r}={','.join(map(str, ids))}" for r, ids in sorted(claim.devices.items()))
-    return f"{devices} (uid {claim.uid or '-'}, group version {claim.version or '-'})"
 
 
 def _overlaps(held: Mapping[str, list[int]], devices: Mapping[str, list[int]]) -> bool:

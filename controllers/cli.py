@@ -30,7 +30,6 @@ from api.constants import SDG_KIND
 from api.pods import pod_group
 from api.v1alpha1 import group_name
 from controllers import doctor
-from controllers.claims import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.cliviews import (
     GROUP_HEADERS,
     column_widths,
@@ -47,6 +46,7 @@ from controllers.cliviews import (
     without_managed_fields,
 )
 from controllers.inventory import RESOURCESLICES
+from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from sdgruntime import errors
 from sdgruntime.cache.informer import Informer
 from sdgruntime.cache.sync import CacheSyncError

@@ -42,7 +42,6 @@ from api.v1alpha1 import (
     pods_truncated,
     selected_devices,
 )
-from controllers.claims import DATA_CLAIMS, DATA_NODE, record_name
 from controllers.inventory import (
     SOURCE_ANNOTATION,
     SOURCE_COUNT,
@@ -59,6 +58,7 @@ from controllers.placement import (
     unaddressable_devices,
 )
 from controllers.podfit import pod_fits_node
+from controllers.records import DATA_CLAIMS, DATA_NODE, record_name
 from controllers.tracker import Devices, decode_claims
 
 Obj = Mapping[str, Any]

@@ -40,7 +40,7 @@ from api.constants import (
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.v1alpha1 import format_ids, selected_devices
 from controllers import metrics as sdg_metrics
-from controllers.claims import ClaimBook, nodes_named_by
+from controllers.claims import ClaimBook
 from controllers.foreign import ForeignDevices, foreign_changed, foreign_facts
 from controllers.grouppods import survey
 from controllers.groupstatus import (
@@ -54,6 +54,7 @@ from controllers.groupstatus import (
 from controllers.groupwriter import GroupWriter
 from controllers.inventory import RESOURCESLICES, node_of_slice
 from controllers.placement import filter_node, place
+from controllers.records import nodes_named_by
 from controllers.recovery import Recovery, restore_record
 from controllers.release import ClaimReleaser, bound_pods
 from controllers.tracker import Devices, DeviceTracker

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers.claims import DATA_CLAIMS, DATA_NODE, RECORD_PREFIX
+from controllers.records import DATA_CLAIMS, DATA_NODE, RECORD_PREFIX
 from controllers.tracker import decode_claims
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane

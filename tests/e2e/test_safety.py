@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers.claims import DATA_CLAIMS, DATA_NODE
+from controllers.records import DATA_CLAIMS, DATA_NODE
 from controllers.tracker import decode_claims
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane

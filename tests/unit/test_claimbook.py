@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from controllers.claims import ClaimBook, record_name
+from controllers.claims import ClaimBook
+from controllers.records import record_name
 from controllers.release import should_release
 
 GPU = "nvidia.com/gpu"

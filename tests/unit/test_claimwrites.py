@@ -11,7 +11,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from controllers.claims import ClaimBook, ClaimRecordBroken, record_name
+from controllers.claims import ClaimBook, ClaimRecordBroken
+from controllers.records import record_name
 from sdgruntime import errors
 from sdgruntime.kinds import Kind
 

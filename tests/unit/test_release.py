@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controllers.claims import Claim
+from controllers.records import Claim
 from controllers.release import REASON_CLAIM_GIVEN_BACK, ClaimReleaser
 from sdgruntime import errors
 
