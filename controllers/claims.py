@@ -435,6 +435,21 @@ class ClaimBook:
                 f"claim record of node {node}: the write was cancelled ({err})"
             ) from err
 
+    async def claim_for(self, node: str, group: Mapping[str, Any], devices: Devices) -> None:
+        """Set ``group``'s claim on ``node`` to ``devices``, conditional on its claim there
+        as seen now, stamped with the group object's UID and resourceVersion: adopting a
+        claim (renewing it), or restoring one from a status or from pods."""
+        meta = group.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        await self.write(
+            node,
+            name,
+            devices,
+            expect=self.claim(node, name),
+            uid=str(meta.get("uid") or ""),
+            version=str(meta.get("resourceVersion") or ""),
+        )
+
     async def _flush(self, node: str, changes: list[_Change]) -> list[BaseException | None]:
         """One conditional write of ``node``'s record with every change that fits it; one
         outcome per change."""

@@ -191,14 +191,7 @@ class GroupScheduler:
                     span.set_attribute("sdg.result", "adopted")
                     span.set_attribute("sdg.node", node)
                     try:
-                        await self.claims.write(
-                            node,
-                            name,
-                            devices,
-                            expect=self.claims.claim(node, name),
-                            uid=uid,
-                            version=str(meta.get("resourceVersion") or ""),
-                        )
+                        await self.claims.claim_for(node, group, devices)
                     except errors.Conflict:
                         span.set_attribute("sdg.result", "conflict")
                         return Result(requeue=True)

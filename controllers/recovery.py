@@ -124,7 +124,7 @@ class Recovery:
 
     async def _restore_from_pods(self, group: Obj) -> str | None:
         """A group that lost its status: its bound pods say where and what they got."""
-        name, uid = group["metadata"]["name"], group["metadata"].get("uid", "")
+        name = group["metadata"]["name"]
         resources = (group.get("spec") or {}).get("resources") or {}
         seen: dict[tuple[str, str], list[str]] = {}
         found: dict[tuple[str, str], Devices] = {}
@@ -150,14 +150,7 @@ class Recovery:
             return f"its pods on {node} use devices now held by {', '.join(others)}"
         log.warning("recovery: restoring group %s to %s %s from its pods", name, node, devices)
         self.claims.hold(name, node, devices)
-        await self.claims.write(
-            node,
-            name,
-            devices,
-            expect=self.claims.claim(node, name),
-            uid=uid,
-            version=str(group["metadata"].get("resourceVersion") or ""),
-        )
+        await self.claims.claim_for(node, group, devices)
         self.claims.unreserve(name)
         return None
 
@@ -176,20 +169,11 @@ async def restore_record(claims: ClaimBook, group: Obj, node: str, devices: Devi
     """Write a bound group's status into ``node``'s record; returns a problem instead when
     a record or another bound status gives those devices to someone else. (A claim of the
     group left on another node is the releaser's to judge, on a live read.)"""
-    meta = group["metadata"]
-    name = meta["name"]
-    others = claims.held_by_others(name, node, devices)
+    others = claims.held_by_others(group["metadata"]["name"], node, devices)
     if others:
         return (
             f"status says node {node} devices {describe(devices)}, but {', '.join(others)} "
             "hold(s) them too; delete and recreate this group"
         )
-    await claims.write(
-        node,
-        name,
-        devices,
-        expect=claims.claim(node, name),
-        uid=meta.get("uid", ""),
-        version=str(meta.get("resourceVersion") or ""),
-    )
+    await claims.claim_for(node, group, devices)
     return None

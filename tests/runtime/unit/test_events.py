@@ -178,13 +178,12 @@ def manager(client: object, graceful_shutdown_timeout: float) -> Manager:
     return Manager(client, options=options, cache=NoCache())  # type: ignore[arg-type]
 
 
-async def test_the_manager_writes_the_events_its_leader_work_emits_while_stopping(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """The last binds before a rolling update: emitted as leader work stops, written."""
-    client = SlowClient(delay=0.005)
-    mgr = manager(client, graceful_shutdown_timeout=30)
-    recorder = mgr.event_recorder("test")
+async def stop_while_leader_work_emits(
+    mgr: Manager, recorder: EventRecorder, events: int, finishing: float = 0.0
+) -> float:
+    """Run ``mgr`` with leader work that, once cancelled, takes ``finishing`` seconds
+    (shielded: its last binds) and then emits ``events`` Events; stop the manager and
+    return how long the stop took."""
     running = anyio.Event()
 
     async def binder() -> None:
@@ -192,7 +191,9 @@ async def test_the_manager_writes_the_events_its_leader_work_emits_while_stoppin
         try:
             await anyio.sleep_forever()
         finally:
-            for i in range(200):
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(finishing)
+            for i in range(events):
                 recorder.emit(CM, "Normal", *bound(i))
 
     mgr.add_runnable(binder)
@@ -201,6 +202,18 @@ async def test_the_manager_writes_the_events_its_leader_work_emits_while_stoppin
             tg.start_soon(mgr.run_until_cancelled)
             await running.wait()
             tg.cancel_scope.cancel()
+            stopping = anyio.current_time()
+    return anyio.current_time() - stopping
+
+
+async def test_the_manager_writes_the_events_its_leader_work_emits_while_stopping(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The last binds before a rolling update: emitted as leader work stops, written."""
+    client = SlowClient(delay=0.005)
+    mgr = manager(client, graceful_shutdown_timeout=30)
+    recorder = mgr.event_recorder("test")
+    await stop_while_leader_work_emits(mgr, recorder, 200)
     assert sorted(e["message"] for e in client.created) == sorted(bound(i)[1] for i in range(200))
     assert recorder.dropped == 0
 
@@ -213,26 +226,7 @@ async def test_one_deadline_bounds_the_managers_stop_including_the_event_drain(
     client = GatedClient()  # never answers
     mgr = manager(client, graceful_shutdown_timeout=1.0)
     recorder = mgr.event_recorder("test")
-    running = anyio.Event()
-
-    async def binder() -> None:
-        running.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await anyio.sleep(0.7)  # finishing its last binds
-            for i in range(20):
-                recorder.emit(CM, "Normal", *bound(i))
-
-    mgr.add_runnable(binder)
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(mgr.run_until_cancelled)
-            await running.wait()
-            tg.cancel_scope.cancel()
-            stopping = anyio.current_time()
-    took = anyio.current_time() - stopping
+    took = await stop_while_leader_work_emits(mgr, recorder, 20, finishing=0.7)
     assert 0.95 <= took < 1.5  # 0.7 + a drain timeout of its own would be 1.7
     assert client.creates == recorder.writers == 16
     assert recorder.dropped == 20
