@@ -3,9 +3,8 @@
 One ConfigMap per node (``controllers.records``) holds that node's claims. Every change
 is a conditional write (the ConfigMap's resourceVersion), so two managers with different
 views (a stale leader after failover, a forced split brain) get 409 Conflict instead of
-both succeeding: a
-per-group status write alone would not fence, since two writers could bind two different
-groups to the same device on the same node.
+both succeeding: a per-group status write alone would not fence, since two writers could
+bind two different groups to the same device on the same node.
 
 ``ClaimBook`` mirrors, per node, everything that says a device is taken into one
 ``DeviceTracker`` that placement reads in memory: the records (fed by the ConfigMap
