@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
@@ -124,16 +124,61 @@ def foreign_pod(name: str, node: str) -> dict[str, Any]:
     return p
 
 
+def binding(kind: str, user: str, role: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": user, **({"namespace": namespace} if namespace else {})}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": kind,
+        "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+
+
+@contextlib.contextmanager
+def doctor_user(cluster: ControlPlane, probe_namespace: str) -> Iterator[str]:
+    """A kubeconfig of a user with only config/rbac's doctor roles, bound as their
+    comment says: deviceshare-doctor cluster-wide, the probe role in ``probe_namespace``."""
+    user = f"doctor-{uuid.uuid4().hex[:8]}"
+    objs = [
+        binding("ClusterRoleBinding", user, "deviceshare-doctor"),
+        binding("RoleBinding", user, "deviceshare-doctor-probe", probe_namespace),
+    ]
+    for obj in objs:
+        cluster.apply(obj)
+    try:
+        yield str(cluster.user_kubeconfig(user))
+    finally:
+        cluster.delete("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", user)
+        cluster.delete("rbac.authorization.k8s.io/v1", "RoleBinding", user, probe_namespace)
+
+
+@pytest.mark.parametrize("who", ["admin", "the doctor roles"])
 async def test_healthy_cluster_passes(
     cluster: ControlPlane,
     client: Client,
     kubeconfig: str,
     namespace: str,
     capsys: pytest.CaptureFixture[str],
+    who: str,
 ) -> None:
     """Every ✗-able check passes: exit 0. gpu-2's IDs come from a count, a warning that
     does not fail the run; a group's pod on gpu-1 (it carries NVIDIA_VISIBLE_DEVICES) is not
-    a foreign device pod; delivery runtimeclass (doctor's flag) finds its RuntimeClass."""
+    a foreign device pod; delivery runtimeclass (doctor's flag) finds its RuntimeClass. The
+    same with a user who has only config/rbac's doctor roles: nothing it reads is refused."""
+    with contextlib.ExitStack() as stack:
+        if who != "admin":
+            kubeconfig = stack.enter_context(doctor_user(cluster, "default"))
+        await _healthy_cluster_passes(cluster, client, kubeconfig, namespace, capsys)
+
+
+async def _healthy_cluster_passes(
+    cluster: ControlPlane,
+    client: Client,
+    kubeconfig: str,
+    namespace: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     rc = f"doctor-rc-{uuid.uuid4().hex[:6]}"
     await add_node(client, "doc-gpu-1", 2, taints=[TAINT])
     await add_node(client, "doc-gpu-2", 1, taints=[TAINT])
