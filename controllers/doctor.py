@@ -944,9 +944,15 @@ def judge_lease(
     return Check(name, True, f"held by {holder}, renewed {age:.0f}s ago (lasts {duration}s)")
 
 
-def judge_manager(deployment: Fetched, manager_namespace: str, lease_ok: bool | None) -> Check:
+def judge_manager(
+    deployment: Fetched,
+    manager_namespace: str,
+    lease_ok: bool | None,
+    lease_unreadable: bool = False,
+) -> Check:
     """The manager Deployment has a Ready replica; without a Deployment (a manager run
-    elsewhere, as in tests), a live leader Lease is the proof that one runs."""
+    elsewhere, as in tests), a live leader Lease is the proof that one runs (a Lease we
+    may not read proves nothing either way)."""
     name = "manager"
     ns = manager_namespace
     where = f"{ns}/{MANAGER_DEPLOYMENT}"
@@ -958,6 +964,13 @@ def judge_manager(deployment: Fetched, manager_namespace: str, lease_ok: bool | 
                 name,
                 True,
                 f"no Deployment {where}: a manager runs elsewhere (it holds the leader Lease)",
+            )
+        if lease_unreadable:
+            return Check(
+                name,
+                None,
+                f"no Deployment {where}, and the leader Lease cannot be read (see leader "
+                "Lease): whether a manager runs elsewhere is unknown",
             )
         return Check(
             name,
@@ -1004,7 +1017,8 @@ def judge(facts: Facts) -> list[Check]:
     if isinstance(facts.deployment, Mapping):
         replicas = (facts.deployment.get("spec") or {}).get("replicas", 1)
     lease = judge_lease(facts.lease, config, facts.now, replicas)
-    checks += [judge_manager(facts.deployment, ns, lease.ok), lease]
+    unreadable = isinstance(facts.lease, Unreadable)
+    checks += [judge_manager(facts.deployment, ns, lease.ok, unreadable), lease]
     checks.append(judge_shared_nodes(facts.nodes))
     checks.append(judge_resource_slices(facts.slices, config))
     slices_by_node: dict[str, list[Obj]] = {}

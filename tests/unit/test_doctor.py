@@ -667,6 +667,10 @@ def test_manager() -> None:
     assert "a manager runs elsewhere (it holds the leader Lease)" in elsewhere.detail
     nothing = d.judge_manager(None, "s", False)
     assert (nothing.ok, nothing.fix) == (False, "kubectl apply -k config/default")
+    # A Lease we may not read says nothing about whether a manager runs: a warning, no fix.
+    unknown = d.judge_manager(None, "s", False, lease_unreadable=True)
+    assert (unknown.ok, unknown.fix) == (None, "")
+    assert "whether a manager runs elsewhere is unknown" in unknown.detail
 
 
 # --- everything, rendered -------------------------------------------------------------------
