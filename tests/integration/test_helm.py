@@ -60,7 +60,7 @@ WITH_MONITORING = [
 COMPARED = {
     "default": LIKE_CONFIG_DEFAULT,
     "overlays/prometheus": LIKE_CONFIG_DEFAULT + WITH_MONITORING,
-    "overlays/network-policy": LIKE_CONFIG_DEFAULT + ["--set=networkPolicy.enabled=true"],
+    "overlays/network-policy": [*LIKE_CONFIG_DEFAULT, "--set=networkPolicy.enabled=true"],
 }
 # Labels the chart adds (Helm's conventions) or sets differently (managed-by).
 HELM_LABELS = {
