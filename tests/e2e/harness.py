@@ -232,6 +232,30 @@ async def wait_bound(client: Client, name: str, within: float = 20.0) -> dict[st
     return await eventually(bound, within=within, what=f"group {name} Bound")
 
 
+async def bound_group_with_a_rogue_pod(
+    cp: ControlPlane, client: Client, namespace: str, name: str = "checked"
+) -> str:
+    """Group ``name`` (1 GPU) bound on n1 by a manager that then stops, and, created while
+    no webhook runs, a pod of that group on n1 with other devices (GPU 3) than the group
+    holds: what the group's devices conflict is made of. Returns the group's devices."""
+    await add_node(client, "n1", 4)
+    async with run_sdg(cp):
+        await client.create(SDG_KIND, group(name, {GPU: 1}))
+        held = str((await wait_bound(client, name))["status"]["selectedDevices"][GPU])
+    remove_webhooks(cp)
+    rogue = pod("rogue", name, nodeName="n1")
+    rogue["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "3"}]
+    await client.create(PODS, rogue, namespace)
+    return held
+
+
+async def devices_conflict(client: Client, name: str) -> dict[str, Any] | None:
+    """The group's Ready condition when it says DevicesConflict (else None)."""
+    g = await client.get(SDG_KIND, name)
+    ready = {c["type"]: c for c in (g.get("status") or {}).get("conditions") or []}.get("Ready")
+    return ready if ready and ready.get("reason") == "DevicesConflict" else None
+
+
 def env_of(
     pod_obj: Mapping[str, Any], container: int = 0, kind: str = "containers"
 ) -> dict[str, str]:

@@ -21,6 +21,8 @@ from sdgruntime.kinds import PODS
 from tests.e2e.harness import (
     GPU,
     add_node,
+    bound_group_with_a_rogue_pod,
+    devices_conflict,
     env_of,
     eventually,
     group,
@@ -352,22 +354,11 @@ async def test_injected_device_env_cannot_be_changed_by_a_pod_update(
 async def test_a_group_with_a_devices_conflict_takes_no_new_pods(
     cluster: ControlPlane, client: Client, namespace: str
 ) -> None:
-    await add_node(client, "n1", 4)
+    held = await bound_group_with_a_rogue_pod(cluster, client, namespace)
     async with run_sdg(cluster):
-        await client.create(SDG_KIND, group("checked", {GPU: 1}))
-        held = (await wait_bound(client, "checked"))["status"]["selectedDevices"][GPU]
-    remove_webhooks(cluster)
-    rogue = pod("rogue", "checked", nodeName="n1")
-    rogue["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "3"}]
-    await client.create(PODS, rogue, namespace)
-    async with run_sdg(cluster):
-
-        async def conflict() -> dict[str, Any] | None:
-            g = await client.get(SDG_KIND, "checked")
-            ready = {c["type"]: c for c in g["status"].get("conditions") or []}.get("Ready")
-            return ready if ready and ready.get("reason") == "DevicesConflict" else None
-
-        ready = await eventually(conflict, what="DevicesConflict")
+        ready = await eventually(
+            lambda: devices_conflict(client, "checked"), what="DevicesConflict"
+        )
         with pytest.raises(errors.ApiError) as info:
             await client.create(PODS, pod("newcomer", "checked"), namespace)
         msg = info.value.message

@@ -19,6 +19,8 @@ from tests.e2e.harness import (
     GPU,
     MANAGER_NS,
     add_node,
+    bound_group_with_a_rogue_pod,
+    devices_conflict,
     env_of,
     eventually,
     group,
@@ -213,25 +215,11 @@ def rfc3339_micro() -> str:
 async def test_recovery_reports_pods_running_with_other_devices(
     cluster: ControlPlane, client: Client, namespace: str
 ) -> None:
-    from tests.e2e.harness import remove_webhooks
-
-    await add_node(client, "n1", 4)
+    held = await bound_group_with_a_rogue_pod(cluster, client, namespace)
     async with run_sdg(cluster):
-        await client.create(SDG_KIND, group("checked", {GPU: 1}))
-        held = (await wait_bound(client, "checked"))["status"]["selectedDevices"][GPU]
-    remove_webhooks(cluster)
-    rogue = pod("rogue", "checked", nodeName="n1")
-    rogue["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "3"}]
-    await client.create(PODS, rogue, namespace)
-    async with run_sdg(cluster):
-
-        async def conflict() -> dict | None:
-            g = await client.get(SDG_KIND, "checked")
-            conds = {c["type"]: c for c in g["status"].get("conditions") or []}
-            ready = conds.get("Ready") or {}
-            return ready if ready.get("reason") == "DevicesConflict" else None
-
-        ready = await eventually(conflict, what="DevicesConflict")
+        ready = await eventually(
+            lambda: devices_conflict(client, "checked"), what="DevicesConflict"
+        )
         assert ready["status"] == "False"
         assert f"{namespace}/rogue on n1" in ready["message"]
         assert "delete those pods" in ready["message"]
