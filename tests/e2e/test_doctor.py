@@ -153,32 +153,29 @@ def doctor_user(cluster: ControlPlane, probe_namespace: str) -> Iterator[str]:
         cluster.delete("rbac.authorization.k8s.io/v1", "RoleBinding", user, probe_namespace)
 
 
-@pytest.mark.parametrize("who", ["admin", "the doctor roles"])
+@pytest.fixture(params=["admin", "the doctor roles"])
+def doctor_kubeconfig(
+    request: pytest.FixtureRequest, cluster: ControlPlane, kubeconfig: str
+) -> Iterator[str]:
+    """The admin's kubeconfig, or one of a user with only config/rbac's doctor roles."""
+    if request.param == "admin":
+        yield kubeconfig
+        return
+    with doctor_user(cluster, "default") as user_kubeconfig:
+        yield user_kubeconfig
+
+
 async def test_healthy_cluster_passes(
     cluster: ControlPlane,
     client: Client,
-    kubeconfig: str,
+    doctor_kubeconfig: str,
     namespace: str,
     capsys: pytest.CaptureFixture[str],
-    who: str,
 ) -> None:
     """Every ✗-able check passes: exit 0. gpu-2's IDs come from a count, a warning that
     does not fail the run; a group's pod on gpu-1 (it carries NVIDIA_VISIBLE_DEVICES) is not
     a foreign device pod; delivery runtimeclass (doctor's flag) finds its RuntimeClass. The
-    same with a user who has only config/rbac's doctor roles: nothing it reads is refused."""
-    with contextlib.ExitStack() as stack:
-        if who != "admin":
-            kubeconfig = stack.enter_context(doctor_user(cluster, "default"))
-        await _healthy_cluster_passes(cluster, client, kubeconfig, namespace, capsys)
-
-
-async def _healthy_cluster_passes(
-    cluster: ControlPlane,
-    client: Client,
-    kubeconfig: str,
-    namespace: str,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+    same for a user who has only config/rbac's doctor roles: nothing it reads is refused."""
     rc = f"doctor-rc-{uuid.uuid4().hex[:6]}"
     await add_node(client, "doc-gpu-1", 2, taints=[TAINT])
     await add_node(client, "doc-gpu-2", 1, taints=[TAINT])
@@ -205,7 +202,7 @@ async def _healthy_cluster_passes(
         await eventually(bound, what="member bound to doc-gpu-1")
 
         code, out, err = await doctor(
-            capsys, kubeconfig, "--delivery", "runtimeclass", "--runtime-class-name", rc
+            capsys, doctor_kubeconfig, "--delivery", "runtimeclass", "--runtime-class-name", rc
         )
     print(out)
     assert (code, err) == (0, ""), out
