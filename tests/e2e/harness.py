@@ -50,6 +50,29 @@ def install_rbac(
         cp.apply(obj)
 
 
+def rbac_allows(cp: ControlPlane, spec: dict[str, Any]) -> bool:
+    """The API server's answer to a SubjectAccessReview of ``spec``."""
+    r = cp.http.post(
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        json={
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": spec,
+        },
+    )
+    assert r.status_code == 201, r.text
+    return bool(r.json()["status"].get("allowed"))
+
+
+def wait_rbac(cp: ControlPlane, spec: dict[str, Any], want: bool, timeout: float = 10.0) -> None:
+    """Until the API server's authorizer answers ``want``: RBAC changes reach it through an
+    informer, and the manager caches decisions, so a test must not act before."""
+    deadline = time.monotonic() + timeout
+    while rbac_allows(cp, spec) != want:
+        assert time.monotonic() < deadline, f"RBAC never answered {want} for {spec}"
+        time.sleep(0.05)
+
+
 def install_policies(cp: ControlPlane, timeout: float = 30.0) -> None:
     """config/policy, applied as stored and waited for: the API server starts enforcing a
     policy a moment after storing it. The membership policy goes last and a dry-run

@@ -29,10 +29,11 @@ from controllers.inventory import RESOURCESLICES
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
-from sdgruntime.envtest.controlplane import free_port
+from sdgruntime.envtest.controlplane import free_port, load_manifests
 from sdgruntime.kinds import NODES, PODS
 from tests.e2e.harness import (
     GPU,
+    MANAGER_NS,
     ROOT,
     add_node,
     eventually,
@@ -41,11 +42,14 @@ from tests.e2e.harness import (
     remove_webhooks,
     run_sdg,
     wait_bound,
+    wait_rbac,
 )
+from tests.integration import thirdparty
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 TAINT = {"key": "deviceshare.io/mode", "value": "shared", "effect": "NoSchedule"}
+DOCTOR_ROLES = ROOT / "config" / "rbac" / "doctor_role.yaml"
 
 
 async def doctor(
@@ -136,8 +140,8 @@ def binding(kind: str, user: str, role: str, namespace: str | None = None) -> di
 
 
 @contextlib.contextmanager
-def doctor_user(cluster: ControlPlane, probe_namespace: str) -> Iterator[str]:
-    """A kubeconfig of a user with only config/rbac's doctor roles, bound as their
+def doctor_user(cluster: ControlPlane, probe_namespace: str) -> Iterator[tuple[str, str]]:
+    """(name, kubeconfig) of a user with only config/rbac's doctor roles, bound as their
     comment says: deviceshare-doctor cluster-wide, the probe role in ``probe_namespace``."""
     user = f"doctor-{uuid.uuid4().hex[:8]}"
     objs = [
@@ -147,7 +151,7 @@ def doctor_user(cluster: ControlPlane, probe_namespace: str) -> Iterator[str]:
     for obj in objs:
         cluster.apply(obj)
     try:
-        yield str(cluster.user_kubeconfig(user))
+        yield user, str(cluster.user_kubeconfig(user))
     finally:
         cluster.delete("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", user)
         cluster.delete("rbac.authorization.k8s.io/v1", "RoleBinding", user, probe_namespace)
@@ -161,7 +165,7 @@ def doctor_kubeconfig(
     if request.param == "admin":
         yield kubeconfig
         return
-    with doctor_user(cluster, "default") as user_kubeconfig:
+    with doctor_user(cluster, "default") as (_, user_kubeconfig):
         yield user_kubeconfig
 
 
@@ -364,3 +368,52 @@ async def test_runtime_class_needed_by_a_node_label(
         present = await verdict()
     assert present["status"] == "ok", present
     await client.delete(NODES, "doc-rc")
+
+
+def _doctor_rules() -> list[tuple[str, int]]:
+    return [
+        (role["metadata"]["name"], i)
+        for role in load_manifests([DOCTOR_ROLES])
+        for i in range(len(role["rules"]))
+    ]
+
+
+@pytest.mark.parametrize("dropped", _doctor_rules(), ids=lambda d: f"{d[0]}[{d[1]}]")
+async def test_every_doctor_rule_is_needed(
+    cluster: ControlPlane,
+    client: Client,
+    capsys: pytest.CaptureFixture[str],
+    dropped: tuple[str, int],
+) -> None:
+    """Without any one rule of the doctor roles, doctor reports a read it was refused
+    (403) instead of a verdict: no rule is there for nothing. cert-manager's CRDs, a
+    shared node and --delivery runtimeclass make doctor read everything it can."""
+    roles = {r["metadata"]["name"]: r for r in load_manifests([DOCTOR_ROLES])}
+    role, index = dropped
+    rule = roles[role]["rules"][index]
+    thirdparty.install(cluster, thirdparty.CERT_MANAGER)
+    await add_node(client, "doc-gpu-1", 1, taints=[TAINT])
+    with doctor_user(cluster, "default") as (user, kubeconfig):
+        check = {
+            "user": user,
+            "resourceAttributes": {
+                "group": rule["apiGroups"][0],
+                "resource": rule["resources"][0],
+                "verb": rule["verbs"][0],
+                "name": (rule.get("resourceNames") or [""])[0],
+                "namespace": "default" if role.endswith("-probe") else MANAGER_NS,
+            },
+        }
+        wait_rbac(cluster, check, True)
+        cluster.apply(
+            {**roles[role], "rules": [r for i, r in enumerate(roles[role]["rules"]) if i != index]}
+        )
+        try:
+            wait_rbac(cluster, check, False)
+            _, out, _ = await doctor(
+                capsys, kubeconfig, "--delivery", "runtimeclass", "--runtime-class-name", "nv"
+            )
+        finally:
+            cluster.apply(roles[role])
+            wait_rbac(cluster, check, True)
+    assert "forbidden" in out.lower(), (rule, out)  # a 403 shown, never a verdict on it

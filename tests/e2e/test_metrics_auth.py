@@ -11,7 +11,6 @@ role.yaml's rules with the scheduling flow, which does not use these).
 from __future__ import annotations
 
 import ssl
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,15 @@ import pytest
 
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.envtest.controlplane import load_manifests
-from tests.e2e.harness import MANAGER_NS, ROOT, SA_GROUPS, SA_USER, install_rbac, run_sdg
+from tests.e2e.harness import (
+    MANAGER_NS,
+    ROOT,
+    SA_GROUPS,
+    SA_USER,
+    install_rbac,
+    run_sdg,
+    wait_rbac,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -49,28 +56,6 @@ def service_account_token(cp: ControlPlane, namespace: str, name: str) -> str:
     )
     assert r.status_code == 201, r.text
     return str(r.json()["status"]["token"])
-
-
-def allowed(cp: ControlPlane, spec: dict[str, Any]) -> bool:
-    r = cp.http.post(
-        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
-        json={
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": spec,
-        },
-    )
-    assert r.status_code == 201, r.text
-    return bool(r.json()["status"].get("allowed"))
-
-
-def wait_rbac(cp: ControlPlane, spec: dict[str, Any], want: bool, timeout: float = 10.0) -> None:
-    """Until the API server's authorizer answers ``want``: RBAC changes reach it through an
-    informer, and the manager caches decisions, so a test must not scrape before."""
-    deadline = time.monotonic() + timeout
-    while allowed(cp, spec) != want:
-        assert time.monotonic() < deadline, f"RBAC never answered {want} for {spec}"
-        time.sleep(0.05)
 
 
 def can_get_metrics(user: str) -> dict[str, Any]:
