@@ -12,6 +12,11 @@ one recorded with the claim), never on a cache that may lag:
   status is written (conditionally): a bind of it in flight elsewhere, whose status write
   is conditional on the older version, then fails instead of landing on freed devices.
 
+Each removal is conditional on the claim as judged before the live read (its devices, UID
+and group version, ``controllers.claims``): a bind that adopted the claim meanwhile has
+renewed it with its own group version, so the removal fails instead of freeing devices
+that bind is about to mark the group Bound on.
+
 A claim is never removed while active pods of that group name are bound to its node: they
 may be using the devices right now (a finalizer removed by hand, an old incarnation).
 """
