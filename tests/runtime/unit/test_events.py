@@ -63,6 +63,23 @@ def bound(i: int) -> tuple[str, str]:
     return "Scheduled", f"pod-{i} bound to node-a"
 
 
+async def start_owned(
+    tg: anyio.abc.TaskGroup, recorder: EventRecorder
+) -> tuple[anyio.CancelScope, anyio.Event]:
+    """Run ``recorder`` in ``tg`` under a cancel scope of its own (cancelling it stops the
+    recorder alone, so the test goes on to see what the drain did); the event is set once
+    ``run`` has returned."""
+    owner, stopped = anyio.CancelScope(), anyio.Event()
+
+    async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        with owner:
+            await recorder.run(task_status=task_status)
+        stopped.set()
+
+    await tg.start(run)
+    return owner, stopped
+
+
 async def test_events_queued_when_the_owner_is_cancelled_are_still_written(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -84,15 +101,9 @@ async def test_emitting_while_the_recorder_stops_drops_and_never_raises(
 ) -> None:
     client = GatedClient()
     recorder = EventRecorder(client, "test", writers=1)  # type: ignore[arg-type]
-    owner = anyio.CancelScope()
-
-    async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        with owner:
-            await recorder.run(task_status=task_status)
-
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            await tg.start(run)
+            owner, _ = await start_owned(tg, recorder)
             recorder.emit(CM, "Normal", "First", "in flight when the stop begins")
             recorder.emit(CM, "Normal", "Second", "queued when the stop begins")
             await client.entered.wait()
@@ -148,15 +159,8 @@ async def test_a_full_buffer_of_slow_writes_stops_by_the_deadline_and_every_even
 async def test_abort_gives_up_on_the_drain_at_once(caplog: pytest.LogCaptureFixture) -> None:
     client = GatedClient()
     recorder = EventRecorder(client, "test", writers=1, drain_timeout=3600)  # type: ignore[arg-type]
-    owner, stopped = anyio.CancelScope(), anyio.Event()
-
-    async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        with owner:
-            await recorder.run(task_status=task_status)
-        stopped.set()
-
     async with anyio.create_task_group() as tg:
-        await tg.start(run)
+        owner, stopped = await start_owned(tg, recorder)
         recorder.emit(CM, "Normal", "First", "in flight")
         recorder.emit(CM, "Normal", "Second", "queued")
         await client.entered.wait()
