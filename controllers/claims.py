@@ -42,24 +42,20 @@ from api.v1alpha1 import parse_ids
 from controllers.coalesce import Abandoned, Coalescer
 from controllers.inventory import Offer, count_offer
 from controllers.records import (
-    DATA_CLAIMS,
     DATA_NODE,
-    DATA_UIDS,
-    DATA_VERSIONS,
     RECORD_LABEL,
     RECORD_LABEL_VALUE,
     RECORD_PREFIX,
     Claim,
     Record,
-    decode_uids,
-    decode_versions,
+    decode_record,
     describe_claim,
     nodes_named_by,
     record_data,
     record_name,
     resource_version,
 )
-from controllers.tracker import Devices, DeviceTracker, InsufficientDevices, decode_claims
+from controllers.tracker import Devices, DeviceTracker, InsufficientDevices
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS
@@ -148,11 +144,8 @@ class ClaimBook:
             for n in touched:
                 self._mirror(n)
             return None
-        data = cm.get("data") or {}
         try:
-            claims = decode_claims(data.get(DATA_CLAIMS, ""))
-            uids = decode_uids(data.get(DATA_UIDS), claims)
-            versions = decode_versions(data.get(DATA_VERSIONS), claims)
+            claims, uids, versions = decode_record(cm)
         except ValueError as err:
             log.error("%s is malformed: %s", ref, err)
             self._malformed.setdefault(node, {})[name] = f"{ref}: {err}"

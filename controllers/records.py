@@ -95,17 +95,29 @@ def _decode_group_map(
     return dict(raw)
 
 
+def decode_record(
+    cm: Mapping[str, Any],
+) -> tuple[dict[str, Devices], dict[str, str], dict[str, str]]:
+    """A record's (claims, UIDs, group versions); ValueError says why it is malformed."""
+    data = cm.get("data") or {}
+    if not isinstance(data, Mapping):
+        data = {}
+    claims = decode_claims(data.get(DATA_CLAIMS, ""))
+    return (
+        claims,
+        decode_uids(data.get(DATA_UIDS), claims),
+        decode_versions(data.get(DATA_VERSIONS), claims),
+    )
+
+
 def record_holdings(
     cm: Mapping[str, Any],
 ) -> tuple[str | None, set[str], frozenset[tuple[str, int]] | None]:
     """What a record says, for deciding whether a change of it can free devices: (its
     node, the nodes it names, every (resource, ID) it holds; None when it is malformed)."""
     node, named = nodes_named_by(cm)
-    data = cm.get("data") or {}
     try:
-        claims = decode_claims(data.get(DATA_CLAIMS, "") if isinstance(data, Mapping) else "")
-        decode_uids(data.get(DATA_UIDS) if isinstance(data, Mapping) else None, claims)
-        decode_versions(data.get(DATA_VERSIONS) if isinstance(data, Mapping) else None, claims)
+        claims, _uids, _versions = decode_record(cm)
     except ValueError:
         return node, named, None
     held = frozenset(
