@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 IMG    ?= ghcr.io/deviceshare/sdg-manager:dev
 
-.PHONY: install controlplane helm docs test unit lint fmt demo envtest docker-build deploy undeploy clean bench typecheck
+.PHONY: install controlplane node-binaries helm docs test unit lint fmt demo envtest docker-build deploy undeploy clean bench typecheck
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,9 @@ install: $(BIN)/python  ## Install sdgruntime (its own distribution) and SDG wit
 
 controlplane: install  ## Build kube-apiserver, kube-scheduler and etcd once per machine (cached)
 	$(BIN)/python -m sdgruntime.envtest.build
+
+node-binaries: install  ## Also build a real node's kubelet, kube-controller-manager and containerd (runc shim, ctr) once per machine (cached)
+	$(BIN)/python -m sdgruntime.envtest.build --node
 
 helm: install  ## Build the helm CLI from hack/helm once per machine (cached), for the chart tests
 	$(BIN)/python -m sdgruntime.envtest.helm
