@@ -1,7 +1,11 @@
 """A real local control plane (etcd + kube-apiserver) for tests and the demo, like envtest.
 
-There is no kubelet and no controller-manager: nodes are API objects that tests create,
-and admission plugins that depend on those controllers are disabled.
+By default there is no kubelet and no controller-manager: nodes are API objects that tests
+create, and admission plugins that depend on those controllers are disabled.
+``components=("kube-scheduler", "kube-controller-manager")`` starts those beside it (the
+controller-manager's node lifecycle controller taints nodes that no kubelet heartbeats:
+use it with real nodes, ``sdgruntime.envtest.node``). The API server reaches kubelets with
+a client certificate of its own CA, so ``kubectl logs`` and ``exec`` work on a real node.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,12 +31,14 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from sdgruntime.envtest.build import ensure_binaries
+from sdgruntime.envtest.build import BINARIES, ensure_binaries
 from sdgruntime.envtest.certs import CertificateAuthority, KeyPair, service_account_keys
 
 log = logging.getLogger(__name__)
 
 ADMIN_USER = "envtest-admin"
+#: What ``components`` may name, started in this order after the API server.
+COMPONENTS = ("kube-controller-manager", "kube-scheduler")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -79,7 +85,14 @@ class ControlPlane:
         work_dir: str | Path | None = None,
         extra_apiserver_flags: Sequence[str] = (),
         start_timeout: float = 120.0,
+        components: Sequence[str] = (),
+        component_flags: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        unknown = sorted(set(components) - set(COMPONENTS))
+        if unknown:
+            raise ValueError(f"unknown components {unknown}; choose from {list(COMPONENTS)}")
+        self.components = [c for c in COMPONENTS if c in components]
+        self.component_flags = {k: list(v) for k, v in (component_flags or {}).items()}
         self.crd_paths = list(crd_paths)
         self._own_work_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="sdg-envtest-"))
@@ -104,12 +117,15 @@ class ControlPlane:
         self.stop()
 
     def start(self) -> None:
-        self.binaries = ensure_binaries()
+        names = [*BINARIES, *(c for c in self.components if c not in BINARIES)]
+        self.binaries = ensure_binaries(names)
         try:
             self._start_etcd()
             self._start_apiserver()
             self._write_kubeconfig(self.kubeconfig_path, self._admin)
             self._wait_ready()
+            for component in self.components:
+                self._start_component(component)
             if self.crd_paths:
                 self.install_crds(self.crd_paths)
         except BaseException:
@@ -121,7 +137,7 @@ class ControlPlane:
         if self._http is not None:
             self._http.close()
             self._http = None
-        for name in ("kube-apiserver", "etcd"):
+        for name in (*reversed(COMPONENTS), "kube-apiserver", "etcd"):
             proc = self._procs.pop(name, None)
             if proc is None:
                 continue
@@ -178,6 +194,10 @@ class ControlPlane:
             certs, "apiserver.crt", "apiserver.key"
         )
         sa_pub, sa_key = service_account_keys().write(certs, "sa.pub", "sa.key")
+        # kubectl logs/exec: the API server is a client of the kubelet, trusted by its CA.
+        kubelet_cert, kubelet_key = self.ca.client(
+            "kube-apiserver-kubelet-client", ["system:masters"]
+        ).write(certs, "apiserver-kubelet-client.crt", "apiserver-kubelet-client.key")
         port = free_port()
         self.host = f"https://127.0.0.1:{port}"
         self._spawn(
@@ -200,6 +220,9 @@ class ControlPlane:
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition,Priority",
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
+                f"--kubelet-client-certificate={kubelet_cert}",
+                f"--kubelet-client-key={kubelet_key}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 *self.extra_apiserver_flags,
             ],
         )
@@ -229,6 +252,53 @@ class ControlPlane:
             f"kube-apiserver not ready within {self.start_timeout}s: {last}\n"
             f"{self._log_tail('kube-apiserver')}"
         )
+
+    def _start_component(self, name: str) -> None:
+        """kube-controller-manager or kube-scheduler as the admin, until its /healthz is ok."""
+        port = free_port()
+        common = [
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            "--authentication-skip-lookup",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez",
+        ]
+        if name == "kube-scheduler":
+            config = self.work_dir / "kube-scheduler.yaml"
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "kubescheduler.config.k8s.io/v1",
+                        "kind": "KubeSchedulerConfiguration",
+                        "clientConnection": {"kubeconfig": str(self.kubeconfig_path)},
+                        "leaderElection": {"leaderElect": False},
+                    }
+                )
+            )
+            args = [f"--config={config}", *common]
+        else:
+            pki = self.work_dir / "pki"
+            args = [
+                f"--kubeconfig={self.kubeconfig_path}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=false",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                *common,
+            ]
+        self._spawn(name, [*args, *self.component_flags.get(name, ())])
+        deadline = time.monotonic() + self.start_timeout
+        with httpx.Client(verify=False, timeout=5) as http:  # self-signed serving cert
+            while time.monotonic() < deadline:
+                proc = self._procs[name]
+                if proc.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{name} exited with {proc.returncode}:\n{self._log_tail(name)}"
+                    )
+                with contextlib.suppress(httpx.TransportError):
+                    if http.get(f"https://127.0.0.1:{port}/healthz").status_code == 200:
+                        return
+                time.sleep(0.2)
+        raise ControlPlaneError(f"{name} not healthy within {self.start_timeout}s")
 
     # --- access ----------------------------------------------------------------------
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -71,19 +71,27 @@ def make_node(
 
 
 async def create_node(client: Client, node: dict[str, Any]) -> dict[str, Any]:
-    """Create a node and set its status (status on create is not guaranteed to be kept)."""
+    """Create a node and set its status (status on create is not guaranteed to be kept).
+
+    The status is merge-patched, not updated: controllers (the controller-manager's TTL
+    controller, where it runs) may change the new Node at once.
+    """
     created = await client.create(NODES, node)
-    created["status"] = node["status"]
-    return await client.update_status(NODES, created)
+    name = created["metadata"]["name"]
+    return await client.patch(NODES, name, {"status": node["status"]}, subresource="status")
 
 
 class Kubelet:
-    """A fake kubelet for every node: bound Pending pods become Running; bound pods that
-    are being deleted are removed at once (a real kubelet would confirm the stop)."""
+    """A fake kubelet for every node (or only ``nodes``): bound Pending pods become Running;
+    bound pods that are being deleted are removed at once (a real kubelet would confirm
+    the stop)."""
 
-    def __init__(self, client: Client, namespace: str | None = None) -> None:
+    def __init__(
+        self, client: Client, namespace: str | None = None, nodes: Collection[str] | None = None
+    ) -> None:
         self.client = client
         self.namespace = namespace
+        self.nodes = None if nodes is None else frozenset(nodes)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -109,7 +117,9 @@ class Kubelet:
 
     async def _handle(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec", {})
-        if not spec.get("nodeName"):
+        if not spec.get("nodeName") or (
+            self.nodes is not None and spec["nodeName"] not in self.nodes
+        ):
             return
         ns, name = meta["namespace"], meta["name"]
         try:
