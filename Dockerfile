@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# The SDG manager image: `make docker-build IMG=...`.
+# The SDG manager image: `make docker-build IMG=...`; without a registry for the base image,
+# `make image` (hack/image.py: podman, on a Debian base made by mmdebstrap).
 #
 # builder: build the two wheels (sdgruntime, its own distribution in sdgruntime/, and
 #          shared-device-group, which depends on it) and the wheels of all their
@@ -33,6 +34,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     HOME=/tmp \
     PATH=/opt/sdg/bin:$PATH
+# The builder stage's image ID (hack/image.py passes it): podman 4.3's buildah keys this step's
+# cache on its text and args, not on the stage it mounts, and would reuse the venv of older
+# wheels after a source change. docker build keys the step on the mount and leaves it empty.
+ARG BUILDER_ID=
 # Only wheels from the builder, nothing from an index: the image holds exactly what was built
 # (sdgruntime, a dependency of shared-device-group, comes from /wheels like the others).
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \

@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 IMG    ?= ghcr.io/deviceshare/sdg-manager:dev
 
-.PHONY: install controlplane node-binaries helm docs test unit lint fmt demo envtest docker-build deploy undeploy clean bench typecheck
+.PHONY: install controlplane node-binaries helm docs test unit lint fmt demo envtest docker-build image deploy undeploy clean bench typecheck
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,9 @@ demo: controlplane  ## The whole system on the local control plane
 
 docker-build:
 	docker build -t $(IMG) .
+
+image:  ## The manager image without a registry: podman on a Debian base made by mmdebstrap (root; hack/image.py)
+	$(PYTHON) hack/image.py
 
 deploy: install  ## Install SDG on the cluster of the current kubeconfig (needs cert-manager)
 	$(BIN)/kubectl apply --server-side -k config/default
