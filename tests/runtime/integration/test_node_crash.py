@@ -65,17 +65,21 @@ def test_a_killed_harness_leaves_nothing_after_the_next_start() -> None:
         start_new_session=True,
     )
     assert proc.stdout is not None
-    lines = []
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        lines.append(line)
-        if line.startswith("READY") or not line:
-            break
-    assert lines and lines[-1].startswith("READY"), "".join(lines[-40:])
-    work_dir = lines[-1].split()[1]
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        lines = []
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if line.startswith("READY") or not line:
+                break
+        assert lines and lines[-1].startswith("READY"), "".join(lines[-40:])
+        work_dir = lines[-1].split()[1]
+    finally:
+        # The harness and its control plane (its session): what a crash kills. The node's
+        # shims and containers are in sessions of their own and survive, as in a crash.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
     # What a crash leaves: the container, its shim, mounts, cgroups, the kubelet's sysctls.
     left = leftovers()
