@@ -1,9 +1,17 @@
 """The README's main command (``make demo``): SDG end to end on a local control plane.
 
-Starts etcd + kube-apiserver, registers simulated GPU nodes (there is no kubelet; a fake
-one marks bound pods Running), installs the CRD, RBAC and webhook configuration, starts
-the real manager process (``python -m controllers``) under its ServiceAccount's RBAC,
-applies ``examples/``, and prints what happened. ``--keep`` leaves it all running.
+Starts etcd + kube-apiserver, registers GPU nodes, installs the CRD, RBAC and webhook
+configuration, starts the real manager process (``python -m controllers``) under its
+ServiceAccount's RBAC, applies ``examples/``, and prints what happened. ``--keep`` leaves
+it all running.
+
+Where the machine allows it (root, runc, CNI plugins: ``sdgruntime.envtest.node``),
+``gpu-node-1`` is a real node — a kubelet with containerd and runc, its 8 GPUs simulated
+behind the kubelet's device-plugin API (``hack/node``) — with kube-scheduler and
+kube-controller-manager beside the API server: the Deployment's ReplicaSet makes its pods,
+the examples' containers really run (as busybox: there is no registry) and the demo shows
+what each printed. The other nodes are simulated (a fake kubelet marks their pods
+Running). ``--node fake`` simulates all of them; the first line says which ran.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +36,14 @@ import httpx  # noqa: E402
 from api.constants import SDG_KIND  # noqa: E402
 from controllers.cliviews import devices_view, table  # noqa: E402
 from controllers.inventory import RESOURCESLICES  # noqa: E402
+from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE  # noqa: E402
 from sdgruntime import errors  # noqa: E402
 from sdgruntime.client import Client  # noqa: E402
 from sdgruntime.envtest import ControlPlane, load_manifests  # noqa: E402
 from sdgruntime.envtest.controlplane import free_port  # noqa: E402
 from sdgruntime.envtest.fakes import Kubelet, create_node, make_node  # noqa: E402
+from sdgruntime.envtest.images import BUSYBOX_IMAGE  # noqa: E402
+from sdgruntime.envtest.node import Node, preflight  # noqa: E402
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS  # noqa: E402
 
 NS = "deviceshare-system"
@@ -49,6 +61,11 @@ NODES_SPEC: list[tuple[str, dict[str, str], dict[str, int]]] = [
     # Delivered as CDI device names for NRI's device-injector.
     ("dra-node-1", {**SHARED, "gpu-inventory": "dra", "deviceshare.io/delivery": "cdi"}, {}),
 ]
+#: Where the machine allows it, this one is a real kubelet node with simulated GPUs.
+REAL_NODE = "gpu-node-1"
+#: The Deployment controller runs, the node lifecycle controller does not: it would taint
+#: the simulated nodes, whose fake kubelet sends no heartbeats.
+CONTROLLER_MANAGER_FLAGS = ["--controllers=*,-node-lifecycle-controller"]
 DRA_GPUS = [(0, "GPU-6f1c0d2e-0000", True), (1, "GPU-6f1c0d2e-0001", False)]
 DRA_GPUS += [(2, "GPU-6f1c0d2e-0002", True), (3, "GPU-6f1c0d2e-0003", True)]
 
@@ -126,13 +143,26 @@ def start_manager(cp: ControlPlane, workdir: Path) -> tuple[subprocess.Popen[byt
     raise SystemExit(f"the manager did not become ready in 60s; see {log}")
 
 
-async def apply_examples(client: Client) -> list[tuple[str, str]]:
-    """Create every object of examples/; returns (what, denial message) for denied ones."""
+def as_busybox(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Pod or Deployment whose containers run the local busybox image (no registry
+    here); their commands stay as they are."""
+    spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
+    for kind in ("initContainers", "containers"):
+        for c in spec.get(kind) or []:
+            c["image"], c["imagePullPolicy"] = BUSYBOX_IMAGE, "Never"
+    return obj
+
+
+async def apply_examples(client: Client, *, real: bool) -> list[tuple[str, str]]:
+    """Create every object of examples/; returns (what, denial message) for denied ones.
+    ``real``: containers run (as busybox) and the controller-manager makes replicas."""
     denied: list[tuple[str, str]] = []
     for path in sorted((ROOT / "examples").glob("*.yaml")):
         for obj in load_manifests([path]):
             kind = obj["kind"]
             what = f"{kind.lower()}/{obj['metadata']['name']} ({path.name})"
+            if real and kind in ("Pod", "Deployment"):
+                obj = as_busybox(obj)
             try:
                 if kind == "SharedDeviceGroup":
                     await client.create(SDG_KIND, obj)
@@ -140,7 +170,7 @@ async def apply_examples(client: Client) -> list[tuple[str, str]]:
                     await client.create(PODS, obj, obj["metadata"].get("namespace") or "default")
                 else:
                     created = await client.request("POST", _collection(obj), json=obj)
-                    if kind == "Deployment":
+                    if kind == "Deployment" and not real:
                         await _replica_pods(client, created)
             except errors.ApiError as err:
                 denied.append((what, err.message))
@@ -229,7 +259,11 @@ async def report(client: Client, denied: list[tuple[str, str]]) -> None:
     groups, _ = await client.list_all(SDG_KIND)
     pods, _ = await client.list_all(PODS, "default")
     nodes, _ = await client.list_all(NODES)
-    cms, _ = await client.list_all(CONFIGMAPS, NS)
+    # The claim records, selected as `sdg devices` selects them (the namespace also holds
+    # the controller-manager's kube-root-ca.crt where it runs).
+    cms, _ = await client.list_all(
+        CONFIGMAPS, NS, label_selector=f"{RECORD_LABEL}={RECORD_LABEL_VALUE}"
+    )
     print("\n$ kubectl get sdg")
     rows = []
     for g in sorted(groups, key=lambda g: g["metadata"]["name"]):
@@ -283,99 +317,185 @@ async def report(client: Client, denied: list[tuple[str, str]]) -> None:
         print(f"\nDenied {what}:\n  {message}")
 
 
-async def demo(keep: bool) -> int:
+def real_node_problems(choice: str) -> list[str]:
+    """Why ``gpu-node-1`` cannot be a real node here (empty: it can)."""
+    if choice == "fake":
+        return ["--node fake"]
+    problems = preflight()
+    if problems and choice == "real":
+        raise SystemExit("--node real, but a real node cannot run here: " + "; ".join(problems))
+    return problems
+
+
+@contextlib.contextmanager
+def gpu_node(cp: ControlPlane, real: bool) -> Iterator[Node | None]:
+    """gpu-node-1 as a real node with 8 simulated GPUs behind the device-plugin API, or
+    nothing (the caller registers it as a simulated node)."""
+    if not real:
+        yield None
+        return
+    from hack.node.simulators import DevicePluginSim, make_gpus
+
+    with Node(cp, name=REAL_NODE, labels=SHARED) as node:
+        plugin = DevicePluginSim(make_gpus(8), node.work_dir / "gpusim", cdi_dir=node.cdi_dir)
+        plugin.start(lambda: node.allocatable().get("nvidia.com/gpu") == "8")
+        try:
+            # The GPUs' UUIDs, as a DaemonSet (or an admin) annotates a device-plugin node.
+            node.annotate(plugin.annotation())
+            yield node
+        finally:
+            plugin.stop()
+
+
+async def demo(keep: bool, node_choice: str) -> int:
     total = 6
+    problems = real_node_problems(node_choice)
+    real = not problems
+    if real:
+        print(
+            f"Real node: {REAL_NODE} is a kubelet with containerd and runc (its GPUs simulated "
+            "behind the device-plugin API); kube-scheduler and kube-controller-manager run."
+        )
+    else:
+        print(f"Simulated nodes only ({'; '.join(problems)}): a fake kubelet runs the pods.")
     step(1, total, "starting the local control plane (first run builds kube-apiserver: minutes)")
-    with ControlPlane(crd_paths=[ROOT / "config" / "crd"]) as cp:
+    components = ("kube-controller-manager", "kube-scheduler") if real else ()
+    with ControlPlane(
+        crd_paths=[ROOT / "config" / "crd"],
+        components=components,
+        component_flags={"kube-controller-manager": CONTROLLER_MANAGER_FLAGS},
+    ) as cp:
         version = cp.http.get("/version").json()["gitVersion"]
         print(f"      kube-apiserver {version} at {cp.host}; CRD SharedDeviceGroup installed")
         async with Client.from_kubeconfig(str(cp.kubeconfig_path)) as client:
-            step(2, total, "registering simulated nodes (no kubelet; a fake one runs pods)")
-            for name, labels, gpus in NODES_SPEC:
-                await create_node(client, make_node(name, labels=labels, allocatable=gpus))
-                gpu_text = ", ".join(f"{v} {k}" for k, v in gpus.items())
-                if not gpus:
-                    cp.apply(dra_slice(name))
-                    gpu_text = f"{len(DRA_GPUS)} nvidia.com/gpu in a DRA ResourceSlice, 1 unhealthy"
-                shared = "shared" if labels.get("deviceshare.io/mode") else "NOT shared"
-                delivery = labels.get("deviceshare.io/delivery", "env")
-                print(f"      {name}: {gpu_text}, {shared}, delivery {delivery}")
-            cp.apply(
-                {
-                    "apiVersion": "node.k8s.io/v1",
-                    "kind": "RuntimeClass",
-                    "metadata": {"name": "nvidia"},
-                    "handler": "nvidia",
-                }
-            )
-            step(
-                3, total, "installing RBAC and policies; starting the manager as its ServiceAccount"
-            )
-            cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-            for obj in load_manifests([ROOT / "config" / "rbac", ROOT / "config" / "policy"]):
-                cp.apply(obj)
-            proc, port, log = start_manager(cp, cp.work_dir)
-            cp.install_webhooks([ROOT / "config" / "webhook"], port)
-            print(f"      manager ready (pid {proc.pid}, log {log}); webhooks registered")
-            try:
-                async with anyio.create_task_group() as tg:
-                    await tg.start(Kubelet(client).run)
-                    step(4, total, "applying examples/ and two requests that cannot be met")
-                    denied = await apply_examples(client)
-                    await client.create(
-                        SDG_KIND,
-                        {
-                            "apiVersion": SDG_KIND.api_version,
-                            "kind": SDG_KIND.kind,
-                            "metadata": {"name": "too-big-group"},
-                            "spec": {"resources": {"nvidia.com/gpu": 16}},
-                        },
-                    )
-                    bad = {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "metadata": {
-                            "name": "greedy",
-                            "annotations": {"deviceshare.io/group": "my-gpu-group"},
-                        },
-                        "spec": {
-                            "containers": [
-                                {
-                                    "name": "c",
-                                    "image": "busybox",
-                                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                                }
-                            ]
-                        },
-                    }
-                    try:
-                        await client.create(PODS, bad, "default")
-                    except errors.ApiError as err:
-                        denied.append(("pod/greedy (requests nvidia.com/gpu itself)", err.message))
-                    step(5, total, "waiting for groups to bind and pods to run")
-                    await settle(client)
-                    step(6, total, "result")
-                    await report(client, denied)
-                    if keep:
+            step(2, total, "registering the nodes")
+            with gpu_node(cp, real) as node:
+                fake = []
+                for name, labels, gpus in NODES_SPEC:
+                    if node is not None and name == node.name:
+                        info = node.node()["status"]["nodeInfo"]
                         print(
-                            "\nStill running. Explore with:\n"
-                            f"  export KUBECONFIG={cp.kubeconfig_path}"
-                            "\n  kubectl get sdg; sdg devices; sdg explain too-big-group\n"
-                            "Ctrl-C stops everything.",
-                            flush=True,
+                            f"      {name}: REAL, kubelet {info['kubeletVersion']}, "
+                            f"{info['containerRuntimeVersion']}, 8 nvidia.com/gpu from the "
+                            "device-plugin simulator, shared, delivery env"
                         )
-                        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
-                            async for _ in sigs:
-                                break
-                    tg.cancel_scope.cancel()
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                        continue
+                    await create_node(client, make_node(name, labels=labels, allocatable=gpus))
+                    fake.append(name)
+                    gpu_text = ", ".join(f"{v} {k}" for k, v in gpus.items())
+                    if not gpus:
+                        cp.apply(dra_slice(name))
+                        gpu_text = (
+                            f"{len(DRA_GPUS)} nvidia.com/gpu in a DRA ResourceSlice, 1 unhealthy"
+                        )
+                    shared = "shared" if labels.get("deviceshare.io/mode") else "NOT shared"
+                    delivery = labels.get("deviceshare.io/delivery", "env")
+                    print(f"      {name}: simulated, {gpu_text}, {shared}, delivery {delivery}")
+                await run_demo(cp, client, keep, real, fake)
     print("\nStopped the manager and the control plane.")
     return 0
+
+
+async def run_demo(
+    cp: ControlPlane, client: Client, keep: bool, real: bool, fake: list[str]
+) -> None:
+    total = 6
+    cp.apply(
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": "nvidia"},
+            "handler": "nvidia",
+        }
+    )
+    step(3, total, "installing RBAC and policies; starting the manager as its ServiceAccount")
+    cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    for obj in load_manifests([ROOT / "config" / "rbac", ROOT / "config" / "policy"]):
+        cp.apply(obj)
+    proc, port, log = start_manager(cp, cp.work_dir)
+    cp.install_webhooks([ROOT / "config" / "webhook"], port)
+    print(f"      manager ready (pid {proc.pid}, log {log}); webhooks registered")
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(Kubelet(client, nodes=fake).run)
+            step(4, total, "applying examples/ and two requests that cannot be met")
+            denied = await apply_examples(client, real=real)
+            await client.create(
+                SDG_KIND,
+                {
+                    "apiVersion": SDG_KIND.api_version,
+                    "kind": SDG_KIND.kind,
+                    "metadata": {"name": "too-big-group"},
+                    "spec": {"resources": {"nvidia.com/gpu": 16}},
+                },
+            )
+            bad = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": "greedy",
+                    "annotations": {"deviceshare.io/group": "my-gpu-group"},
+                },
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ]
+                },
+            }
+            try:
+                await client.create(PODS, bad, "default")
+            except errors.ApiError as err:
+                denied.append(("pod/greedy (requests nvidia.com/gpu itself)", err.message))
+            step(5, total, "waiting for groups to bind and pods to run")
+            await settle(client, 60.0 if real else 20.0)
+            step(6, total, "result")
+            await report(client, denied)
+            if real:
+                await container_output(cp, client, set(fake))
+            if keep:
+                print(
+                    "\nStill running. Explore with:\n"
+                    f"  export KUBECONFIG={cp.kubeconfig_path}"
+                    "\n  kubectl get sdg; sdg devices; sdg explain too-big-group\n"
+                    "Ctrl-C stops everything.",
+                    flush=True,
+                )
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
+                    async for _ in sigs:
+                        break
+            tg.cancel_scope.cancel()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def container_output(cp: ControlPlane, client: Client, fake: set[str]) -> None:
+    """What the containers on the real node printed (``kubectl logs``), beside what the
+    pod webhook injected."""
+    pods, _ = await client.list_all(PODS, "default")
+    real = [p for p in pods if p["spec"].get("nodeName") and p["spec"]["nodeName"] not in fake]
+    for p in sorted(real, key=lambda p: p["metadata"]["name"]):
+        name = p["metadata"]["name"]
+        first = p["spec"]["containers"][0]["name"]
+        text = ""
+        deadline = time.monotonic() + 10
+        while not text and time.monotonic() < deadline:
+            r = cp.http.get(
+                f"/api/v1/namespaces/default/pods/{name}/log", params={"container": first}
+            )
+            text = r.text.strip() if r.status_code == 200 else ""
+            if not text:
+                await anyio.sleep(0.3)
+        print(f"\n$ kubectl logs {name} -c {first}    # injected: {_delivered(p)}")
+        for line in (text or "(nothing printed)").splitlines()[:4]:
+            print(f"  {line}")
 
 
 def main() -> int:
@@ -383,8 +503,15 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--keep", action="store_true", help="stay up until Ctrl-C")
+    parser.add_argument(
+        "--node",
+        choices=("auto", "real", "fake"),
+        default="auto",
+        help=f"{REAL_NODE} as a real kubelet node where the machine allows it (auto), "
+        "always (real: fail if it cannot), or never (fake)",
+    )
     args = parser.parse_args()
-    return anyio.run(demo, args.keep)
+    return anyio.run(demo, args.keep, args.node)
 
 
 if __name__ == "__main__":

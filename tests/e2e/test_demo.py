@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_runs_end_to_end() -> None:
+    """With simulated nodes only (tests/realnode/test_demo.py runs it on a real node)."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "hack" / "demo.py")],
+        [sys.executable, str(ROOT / "hack" / "demo.py"), "--node", "fake"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -27,6 +28,7 @@ def test_demo_runs_end_to_end() -> None:
     # Tables are aligned with spaces: compare with runs of spaces folded to one.
     out = "\n".join(" ".join(line.split()) for line in proc.stdout.splitlines())
     for needle in (
+        "Simulated nodes only (--node fake): a fake kubelet runs the pods.",
         "[6/6] result",
         "$ kubectl get sdg",
         "my-gpu-group Bound True gpu-node-3 nvidia.com/gpu=0,1 2",
@@ -60,7 +62,7 @@ def test_demo_keep_stays_up_until_interrupted() -> None:
     import signal
 
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "hack" / "demo.py"), "--keep"],
+        [sys.executable, str(ROOT / "hack" / "demo.py"), "--keep", "--node", "fake"],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
