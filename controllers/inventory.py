@@ -5,7 +5,8 @@ From the best source the cluster has, per node and resource:
 
 1. **DRA ResourceSlices** (``resource.k8s.io/v1``) published for the node by a driver
    SDG knows (``gpu.nvidia.com`` -> ``nvidia.com/gpu``, ...): each device's ``index``
-   attribute is its ID (what ``nvidia-smi`` numbers it), ``uuid`` its UUID; a device
+   attribute is its ID (what ``nvidia-smi`` numbers it) where published, else IDs follow
+   the PCI bus order (NVML's, ``resource.kubernetes.io/pciBusID``), ``uuid`` its UUID; a device
    with a NoSchedule/NoExecute taint is unhealthy; a device that left the slice is gone.
 2. **A node annotation** ``deviceshare.io/devices.<resource with / as _>`` written by an
    operator's DaemonSet or by hand, e.g. ``deviceshare.io/devices.nvidia.com_gpu:
@@ -20,6 +21,7 @@ driver publishes; anything beyond is reported, never iterated.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -46,6 +48,9 @@ DEFAULT_DRA_DRIVERS: Final = MappingProxyType(
 )
 ANNOTATION_PREFIX: Final = "deviceshare.io/devices."
 UNHEALTHY_SUFFIX: Final = ":unhealthy"
+#: The standard DRA attribute of a PCI device's address (k8s.io/dynamic-resource-allocation
+#: deviceattribute, v0.37.2); NVIDIA's DRA driver publishes it on each GPU.
+PCI_BUS_ID_ATTRIBUTE: Final = "resource.kubernetes.io/pciBusID"
 _UNHEALTHY_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 #: Device ``type`` attributes that are whole devices (NVIDIA's driver also publishes MIG
 #: partitions, which SDG does not hand out).
@@ -196,6 +201,19 @@ def slice_offers(
     return {res: _offer_from_devices(res, listed) for res, listed in per_res.items()}
 
 
+def _enumeration_order(device: Obj) -> tuple[str, tuple[tuple[int, str], ...]]:
+    """NVML numbers GPUs in PCI bus order, so devices that publish no ``index`` (NVIDIA's
+    DRA driver since v25.8) are ordered by the standard ``resource.kubernetes.io/pciBusID``
+    attribute; without one, by name with numbers compared as numbers (``gpu-2`` before
+    ``gpu-10``). Devices with an ``index`` keep it whatever this order says."""
+    attr = (device.get("attributes") or {}).get(PCI_BUS_ID_ATTRIBUTE) or {}
+    bus = attr.get("string") if isinstance(attr, Mapping) else None
+    name = str(device.get("name") or "")
+    parts = tuple((int(p), "") if p.isdigit() else (-1, p) for p in re.split(r"(\d+)", name) if p)
+    # Bus IDs are fixed-width hex ("0000:3b:00.0"): as strings they sort in bus order.
+    return (bus.lower() if isinstance(bus, str) and bus else "\uffff", parts)
+
+
 def _offer_from_devices(resource: str, listed: list[tuple[str, Obj]]) -> Offer:
     if len(listed) > MAX_DEVICES_PER_RESOURCE:
         return Offer(
@@ -207,7 +225,7 @@ def _offer_from_devices(resource: str, listed: list[tuple[str, Obj]]) -> Offer:
     devices: dict[int, Device] = {}
     unindexed: list[tuple[str, str, bool]] = []
     problems: list[str] = []
-    for driver, device in sorted(listed, key=lambda dv: str(dv[1].get("name") or "")):
+    for driver, device in sorted(listed, key=lambda dv: _enumeration_order(dv[1])):
         name = str(device.get("name") or "")
         index = _attribute(device, driver, "index")
         uuid = _attribute(device, driver, "uuid")
@@ -223,11 +241,14 @@ def _offer_from_devices(resource: str, listed: list[tuple[str, Obj]]) -> Offer:
         else:
             unindexed.append((name, uuid, healthy))
     next_id = max(devices, default=-1) + 1
-    for name, uuid, healthy in unindexed:  # no index published: IDs follow, by name
+    for name, uuid, healthy in unindexed:  # no index published: IDs in NVML's order
         devices[next_id] = Device(next_id, uuid, healthy, name)
         next_id += 1
     if unindexed:
-        problems.append(f"{len(unindexed)} device(s) publish no index; IDs follow by name")
+        problems.append(
+            f"{len(unindexed)} device(s) publish no index; IDs follow their PCI bus IDs "
+            "(else their names, numbers compared as numbers)"
+        )
     return Offer(
         resource,
         SOURCE_SLICE,

@@ -113,6 +113,45 @@ def test_devices_without_an_index_get_ids_after_the_indexed_ones() -> None:
     assert "publish no index" in offer.problem
 
 
+def current_nvidia_gpu(minor: int, bus: str) -> dict[str, Any]:
+    """A GPU as NVIDIA's DRA driver publishes it since v25.8 (no index, no minor): the
+    attributes of kubernetes-sigs/dra-driver-nvidia-gpu v25.12.0
+    cmd/gpu-kubelet-plugin/deviceinfo.go, as hack/node/gpusim publishes them too."""
+    return {
+        "name": f"gpu-{minor}",
+        "attributes": {
+            "type": {"string": "gpu"},
+            "uuid": {"string": f"GPU-{minor:08x}"},
+            "productName": {"string": "NVIDIA A100-SXM4-40GB"},
+            "brand": {"string": "Nvidia"},
+            "architecture": {"string": "Ampere"},
+            "cudaComputeCapability": {"version": "8.0.0"},
+            "driverVersion": {"version": "550.54.15"},
+            "cudaDriverVersion": {"version": "12.4.0"},
+            "resource.kubernetes.io/pciBusID": {"string": bus},
+        },
+        "capacity": {"memory": {"value": "40Gi"}},
+    }
+
+
+def test_without_an_index_ids_follow_the_pci_bus_order_not_a_string_sort() -> None:
+    # 11 GPUs: a string sort of the names would number gpu-10 as 2 and shift gpu-2..9.
+    gpus = [current_nvidia_gpu(m, f"0000:{0x10 + m:02x}:00.0") for m in range(11)]
+    offer = slice_offers([rslice(gpus[::-1])])[GPU]
+    assert [(d.id, d.name) for d in offer.devices] == [(m, f"gpu-{m}") for m in range(11)]
+    assert offer.uuids([2, 10]) == ["GPU-00000002", "GPU-0000000a"]
+    # NVML numbers by bus, whatever the minor numbers say.
+    swapped = [current_nvidia_gpu(0, "0000:b0:00.0"), current_nvidia_gpu(1, "0000:3b:00.0")]
+    offer = slice_offers([rslice(swapped)])[GPU]
+    assert [(d.id, d.name) for d in offer.devices] == [(0, "gpu-1"), (1, "gpu-0")]
+    assert "PCI bus" in offer.problem
+    # Without a bus ID, numbers in names compare as numbers.
+    for g in gpus:
+        del g["attributes"]["resource.kubernetes.io/pciBusID"]
+    offer = slice_offers([rslice(gpus)])[GPU]
+    assert [d.name for d in offer.devices] == [f"gpu-{m}" for m in range(11)]
+
+
 def test_the_mirror_tells_only_real_changes_and_the_claim_book_blocks_holes() -> None:
     changes: list[tuple[str, dict]] = []
     inv = Inventory(on_change=lambda n, o: changes.append((n, o)))
