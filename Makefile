@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 IMG    ?= ghcr.io/deviceshare/sdg-manager:dev
 
-.PHONY: install controlplane node-binaries helm docs test unit lint fmt demo envtest docker-build image deploy undeploy clean bench typecheck
+.PHONY: install controlplane node-binaries realnode helm docs test unit lint fmt demo envtest docker-build image deploy undeploy clean bench typecheck
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,17 @@ controlplane: install  ## Build kube-apiserver, kube-scheduler and etcd once per
 node-binaries: install  ## Also build a real node's kubelet, kube-controller-manager and containerd (runc shim, ctr) once per machine (cached)
 	$(BIN)/python -m sdgruntime.envtest.build --node
 
+# The real-node tier (tests/realnode) runs as root only; elsewhere it is skipped with the reason.
+realnode: install  ## As root: build the real node's parts and the GPU simulator (hack/node) once per machine
+	@if [ "$$(id -u)" = 0 ]; then \
+	  $(MAKE) --no-print-directory node-binaries && \
+	  $(BIN)/python -c 'from hack.node.simulators import ensure_gpusim; print(ensure_gpusim())'; \
+	else echo "not root: tests/realnode will be skipped (a kubelet and containerd need root)"; fi
+
 helm: install  ## Build the helm CLI from hack/helm once per machine (cached), for the chart tests
 	$(BIN)/python -m sdgruntime.envtest.helm
 
-test: controlplane helm docs typecheck  ## Type-check, lint, then run every test (unit + integration against the real local API server)
+test: controlplane helm realnode docs typecheck  ## Type-check, lint, then run every test (unit + integration against the real local API server)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
@@ -47,7 +54,7 @@ fmt:
 envtest: controlplane  ## Run a bare local control plane until Ctrl-C
 	$(BIN)/python -m sdgruntime.envtest --crds config/crd --kubeconfig-out .tmp/kubeconfig
 
-demo: controlplane  ## The whole system on the local control plane
+demo: controlplane realnode  ## The whole system on the local control plane
 	$(BIN)/python hack/demo.py
 
 docker-build:
