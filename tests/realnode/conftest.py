@@ -23,7 +23,7 @@ from tests.e2e.harness import ROOT, SHARED, install_policies, install_rbac
 NODE = "gpu-node"
 
 
-def _cannot_run(reason: str) -> None:
+def cannot_run(reason: str) -> None:
     if os.environ.get("SDG_REAL_NODE") == "require":
         pytest.fail(f"SDG_REAL_NODE=require, but {reason}")
     pytest.skip(reason)
@@ -33,7 +33,7 @@ def require_real_node() -> None:
     """Skip (or, with SDG_REAL_NODE=require, fail) where a real node cannot run."""
     problems = preflight()
     if problems:
-        _cannot_run("a real node cannot run here: " + "; ".join(problems))
+        cannot_run("a real node cannot run here: " + "; ".join(problems))
 
 
 @pytest.fixture(scope="session")
