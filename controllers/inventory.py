@@ -174,31 +174,35 @@ def _attribute(device: Obj, driver: str, name: str) -> Any:
 def slice_offers(
     slices: Iterable[Obj], drivers: Mapping[str, str] = DEFAULT_DRA_DRIVERS
 ) -> dict[str, Offer]:
-    """Offers from one node's ResourceSlices (only the newest generation of each pool)."""
-    newest: dict[tuple[str, str], int] = {}
-    chosen: list[tuple[str, Obj]] = []
+    """Offers from one node's ResourceSlices: per pool, its newest complete generation
+    (all ``resourceSliceCount`` slices there), else its newest, so that a driver
+    republishing a pool slice by slice never makes devices look gone."""
+    # (driver, pool) -> generation -> its slices
+    pools: dict[tuple[str, str], dict[int, list[Obj]]] = {}
     for s in slices:
         spec = s.get("spec") or {}
         driver = spec.get("driver")
         if driver not in drivers:
             continue
         pool = spec.get("pool") or {}
-        key = (str(driver), str(pool.get("name") or ""))
-        gen = int(pool.get("generation") or 0)
-        if gen > newest.get(key, -1):
-            newest[key] = gen
-        chosen.append((str(driver), s))
+        gens = pools.setdefault((str(driver), str(pool.get("name") or "")), {})
+        gens.setdefault(int(pool.get("generation") or 0), []).append(s)
     per_res: dict[str, list[tuple[str, Obj]]] = {}
-    for driver, s in chosen:
-        spec = s.get("spec") or {}
-        pool = spec.get("pool") or {}
-        if int(pool.get("generation") or 0) != newest[(driver, str(pool.get("name") or ""))]:
-            continue
-        for device in (spec.get("devices") or ())[:MAX_DEVICES_PER_RESOURCE]:
-            kind = _attribute(device, driver, "type")
-            if kind is None or kind in _WHOLE_DEVICE_TYPES:
-                per_res.setdefault(drivers[driver], []).append((driver, device))
+    for (driver, _), gens in pools.items():
+        complete = [g for g, ss in gens.items() if len(ss) >= _slice_count(ss[0])]
+        for s in gens[max(complete or gens)]:
+            for device in ((s.get("spec") or {}).get("devices") or ())[:MAX_DEVICES_PER_RESOURCE]:
+                kind = _attribute(device, driver, "type")
+                if kind is None or kind in _WHOLE_DEVICE_TYPES:
+                    per_res.setdefault(drivers[driver], []).append((driver, device))
     return {res: _offer_from_devices(res, listed) for res, listed in per_res.items()}
+
+
+def _slice_count(resource_slice: Obj) -> int:
+    """How many slices its pool's generation has (``pool.resourceSliceCount``, at least 1)."""
+    pool = (resource_slice.get("spec") or {}).get("pool") or {}
+    count = pool.get("resourceSliceCount")
+    return count if isinstance(count, int) and count > 0 else 1
 
 
 def _enumeration_order(device: Obj) -> tuple[str, tuple[tuple[int, str], ...]]:

@@ -107,6 +107,27 @@ def test_only_the_newest_pool_generation_counts_and_unknown_drivers_are_ignored(
     assert list(offers) == [GPU] and offers[GPU].usable() == [0]
 
 
+def pool_slice(name: str, generation: int, count: int, devices: list[dict]) -> dict:
+    s = rslice(devices, generation)
+    s["metadata"]["name"] = name
+    s["spec"]["pool"]["resourceSliceCount"] = count
+    return s
+
+
+def test_a_pool_counts_at_its_newest_complete_generation() -> None:
+    gen1 = [
+        pool_slice("a1", 1, 2, [device("gpu-0", 0, "GPU-0"), device("gpu-1", 1, "GPU-1")]),
+        pool_slice("b1", 1, 2, [device("gpu-2", 2, "GPU-2"), device("gpu-3", 3, "GPU-3")]),
+    ]
+    # The driver republishes: one of generation 2's two slices is written so far.
+    half = pool_slice("a2", 2, 2, [device("gpu-0", 0, "GPU-0"), device("gpu-1", 1, "GPU-1")])
+    assert slice_offers([*gen1, half])[GPU].usable() == [0, 1, 2, 3]  # nothing looks gone
+    rest = pool_slice("b2", 2, 2, [device("gpu-2", 2, "GPU-2")])  # GPU 3 really left
+    assert slice_offers([*gen1, half, rest])[GPU].usable() == [0, 1, 2]
+    # No complete generation at all: the newest is what there is.
+    assert slice_offers([half])[GPU].usable() == [0, 1]
+
+
 def test_devices_without_an_index_get_ids_after_the_indexed_ones() -> None:
     offer = slice_offers([rslice([device("b"), device("a"), device("z", 0)])])[GPU]
     assert [(d.id, d.name) for d in offer.devices] == [(0, "z"), (1, "a"), (2, "b")]
