@@ -40,7 +40,7 @@ import httpx
 
 from controllers.inventory import UNHEALTHY_SUFFIX, annotation_key
 from sdgruntime.envtest.build import GoModule
-from sdgruntime.envtest.controlplane import _die_with_parent
+from sdgruntime.envtest.controlplane import log_tail, spawn_logged
 from sdgruntime.rest.kubeconfig import kubeconfig_rest_config
 
 SOURCE = Path(__file__).resolve().parent / "gpusim"
@@ -176,14 +176,7 @@ class _Sim:
         binary = self._binary or ensure_gpusim()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         _write_json(self.config_path, self._config())
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(binary), self.command, *self._args()],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
-            )
+        self.proc = spawn_logged([str(binary), self.command, *self._args()], self.log_path)
         try:
             self._wait(lambda: self._serving() and (ready is None or ready()), timeout)
         except BaseException:
@@ -234,9 +227,7 @@ class _Sim:
         _write_json(self.config_path, self._config())
 
     def log_tail(self, lines: int = 40) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
 
 class DevicePluginSim(_Sim):

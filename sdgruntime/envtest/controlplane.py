@@ -59,6 +59,29 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def spawn_logged(
+    argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``argv`` with stdout and stderr appended to ``log``, no stdin, ``env`` added to this
+    process's; the kernel SIGTERMs it when this process dies, however it dies."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **env} if env else None,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file ("" if there is none), for error messages."""
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 def load_manifests(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     """Every YAML document in the given files and folders (kustomization files excluded)."""
     docs: list[dict[str, Any]] = []
@@ -157,23 +180,12 @@ class ControlPlane:
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         assert self.binaries is not None
-        logf = open(self.work_dir / f"{name}.log", "wb")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(
-            [str(self.binaries / name), *args],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
-        )
-        logf.close()
+        proc = spawn_logged([str(self.binaries / name), *args], self.work_dir / f"{name}.log")
         self._procs[name] = proc
         return proc
 
     def _log_tail(self, name: str, lines: int = 40) -> str:
-        path = self.work_dir / f"{name}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.work_dir / f"{name}.log", lines)
 
     def _start_etcd(self) -> None:
         client, peer = free_port(), free_port()

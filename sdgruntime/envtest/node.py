@@ -36,9 +36,10 @@ from sdgruntime.envtest.build import ensure_node_binaries
 from sdgruntime.envtest.controlplane import (
     ControlPlane,
     ControlPlaneError,
-    _die_with_parent,
     free_port,
+    log_tail,
     pid_alive,
+    spawn_logged,
 )
 from sdgruntime.envtest.images import PAUSE_IMAGE, Image, busybox_image, pause_image
 
@@ -375,26 +376,14 @@ class Node:
         self._state.save()
 
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
-        logf = open(self.work_dir / f"{name}.log", "wb")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(
-            argv,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
-            preexec_fn=_die_with_parent,
-        )
-        logf.close()
+        proc = spawn_logged(argv, self.work_dir / f"{name}.log", env)
         self._procs[name] = proc
         assert self._state is not None
         self._state.pids[name] = proc.pid
         self._state.save()
 
     def log_tail(self, name: str, lines: int = 40) -> str:
-        path = self.work_dir / f"{name}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.work_dir / f"{name}.log", lines)
 
     def _check_running(self) -> None:
         for name, proc in self._procs.items():
