@@ -31,6 +31,7 @@ helm: install  ## Build the helm CLI from hack/helm once per machine (cached), f
 
 test: controlplane helm realnode docs typecheck  ## Type-check, lint, then run every test (unit + integration against the real local API server)
 	$(BIN)/ruff check .
+	cd hack/node/gpusim && GOFLAGS=-mod=mod go test ./...  # the GPU simulator against a fake kubelet
 	$(BIN)/pytest -q
 
 unit: install  ## Fast unit tests only (no control plane)
