@@ -9,8 +9,10 @@ nothing of devices: device plugins and DRA drivers are started beside it by the 
 One real node per machine: the kubelet keeps some paths whatever ``--root-dir`` says
 (``FIXED_PATHS``). Everything a node changes on the machine is written to a state file
 (``STATE_FILE``) before it is changed, so ``cleanup()`` — which ``start()`` also runs
-first — undoes it after any crash: processes by PID (and every process left in the
-node's cgroups), mounts, cgroups, the pod bridge, the kubelet's sysctls, the fixed paths.
+first — undoes it after any crash: its processes (found by their command lines, which
+name its work folder) and every process left in its cgroups, its mounts, cgroups, the pod
+bridge, the kubelet's sysctls, the fixed paths it created. A fixed path that was there
+before (another runtime's) is left alone.
 """
 
 from __future__ import annotations
@@ -78,11 +80,10 @@ class NodeError(RuntimeError):
 
 @dataclass
 class _State:
-    """What a node changed on this machine, written before each change."""
+    """What a node changes on this machine, written before it changes it. Its processes
+    are found by their command lines, which name ``work_dir``."""
 
     work_dir: str
-    owner: int
-    pids: dict[str, int] = field(default_factory=dict)
     sysctls: dict[str, str] = field(default_factory=dict)
     created_paths: list[str] = field(default_factory=list)
 
@@ -231,18 +232,18 @@ def _cleanup() -> bool:
         return False
     work = Path(state.work_dir)
     log.info("cleaning up the real node of %s", work)
-    if "kubelet" in state.pids:
-        _kill([state.pids["kubelet"]], grace=10)
+    # By command line, not by the recorded PIDs alone: a PID may have been reused since.
+    _kill(_processes_named("kubelet", str(work)), grace=10)
     for _ in range(3):  # containers may fork while they are killed
         procs = [pid for cg in _cgroup_dirs() for pid in _pids_in(cg)]
         procs += _processes_named("containerd-shim", str(work))
         if not procs:
             break
         _kill(procs, grace=5)
-    if "containerd" in state.pids:
-        _kill([state.pids["containerd"]], grace=10)
-    _kill(_processes_named("containerd", str(work)), grace=5)
-    for point in _mounts_under([work, *FIXED_PATHS, Path("/run/netns")]):
+    _kill(_processes_named("containerd", str(work)), grace=10)
+    # Only mounts of the node's own folders (its netns mounts are in its state folder):
+    # a fixed path that was there before may belong to another runtime.
+    for point in _mounts_under([work, *map(Path, state.created_paths)]):
         subprocess.run(["umount", "-l", point], capture_output=True)
     for cg in _cgroup_dirs():
         with contextlib.suppress(OSError):
@@ -270,8 +271,8 @@ def leftovers() -> dict[str, list[str]]:
     cg_procs = [str(p) for cg in _cgroup_dirs() for p in _pids_in(cg)]
     if cg_procs:
         found["processes in cgroups"] = cg_procs
-    prefixes = [Path(marker)] if state else []
-    mounts = _mounts_under([*prefixes, *FIXED_PATHS])
+    prefixes = [Path(marker), *map(Path, state.created_paths)] if state else list(FIXED_PATHS)
+    mounts = _mounts_under(prefixes)
     if mounts:
         found["mounts"] = mounts
     cgroups = [str(p) for p in _cgroup_dirs()]
@@ -314,7 +315,6 @@ class Node:
         self.plugins_dir = self.root_dir / "plugins"
         self.binaries: dict[str, Path] = {}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._state: _State | None = None
         self._lock: IO[str] | None = None
 
     # --- lifecycle -------------------------------------------------------------------
@@ -372,15 +372,11 @@ class Node:
     def _record_changes(self) -> None:
         created = [str(p) for p in FIXED_PATHS if not p.exists()]
         sysctls = {n: v for n in SYSCTLS if (v := _read_sysctl(n)) is not None}
-        self._state = _State(str(self.work_dir), os.getpid(), {}, sysctls, created)
-        self._state.save()
+        _State(str(self.work_dir), sysctls, created).save()
 
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
         proc = spawn_logged(argv, self.work_dir / f"{name}.log", env)
         self._procs[name] = proc
-        assert self._state is not None
-        self._state.pids[name] = proc.pid
-        self._state.save()
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         return log_tail(self.work_dir / f"{name}.log", lines)
