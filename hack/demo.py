@@ -40,7 +40,7 @@ from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE  # noqa: E402
 from sdgruntime import errors  # noqa: E402
 from sdgruntime.client import Client  # noqa: E402
 from sdgruntime.envtest import ControlPlane, load_manifests  # noqa: E402
-from sdgruntime.envtest.controlplane import free_port  # noqa: E402
+from sdgruntime.envtest.controlplane import free_port, stop_process  # noqa: E402
 from sdgruntime.envtest.fakes import Kubelet, create_node, make_node  # noqa: E402
 from sdgruntime.envtest.images import BUSYBOX_IMAGE  # noqa: E402
 from sdgruntime.envtest.node import Node, preflight  # noqa: E402
@@ -469,11 +469,7 @@ async def run_demo(
                         break
             tg.cancel_scope.cancel()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 30)
 
 
 async def container_output(cp: ControlPlane, client: Client, fake: set[str]) -> None:

@@ -27,7 +27,6 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
 import ssl
 import subprocess
 import time
@@ -40,7 +39,7 @@ import httpx
 
 from controllers.inventory import UNHEALTHY_SUFFIX, annotation_key
 from sdgruntime.envtest.build import GoModule
-from sdgruntime.envtest.controlplane import log_tail, spawn_logged
+from sdgruntime.envtest.controlplane import log_tail, spawn_logged, stop_process
 from sdgruntime.rest.kubeconfig import kubeconfig_rest_config
 
 SOURCE = Path(__file__).resolve().parent / "gpusim"
@@ -205,13 +204,7 @@ class _Sim:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, timeout)
         self.returncode = proc.returncode
 
     @property

@@ -75,6 +75,17 @@ def spawn_logged(
         )
 
 
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    """SIGTERM, up to ``timeout`` seconds to exit, then SIGKILL; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def log_tail(path: Path, lines: int = 40) -> str:
     """The last ``lines`` lines of a log file ("" if there is none), for error messages."""
     if not path.exists():
@@ -162,15 +173,8 @@ class ControlPlane:
             self._http = None
         for name in (*reversed(COMPONENTS), "kube-apiserver", "etcd"):
             proc = self._procs.pop(name, None)
-            if proc is None:
-                continue
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            if proc is not None:
+                stop_process(proc)
         if self._own_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 

@@ -42,6 +42,7 @@ from sdgruntime.envtest.controlplane import (
     log_tail,
     pid_alive,
     spawn_logged,
+    stop_process,
 )
 from sdgruntime.envtest.images import PAUSE_IMAGE, Image, busybox_image, pause_image
 
@@ -584,9 +585,7 @@ class Node:
 
     def restart_kubelet(self) -> None:
         """Stop the kubelet and start it again (its pods keep running); wait until Ready."""
-        proc = self._procs.pop("kubelet")
-        proc.terminate()
-        proc.wait(timeout=15)
+        stop_process(self._procs.pop("kubelet"))
         self._start_kubelet()
         self._wait_ready()
 

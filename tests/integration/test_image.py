@@ -47,7 +47,7 @@ from hack.image import (
     save_image,
 )
 from sdgruntime.envtest import ControlPlane
-from sdgruntime.envtest.controlplane import free_port
+from sdgruntime.envtest.controlplane import free_port, stop_process
 from tests.e2e.harness import MANAGER_NS, install_rbac, manager_kubeconfig
 
 pytestmark = pytest.mark.integration
@@ -136,12 +136,7 @@ def podman_socket(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Ite
             )
             yield url
     finally:
-        service.terminate()
-        try:
-            service.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            service.kill()
-            service.wait()
+        stop_process(service)
 
 
 def run_to_exit(container: DockerContainer, timeout: float = 60) -> tuple[int, str, str]:
