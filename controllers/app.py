@@ -109,7 +109,9 @@ class SDG:
         self._foreign_gauged: set[str] = set()
         self.claims = ClaimBook(mgr.client, settings.namespace, on_change=self._count_devices)
         self.inventory = Inventory(settings.dra_driver_table())
-        self.foreign = ForeignDevices(self.env_table, on_change=self._count_foreign)
+        self.foreign = ForeignDevices(
+            self.env_table, on_change=self._count_foreign, holders_namespace=settings.namespace
+        )
         self._feed_claims()
         self._feed_inventory()
         self._feed_foreign()
@@ -148,7 +150,7 @@ class SDG:
             env_table=self.env_table,
         )
         podscheduler.setup(mgr, self.pod_scheduler, workers=settings.pod_workers)
-        foreign.setup(mgr, ForeignPodReporter(cache, recorder, self.env_table))
+        foreign.setup(mgr, ForeignPodReporter(cache, recorder, self.env_table, settings.namespace))
 
         server = mgr.webhook_server
         server.register(

@@ -802,15 +802,22 @@ def judge_foreign(
     node: Obj,
     pods: Sequence[Obj] | Unreadable,
     env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
+    holders_namespace: str = MANAGER_NAMESPACE,
 ) -> Check:
     """Pods outside any group that use devices on a shared node: SDG cannot know which
-    devices they see, so it hands out no more there and flags the groups bound there."""
+    devices they see, so it hands out no more there and flags the groups bound there.
+    (SDG's holder pods in the manager's namespace are SDG's own books.)"""
     node_name = _name(node)
     name = f"node {node_name}: foreign device pods"
     if isinstance(pods, Unreadable):
         return Check(name, False, _unreadable(f"the pods on node {node_name}", pods))
     uses = sorted(
-        (u for p in pods if (u := device_use(p, env_table)) is not None and u.node == node_name),
+        (
+            u
+            for p in pods
+            if (u := device_use(p, env_table, holders_namespace)) is not None
+            and u.node == node_name
+        ),
         key=lambda u: u.pod,
     )
     if not uses:
@@ -1031,7 +1038,11 @@ def judge(facts: Facts) -> list[Check]:
         node_name = _name(node)
         checks.append(judge_taint(node))
         checks.append(judge_devices(node, slices_by_node.get(node_name, ()), config.dra_drivers))
-        checks.append(judge_foreign(node, facts.pods.get(node_name, []), config.env_table))
+        checks.append(
+            judge_foreign(
+                node, facts.pods.get(node_name, []), config.env_table, facts.manager_namespace
+            )
+        )
     checks.append(judge_runtime_class(config, facts.nodes, facts.runtime_class))
     return checks
 

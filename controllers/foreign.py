@@ -30,6 +30,7 @@ from api.constants import (
 from api.envvars import env_var_for
 from api.pods import is_active, pod_key
 from controllers.groupstatus import listed
+from controllers.holders import is_holder
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.events import EventRecorder
@@ -72,14 +73,17 @@ class DeviceUse:
         return ", ".join(parts)
 
 
-def device_use(pod: Obj, env_table: Mapping[str, str]) -> DeviceUse | None:
+def device_use(
+    pod: Obj, env_table: Mapping[str, str], holders_namespace: str | None = None
+) -> DeviceUse | None:
     """The devices a pod outside any group uses on its node, or None.
 
-    None for pods in a group (the annotation, even empty: the webhook judged those), pods
-    not bound to a node yet, finished pods, and pods that use no device.
+    None for pods in a group (the annotation, even empty: the webhook judged those), SDG's
+    own holder pods (in ``holders_namespace``: they hold a group's devices), pods not
+    bound to a node yet, finished pods, and pods that use no device.
     """
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    if GROUP_ANNOTATION in (meta.get("annotations") or {}):
+    if GROUP_ANNOTATION in (meta.get("annotations") or {}) or is_holder(pod, holders_namespace):
         return None
     node = spec.get("nodeName")
     if not node or not isinstance(node, str) or not is_active(pod):
@@ -124,18 +128,24 @@ def is_shared(node: Obj | None) -> bool:
     return labels.get(NODE_MODE_LABEL) == NODE_MODE_SHARED
 
 
-def foreign_facts(pod: Obj, env_table: Mapping[str, str]) -> tuple[Any, ...]:
+def foreign_facts(
+    pod: Obj, env_table: Mapping[str, str], holders_namespace: str | None = None
+) -> tuple[Any, ...]:
     """What a pod outside any group uses on its node (empty: nothing)."""
-    use = device_use(pod, env_table)
+    use = device_use(pod, env_table, holders_namespace)
     return (use.node, use.resources, use.env_vars) if use else ()
 
 
-def foreign_changed(env_table: Mapping[str, str]) -> Funcs:
+def foreign_changed(env_table: Mapping[str, str], holders_namespace: str | None = None) -> Funcs:
     """Pods outside any group that use devices: their creation, deletion and changes."""
+
+    def facts(pod: Obj) -> tuple[Any, ...]:
+        return foreign_facts(pod, env_table, holders_namespace)
+
     return Funcs(
-        create=lambda p: bool(foreign_facts(p, env_table)),
-        update=lambda o, n: foreign_facts(o, env_table) != foreign_facts(n, env_table),
-        delete=lambda p: bool(foreign_facts(p, env_table)),
+        create=lambda p: bool(facts(p)),
+        update=lambda o, n: facts(o) != facts(n),
+        delete=lambda p: bool(facts(p)),
     )
 
 
@@ -146,9 +156,13 @@ class ForeignDevices:
     """
 
     def __init__(
-        self, env_table: Mapping[str, str], on_change: Callable[[str], None] | None = None
+        self,
+        env_table: Mapping[str, str],
+        on_change: Callable[[str], None] | None = None,
+        holders_namespace: str | None = None,
     ) -> None:
         self.env_table = env_table
+        self.holders_namespace = holders_namespace
         #: Called with a node's name when its foreign pods change (metrics).
         self.on_change = on_change
         self._by_node: dict[str, dict[str, DeviceUse]] = {}
@@ -156,7 +170,7 @@ class ForeignDevices:
 
     def observe(self, pod: Obj) -> None:
         key = pod_key(pod)
-        use = device_use(pod, self.env_table)
+        use = device_use(pod, self.env_table, self.holders_namespace)
         old_node = self._node_of.get(key)
         old = self._by_node.get(old_node, {}).get(key) if old_node else None
         if use == old:
@@ -232,10 +246,17 @@ class ForeignPodReporter:
     """Reconciler for pods that use devices outside any group on a shared node: one
     Warning Event per pod, saying what to do."""
 
-    def __init__(self, cache: Cache, recorder: EventRecorder, env_table: Mapping[str, str]):
+    def __init__(
+        self,
+        cache: Cache,
+        recorder: EventRecorder,
+        env_table: Mapping[str, str],
+        holders_namespace: str | None = None,
+    ):
         self.cache = cache
         self.recorder = recorder
         self.env_table = env_table
+        self.holders_namespace = holders_namespace
         #: pod key -> UID of the pod already warned (bounded: dropped when the pod goes).
         self._warned: dict[str, str] = {}
 
@@ -246,7 +267,7 @@ class ForeignPodReporter:
         except errors.NotFound:
             self._warned.pop(key, None)
             return None
-        use = device_use(pod, self.env_table)
+        use = device_use(pod, self.env_table, self.holders_namespace)
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if use is None:
             self._warned.pop(key, None)
@@ -275,6 +296,6 @@ def setup(mgr: Manager, reporter: ForeignPodReporter) -> None:
     """Register the reporter: woken by pods outside any group that use devices."""
     (
         mgr.controller("foreign-device-pods")
-        .for_(PODS, predicates=[foreign_changed(reporter.env_table)])
+        .for_(PODS, predicates=[foreign_changed(reporter.env_table, reporter.holders_namespace)])
         .complete(reporter)
     )

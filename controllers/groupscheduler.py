@@ -453,6 +453,7 @@ def setup(
 ) -> None:
     """Register the group scheduler with everything that can change a group's decision."""
     cache, claims, table = mgr.cache, scheduler.claims, scheduler.env_table
+    holders_ns = scheduler.foreign.holders_namespace
     index_groups(cache)
 
     def for_node(node: Mapping[str, Any]) -> Iterator[Request]:
@@ -473,7 +474,7 @@ def setup(
 
     def near_foreign_pod(pod: Mapping[str, Any]) -> Iterator[Request]:
         """Pods outside any group on a node: groups there re-check; Pending groups retry."""
-        if foreign_facts(pod, table):
+        if foreign_facts(pod, table, holders_ns):
             yield from pending_groups(cache)
             yield from groups_bound_on(cache, [(pod.get("spec") or {}).get("nodeName")])
 
@@ -494,7 +495,7 @@ def setup(
         # A deleted group's status held its devices until now: Pending groups retry.
         .watches(SDG_KIND, MapTo(lambda _gone: pending_groups(cache)), [only_deletes])
         .watches(PODS, MapTo(group_of_pod), [pod_matters_to_group])
-        .watches(PODS, MapTo(near_foreign_pod), [foreign_changed(table)])
+        .watches(PODS, MapTo(near_foreign_pod), [foreign_changed(table, holders_ns)])
         .with_options(max_concurrent_reconciles=workers)
         .complete(scheduler)
     )
