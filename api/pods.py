@@ -159,7 +159,10 @@ _KEPT_SPEC = (
 )
 _KEPT_CONTAINER = ("name", "resources", "ports", "env", "restartPolicy")
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
-_KEPT_STATUS = ("phase", "conditions", "nominatedNodeName")
+_KEPT_STATUS = ("phase", "conditions", "nominatedNodeName", "reason", "message")
+#: Of each container status, only which devices the kubelet gave it (how SDG reads back a
+#: holder pod's devices, ``controllers.holders``); absent for pods without devices.
+_KEPT_CONTAINER_STATUS = ("name", "allocatedResourcesStatus")
 
 
 def _kept(obj: Any, fields: tuple[str, ...]) -> dict[str, Any]:
@@ -188,7 +191,18 @@ def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
         out["spec"] = slim_spec if isinstance(spec, dict) else spec
     if "status" in pod:
         status = pod["status"]
-        out["status"] = _kept(status, _KEPT_STATUS) if isinstance(status, dict) else status
+        if isinstance(status, dict):
+            slim = _kept(status, _KEPT_STATUS)
+            given = [
+                _kept(c, _KEPT_CONTAINER_STATUS)
+                for c in status.get("containerStatuses") or ()
+                if isinstance(c, dict) and c.get("allocatedResourcesStatus")
+            ]
+            if given:
+                slim["containerStatuses"] = given
+            out["status"] = slim
+        else:
+            out["status"] = status
     return intern_strings(out)
 
 

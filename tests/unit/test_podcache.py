@@ -22,6 +22,8 @@ from api.pods import (
     pod_key,
 )
 from controllers.foreign import device_use, is_shared
+from controllers.holders import read_holder
+from controllers.inventory import count_offer
 from controllers.inventory import node_offers
 from controllers.placement import is_node_ready, node_device_capacity, unaddressable_devices
 from controllers.podfit import host_ports, pod_fits_node, pod_requests
@@ -186,7 +188,37 @@ PODS = [
         ephemeralContainers=[container("debug", env=GPU_ENV)],
         resources={"requests": {"cpu": "1"}},
     ),
+    # SDG's holder pod: the kubelet's report of the devices it gave it.
+    {
+        **full_pod(
+            "holder",
+            {"deviceshare.io/holder-for": "g"},
+            containers=[container("holder", resources={"limits": {"nvidia.com/gpu": "2"}})],
+        ),
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "holder",
+                    "image": "registry.k8s.io/pause:3.10.2",
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": "2026-12-02T00:00:00Z"}},
+                    "allocatedResourcesStatus": [
+                        {
+                            "name": "nvidia.com/gpu",
+                            "resources": [
+                                {"resourceID": "3", "health": "Healthy"},
+                                {"resourceID": "1", "health": "Healthy"},
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
+    },
 ]
+OFFERS = {"nvidia.com/gpu": count_offer("nvidia.com/gpu", 4)}
 NODE: Obj = {
     "metadata": {"name": "gpu-1", "labels": {"deviceshare.io/mode": "shared", "zone": "a"}},
     "spec": {"taints": [{"key": "deviceshare.io/mode", "value": "shared", "effect": "NoSchedule"}]},
@@ -211,6 +243,7 @@ def test_every_reader_decides_the_same_on_the_cached_copy(pod: Obj) -> None:
         host_ports,
         lambda p: delivered_devices(p, resources, DEFAULT_ENV_TABLE),
         lambda p: device_use(p, DEFAULT_ENV_TABLE),
+        lambda p: read_holder(p, OFFERS),
     ):
         assert reader(slim) == reader(pod)
     assert pod_fits_node(slim, NODE, others) == pod_fits_node(pod, NODE, whole_others)
