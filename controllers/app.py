@@ -24,12 +24,14 @@ from api.pods import (
     cached_pod,
     index_by_group,
     index_by_node,
+    pod_key,
 )
 from controllers import foreign, groupscheduler, podscheduler, statuscontroller
 from controllers import metrics as sdg_metrics
 from controllers.claims import ClaimBook
 from controllers.foreign import ForeignDevices, ForeignPodReporter, is_shared
 from controllers.groupscheduler import GroupScheduler
+from controllers.holders import Holders, kubelet_hold
 from controllers.inventory import RESOURCESLICES, Inventory, Offer
 from controllers.podscheduler import PodScheduler
 from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE
@@ -107,6 +109,8 @@ class SDG:
         cache.add_index(PODS, POD_NODE_INDEX, index_by_node)
         self._gauged: dict[str, set[str]] = {}
         self._foreign_gauged: set[str] = set()
+        #: Pod key -> the node whose kubelet gave it devices (``_feed_kubelet_holds``).
+        self._kubelet_node_of: dict[str, str] = {}
         self.claims = ClaimBook(mgr.client, settings.namespace, on_change=self._count_devices)
         self.inventory = Inventory(settings.dra_driver_table())
         self.foreign = ForeignDevices(
@@ -115,6 +119,8 @@ class SDG:
         self._feed_claims()
         self._feed_inventory()
         self._feed_foreign()
+        if settings.holders == "auto":
+            self._feed_kubelet_holds()
         cache.informer(SDG_KIND).add_handler(
             on_add=self._group_added,
             on_update=self._group_updated,
@@ -130,6 +136,14 @@ class SDG:
             env_table=self.env_table,
             tracer_provider=tracer_provider,
             foreign=self.foreign,
+            holders=Holders(
+                mgr.client,
+                cache,
+                settings.namespace,
+                enabled=settings.holders == "auto",
+                image=settings.holder_image,
+                priority_class=settings.holder_priority_class,
+            ),
         )
         groupscheduler.setup(
             mgr,
@@ -206,6 +220,31 @@ class SDG:
             on_add=self.foreign.observe,
             on_update=lambda _old, pod: self.foreign.observe(pod),
             on_delete=self.foreign.forget,
+        )
+
+    def _feed_kubelet_holds(self) -> None:
+        """Pods outside any group that a device plugin gave devices -> the claim book
+        (the kubelet's own books, read from the pods' status)."""
+        namespace, node_of = self.settings.namespace, self._kubelet_node_of
+
+        def observe(pod: Obj) -> None:
+            key = pod_key(pod)
+            found = kubelet_hold(pod, namespace)
+            old = node_of.pop(key, None)
+            if old is not None and (found is None or found[0] != old):
+                self.claims.set_kubelet_hold(old, key, None)
+            if found is not None:
+                node_of[key] = found[0]
+                self.claims.set_kubelet_hold(found[0], key, found[1])
+
+        def forget(pod: Obj) -> None:
+            key = pod_key(pod)
+            old = node_of.pop(key, None)
+            if old is not None:
+                self.claims.set_kubelet_hold(old, key, None)
+
+        self.manager.cache.informer(PODS).add_handler(
+            on_add=observe, on_update=lambda _old, pod: observe(pod), on_delete=forget
         )
 
     def _count_foreign(self, node: str) -> None:

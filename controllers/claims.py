@@ -40,7 +40,8 @@ from typing import Any
 
 from api.v1alpha1 import parse_ids
 from controllers.coalesce import Abandoned, Coalescer
-from controllers.inventory import Offer, count_offer
+from controllers.holders import KubeletHold, sdg_id
+from controllers.inventory import SOURCE_SLICE, Offer, count_offer
 from controllers.records import (
     DATA_NODE,
     RECORD_LABEL,
@@ -109,6 +110,9 @@ class ClaimBook:
         self.conflicts: dict[str, list[str]] = {}
         #: Record writes, serialised and coalesced per node.
         self._commits: Coalescer[str, _Change] = Coalescer(self._flush)
+        #: Per node, pods outside any group the kubelet gave device-plugin devices (its own
+        #: books): pod key -> what it asks for and the plugin IDs the kubelet reported.
+        self._kubelet_held: dict[str, dict[str, KubeletHold]] = {}
 
     # --- mirroring: records ------------------------------------------------------------
     @property
@@ -251,6 +255,21 @@ class ClaimBook:
         self.tracker.set_node_capacity(node, {r: o.capacity for r, o in offers.items()})
         self._mirror(node)
 
+    def set_kubelet_hold(self, node: str, pod: str, hold: KubeletHold | None) -> None:
+        """Pod ``pod`` (namespace/name) on ``node`` holds ``hold`` in the kubelet's books
+        (None: nothing any more). Its devices are nobody else's: on a device-plugin node
+        the kubelet never gives them to a holder, and SDG shows who has them."""
+        held = self._kubelet_held.get(node, {})
+        if held.get(pod) == hold:
+            return
+        if hold is None:
+            held.pop(pod, None)
+            if not held:
+                self._kubelet_held.pop(node, None)
+        else:
+            self._kubelet_held.setdefault(node, {})[pod] = hold
+        self._mirror(node)
+
     def remove_node(self, node: str) -> None:
         self.offers.pop(node, None)
         self.tracker.remove_node(node)
@@ -301,6 +320,21 @@ class ClaimBook:
         for group, (where, devices) in self.reserved.items():
             if where == node:
                 hold(group, devices, lasting=False)
+        offers = self.offers.get(node) or {}
+        for pod, kept in sorted(self._kubelet_held.get(node, {}).items()):
+            # Devices the kubelet reported, by SDG's IDs; any it has not reported yet
+            # are counted on the lowest IDs nobody else holds (placement counts them;
+            # which ones the kubelet picks is its own business on such a node).
+            for res, n in kept.wants.items():
+                offer = offers.get(res)
+                if offer is None or offer.source == SOURCE_SLICE:
+                    continue
+                ids = [i for d in kept.given.get(res, ()) if (i := sdg_id(offer, d)) is not None]
+                if len(ids) < n:
+                    ids += [i for i in offer.usable() if (res, i) not in owners and i not in ids][
+                        : n - len(ids)
+                    ]
+                hold(f"!pod:{pod}", {res: ids}, lasting=False)
         holders: dict[str, dict[str, list[int]]] = {}
         disputes: list[str] = []
         for (res, i), groups in sorted(owners.items()):

@@ -16,6 +16,7 @@ are its devices released from the record and the finalizer removed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,6 +36,7 @@ from api.constants import (
     REASON_CLAIM_CONFLICT,
     REASON_DEVICES_CONFLICT,
     REASON_NOT_READY,
+    REASON_UNSCHEDULABLE,
     SDG_KIND,
 )
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
@@ -52,12 +54,26 @@ from controllers.groupstatus import (
     with_ready_problem,
 )
 from controllers.groupwriter import GroupWriter
+from controllers.holders import (
+    REASON_HOLDER_LOST,
+    REASON_WAITING_FOR_HOLDER,
+    Given,
+    Holders,
+    Refused,
+    holder_changed,
+    holder_for,
+    holder_name,
+    is_holder,
+    owner_uid,
+    read_holder,
+    requested,
+)
 from controllers.inventory import RESOURCESLICES, node_of_slice
 from controllers.placement import filter_node, place
 from controllers.records import nodes_named_by
 from controllers.recovery import Recovery, restore_record
 from controllers.release import ClaimReleaser, bound_pods
-from controllers.tracker import Devices, DeviceTracker
+from controllers.tracker import Devices, DeviceTracker, InsufficientDevices
 from controllers.watches import (
     group_changed,
     group_of_pod,
@@ -84,6 +100,9 @@ log = logging.getLogger(__name__)
 TRACER_NAME = "deviceshare.io/group-scheduler"
 
 REASON_INVALID_STATUS = "InvalidStatus"
+#: How long a holder pod the kubelet refused is kept (its reason shown) before the group
+#: is placed again.
+HOLDER_RETRY_SECONDS = 10.0
 REASON_RECORD_MALFORMED = "ClaimRecordMalformed"
 
 Obj = dict[str, Any]
@@ -116,6 +135,7 @@ class GroupScheduler:
         env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
         tracer_provider: trace.TracerProvider | None = None,
         foreign: ForeignDevices | None = None,
+        holders: Holders | None = None,
     ) -> None:
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
         self.env_table = env_table
@@ -124,9 +144,13 @@ class GroupScheduler:
         self.recorder = recorder
         self.foreign = foreign or ForeignDevices(env_table)
         self.writer = GroupWriter(client)
+        self.holders = holders or Holders(client, cache, claims.namespace, enabled=False)
         self.releaser = ClaimReleaser(claims, self.writer, cache)
         self.recovery = Recovery(cache, claims, self.writer, self.releaser, recorder, env_table)
         self._recovered = False
+        #: Group -> (UID of its holder pod the kubelet refused, when SDG saw that); one per
+        #: group at most, dropped when the holder is replaced or the group is gone.
+        self._refused: dict[str, tuple[str, float]] = {}
         self._recover_lock = anyio.Lock()
 
     async def reconcile(self, request: Request) -> Result | None:
@@ -145,7 +169,10 @@ class GroupScheduler:
         except errors.NotFound:
             # Gone (or not cached yet): its claims are released only if a live read agrees.
             self.writer.forget(name)
+            self.claims.unreserve(name)
+            self._refused.pop(name, None)
             await self.releaser.release_stale(name)
+            await self._drop_orphan_holder(name)
             return None
         if self.writer.behind(group):
             # The cache has not caught up with our own write yet; its watch event will
@@ -217,6 +244,11 @@ class GroupScheduler:
                     "and the group is placed again",
                 )
                 return None
+            holder = self.holders.of(name)
+            if holder is not None:
+                # Placed already: the kubelet decides which devices its holder gets.
+                span.set_attribute("sdg.result", "holder")
+                return await self._await_holder(group, holder, started)
             # From here to reserve() nothing awaits: with several group workers this is
             # the one serialised step (one reconcile runs at a time between awaits), so no
             # two decisions see the same devices free. The writes after it overlap; the
@@ -237,6 +269,11 @@ class GroupScheduler:
                 return None
             devices = self.claims.reserve(name, decision.node, resources)
             span.set_attribute("sdg.node", decision.node)
+            wanted = self.holders.needed(resources, self.claims.offers.get(decision.node))
+            if wanted:
+                # The reservation stays until the kubelet has given the holder its devices.
+                span.set_attribute("sdg.result", "holder created")
+                return await self._create_holder(group, decision.node, wanted)
             span.set_attribute(
                 "sdg.devices", ";".join(f"{r}={format_ids(i)}" for r, i in devices.items())
             )
@@ -258,6 +295,161 @@ class GroupScheduler:
                 self.claims.unreserve(name)
             span.set_attribute("sdg.result", "bound")
             return await self._bind_status(group, decision.node, devices, started)
+
+    # --- holder pods (device-plugin nodes) --------------------------------------------
+    async def _create_holder(
+        self, group: Obj, node: str, wanted: Mapping[str, int]
+    ) -> Result | None:
+        name = group["metadata"]["name"]
+        try:
+            await self.holders.create(group, node, wanted)
+        except errors.ApiError as err:
+            self.claims.unreserve(name)
+            await self._set_pending(
+                group,
+                f"node {node} fits, but SDG cannot create the holder pod that enters the "
+                f"group's devices in the kubelet's books: {err}",
+            )
+            return Result(requeue=True)
+        await self._set_pending(
+            group,
+            f"placed on node {node}: waiting for the kubelet to give holder pod "
+            f"{self.holders.namespace}/{holder_name(name)} "
+            + ", ".join(f"{n} {r}" for r, n in sorted(wanted.items())),
+            reason=REASON_WAITING_FOR_HOLDER,
+        )
+        return None
+
+    async def _await_holder(
+        self, group: Obj, holder: Mapping[str, Any], started: float
+    ) -> Result | None:
+        """A Pending group whose holder pod exists: bind it on the devices the kubelet gave
+        the holder, once it says which; replace a holder that is not this group's."""
+        meta, spec = group["metadata"], group.get("spec") or {}
+        name, uid = meta["name"], meta.get("uid", "")
+        resources = spec.get("resources") or {}
+        node = str((holder.get("spec") or {}).get("nodeName") or "")
+        holder_uid = str((holder.get("metadata") or {}).get("uid") or "")
+        offers = self.claims.offers.get(node)
+        wanted = self.holders.needed(resources, offers) if node else {}
+        if (holder.get("metadata") or {}).get("deletionTimestamp"):
+            return None  # its deletion event places the group again
+        if owner_uid(holder) != uid or not wanted or requested(holder) != wanted:
+            # An earlier group's holder, or one for an older spec or a node that no longer
+            # offers the devices: replaced (the deletion's event places the group again).
+            self.claims.unreserve(name)
+            await self.holders.delete(holder)
+            return None
+        state = read_holder(holder, offers or {})
+        if isinstance(state, Refused):
+            # Kept for a while (the group says why meanwhile), then replaced: a node the
+            # kubelet keeps refusing is not tried at the kubelet's speed.
+            self.claims.unreserve(name)
+            seen_uid, refused_at = self._refused.get(name, ("", 0.0))
+            if seen_uid != holder_uid:
+                refused_at = time.monotonic()
+                self._refused[name] = (holder_uid, refused_at)
+            wait = HOLDER_RETRY_SECONDS - (time.monotonic() - refused_at)
+            if wait > 0:
+                await self._set_pending(
+                    group, f"{state.why}; placing the group again in {HOLDER_RETRY_SECONDS:.0f}s"
+                )
+                return Result(requeue_after=wait)
+            self._refused.pop(name, None)
+            await self.holders.delete(holder)
+            return None
+        if not isinstance(state, Given):
+            if name not in self.claims.reserved:
+                # A restart lost the reservation: hold the count again (the kubelet has
+                # them counted already; this keeps SDG from offering them meanwhile).
+                with contextlib.suppress(InsufficientDevices):
+                    self.claims.reserve(name, node, wanted)
+            await self._set_pending(group, state.why, reason=REASON_WAITING_FOR_HOLDER)
+            return None
+        self.claims.unreserve(name)
+        devices: Devices = {r: list(i) for r, i in state.devices.items()}
+        others = self.claims.held_by_others(name, node, devices)
+        if others:
+            await self._set_pending(
+                group,
+                f"the kubelet gave holder pod {self.holders.namespace}/{holder_name(name)} "
+                f"{describe(devices)}, which SDG's records give to {listed(others)} (bound "
+                "without a holder); the group is placed when they are released",
+            )
+            return None
+        rest = {r: int(n) for r, n in resources.items() if r not in devices}
+        try:
+            if rest:
+                devices.update(self.claims.reserve(name, node, rest))
+        except InsufficientDevices as err:
+            await self._set_pending(group, f"node {node}: {err}")
+            return Result(requeue=True)
+        try:
+            await self.claims.write(
+                node,
+                name,
+                devices,
+                expect=self.claims.claim(node, name),
+                uid=uid,
+                version=str(meta.get("resourceVersion") or ""),
+            )
+        except errors.Conflict:
+            return Result(requeue=True)
+        finally:
+            self.claims.unreserve(name)
+        return await self._bind_status(group, node, devices, started)
+
+    def _holder_problem(self, group: Obj, node: str, devices: Devices) -> Problem | None:
+        """Why a Bound group's devices are not (or no longer) in the kubelet's books, if
+        they are not: its holder pod is gone, refused, or holds other devices."""
+        name = group["metadata"]["name"]
+        resources = (group.get("spec") or {}).get("resources") or {}
+        offers = self.claims.offers.get(node)
+        wanted = self.holders.needed(resources, offers)
+        if not wanted:
+            return None
+        key = f"{self.holders.namespace}/{holder_name(name)}"
+        holder = self.holders.of(name)
+        if holder is None or owner_uid(holder) != group["metadata"].get("uid"):
+            return (
+                REASON_HOLDER_LOST,
+                f"holder pod {key} is gone: the kubelet no longer counts the group's devices, "
+                "so plain pods may be given them; SDG creates it again, and if the kubelet "
+                "gives it other devices, delete and recreate the group",
+            )
+        state = read_holder(holder, offers or {})
+        if isinstance(state, Given):
+            held = {r: sorted(devices.get(r, [])) for r in wanted}
+            if state.devices == held:
+                return None
+            return (
+                REASON_HOLDER_LOST,
+                f"holder pod {key} holds {describe(state.devices)} but the group holds "
+                f"{describe(held)}: plain pods may be given the group's devices; delete and "
+                "recreate the group",
+            )
+        return (REASON_HOLDER_LOST, f"{state.why}: the kubelet does not count the group's devices")
+
+    async def _keep_holder(self, group: Obj, node: str) -> None:
+        """A Bound group on device-plugin resources without its holder: create it again."""
+        name = group["metadata"]["name"]
+        resources = (group.get("spec") or {}).get("resources") or {}
+        wanted = self.holders.needed(resources, self.claims.offers.get(node))
+        if wanted and self.holders.of(name) is None:
+            try:
+                await self.holders.create(group, node, wanted)
+            except errors.ApiError as err:
+                log.warning("cannot create the holder pod of group %s again: %s", name, err)
+
+    async def _drop_orphan_holder(self, name: str) -> None:
+        """Group ``name`` is gone from the cache: delete its holder pod if a live read
+        agrees it belongs to no existing group (the garbage collector would, too)."""
+        holder = self.holders.of(name)
+        if holder is None:
+            return
+        live = await self.writer.live(name)
+        if live is None or live["metadata"].get("uid") != owner_uid(holder):
+            await self.holders.delete(holder)
 
     def _blocked(self, resources: Mapping[str, Any]) -> dict[str, dict[str, str]]:
         """Nodes where placement must not give out a requested resource, and why: pods
@@ -322,14 +514,19 @@ class GroupScheduler:
         )
         return None
 
-    async def _set_pending(self, group: Obj, message: str) -> None:
-        status = pending_status(group, message)
+    async def _set_pending(
+        self, group: Obj, message: str, *, reason: str = REASON_UNSCHEDULABLE
+    ) -> None:
+        status = pending_status(group, message, reason=reason)
         if status == (group.get("status") or {}):
             return
         old = find_condition((group.get("status") or {}).get("conditions"), CONDITION_SCHEDULED)
         await self.writer.status(group, status)
         if old is None or old.get("message") != message:
-            self.recorder.emit(group, "Warning", "FailedScheduling", message)
+            if reason == REASON_WAITING_FOR_HOLDER:
+                self.recorder.emit(group, "Normal", reason, message)
+            else:
+                self.recorder.emit(group, "Warning", "FailedScheduling", message)
 
     # --- bound groups ----------------------------------------------------------------
     async def _check_bound(self, group: Obj) -> Result | None:
@@ -363,7 +560,10 @@ class GroupScheduler:
             (group.get("spec") or {}).get("resources") or {},
             self.env_table,
         )
-        conflict = self._devices_disputed(group, node, devices, pods.odd)
+        await self._keep_holder(group, node)
+        conflict = self._devices_disputed(group, node, devices, pods.odd) or self._holder_problem(
+            group, node, devices
+        )
         status = bound_status(
             group,
             node,
@@ -432,6 +632,12 @@ class GroupScheduler:
         if users:
             # Pod events re-trigger this group; nothing to do until they are gone.
             return None
+        self.claims.unreserve(name)
+        self._refused.pop(name, None)
+        holder = self.holders.of(name)
+        if holder is not None:
+            # Out of the kubelet's books first: if this fails, the finalizer stays.
+            await self.holders.delete(holder)
         if not await self.releaser.release_deleted(group):
             return None
         try:
@@ -478,6 +684,12 @@ def setup(
             yield from pending_groups(cache)
             yield from groups_bound_on(cache, [(pod.get("spec") or {}).get("nodeName")])
 
+    def holder_of(pod: Mapping[str, Any]) -> Iterator[Request]:
+        """A holder pod changed: its group binds, re-checks, or is placed again."""
+        group_name = holder_for(pod)
+        if group_name and is_holder(pod, scheduler.holders.namespace):
+            yield Request(group_name)
+
     def for_slice(resource_slice: Mapping[str, Any]) -> Iterator[Request]:
         """A node's published devices changed: as for a node."""
         node = node_of_slice(resource_slice)
@@ -496,6 +708,7 @@ def setup(
         .watches(SDG_KIND, MapTo(lambda _gone: pending_groups(cache)), [only_deletes])
         .watches(PODS, MapTo(group_of_pod), [pod_matters_to_group])
         .watches(PODS, MapTo(near_foreign_pod), [foreign_changed(table, holders_ns)])
+        .watches(PODS, MapTo(holder_of), [holder_changed(scheduler.holders.namespace)])
         .with_options(max_concurrent_reconciles=workers)
         .complete(scheduler)
     )

@@ -227,15 +227,21 @@ def bound_status(
     return status
 
 
-def pending_status(group: Obj, message: str, problem: Problem | None = None) -> dict[str, Any]:
-    """The status of a group that could not be placed (``message`` says why, per node)."""
+def pending_status(
+    group: Obj,
+    message: str,
+    problem: Problem | None = None,
+    reason: str = REASON_UNSCHEDULABLE,
+) -> dict[str, Any]:
+    """The status of a group not placed yet (``message`` says why, per node; ``reason``
+    is the Scheduled condition's)."""
     status = dict(group.get("status") or {})
     gen = (group.get("metadata") or {}).get("generation")
     conds = set_condition(
         status.get("conditions"),
         CONDITION_SCHEDULED,
         "False",
-        REASON_UNSCHEDULABLE,
+        reason,
         message,
         observed_generation=gen,
     )

@@ -143,6 +143,22 @@ class Settings(BaseModel):
         description="more DRIVER=RESOURCE pairs, comma-separated, on top of the known DRA "
         "drivers: " + ",".join(f"{d}={r}" for d, r in DEFAULT_DRA_DRIVERS.items()),
     )
+    holders: Literal["auto", "off"] = Field(
+        "auto",
+        description=(
+            "auto: a group bound on devices from a device plugin gets a holder pod asking the "
+            "kubelet for them, so plain pods never get them (nodes may be shared with plain "
+            "pods); off: no holders (keep shared nodes tainted so only groups use them)"
+        ),
+    )
+    holder_image: str = Field(
+        "registry.k8s.io/pause:3.10.2",
+        description="image of the holder pods (any image whose entrypoint runs until stopped)",
+    )
+    holder_priority_class: str = Field(
+        "deviceshare-holder",
+        description="PriorityClass of the holder pods (config/manager ships it); empty: none",
+    )
 
     @field_validator("device_env")
     @classmethod

@@ -21,7 +21,7 @@ from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.envtest.controlplane import free_port, load_manifests
-from sdgruntime.envtest.fakes import Kubelet, create_node, make_node
+from sdgruntime.envtest.fakes import DeviceNames, Kubelet, create_node, make_node
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,9 +40,11 @@ MEMBERSHIP_POLICY = "deviceshare-group-membership"
 def install_rbac(
     cp: ControlPlane, drop_rule: Callable[[dict[str, Any]], bool] | None = None
 ) -> None:
-    """Namespace + config/rbac; ``drop_rule`` removes matching ClusterRole rules (tests
-    that prove the role is exact)."""
+    """Namespace + config/rbac (and config/holders' PriorityClass); ``drop_rule`` removes
+    matching ClusterRole rules (tests that prove the role is exact)."""
     cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MANAGER_NS}})
+    for obj in load_manifests([ROOT / "config" / "holders"]):
+        cp.apply(obj)
     for obj in load_manifests([ROOT / "config" / "rbac"]):
         if drop_rule and obj["kind"] in ("ClusterRole", "Role"):
             obj = {**obj, "rules": [r for r in obj["rules"] if not drop_rule(r)]}
@@ -115,7 +117,10 @@ async def run_sdg(
     tracer_provider: trace.TracerProvider | None = None,
     **settings: Any,
 ) -> AsyncIterator[SDG]:
-    """A running SDG manager (leader election off unless asked); stopped on exit."""
+    """A running SDG manager (leader election off unless asked); stopped on exit.
+
+    Holder pods are off unless asked (``holders="auto"``): most tests run no kubelet that
+    could give a holder its devices (``kubelet(client, devices=...)`` does)."""
     port = free_port()
     values: dict[str, Any] = {
         "kubeconfig": manager_kubeconfig(cp),
@@ -125,6 +130,7 @@ async def run_sdg(
         "webhook_port": port,
         "webhook_cert_dir": str(cp.webhook_cert_dir()),
         "claims_namespace": MANAGER_NS,
+        "holders": "off",
         **settings,
     }
     sdg = SDG(Settings(**values), tracer_provider=tracer_provider, graceful_shutdown_timeout=5)
@@ -139,8 +145,9 @@ async def run_sdg(
 
 
 @contextlib.asynccontextmanager
-async def kubelet(client: Client) -> AsyncIterator[Kubelet]:
-    k = Kubelet(client)
+async def kubelet(client: Client, devices: DeviceNames | None = None) -> AsyncIterator[Kubelet]:
+    """The fake kubelet, running; with ``devices`` also the kubelet's device manager."""
+    k = Kubelet(client, devices=devices)
     async with anyio.create_task_group() as tg:
         await tg.start(k.run)
         try:
