@@ -245,6 +245,9 @@ class Env:
             "--leader-elect",
             f"--leader-election-namespace={MANAGER_NS}",
             f"--claims-namespace={MANAGER_NS}",
+            # The fleet's nodes are fake (no kubelet, no device manager): nothing could give
+            # a holder pod its devices, so the rows run with holders off (as before them).
+            "--holders=off",
             *self.manager_flags,  # --manager-flag: later flags win
         ]
         self.commands.setdefault("SDG manager", shlex.join(["python", *cmd[1:]]))
