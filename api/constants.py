@@ -118,7 +118,7 @@ DEVICE_ENV_FLAG: Final = "--device-env"
 # --- Device delivery ----------------------------------------------------------------------
 #: Pod annotation the pod webhook stamps on every group pod: the device IDs it was given,
 #: as compact JSON (``{"nvidia.com/gpu":"0,1"}``), whatever the delivery mode. It is the
-#: one record of a pod's devices (env values may be UUIDs or ``void``); the API server's
+#: one record of a pod's devices (env values may be UUIDs or empty); the API server's
 #: policy (config/policy) keeps it from changing after creation.
 DEVICES_ANNOTATION: Final = "deviceshare.io/devices"
 
@@ -126,7 +126,7 @@ DEVICES_ANNOTATION: Final = "deviceshare.io/devices"
 DELIVERY_LABEL: Final = "deviceshare.io/delivery"
 #: How a group pod is given its devices (the ``--delivery`` flag and the node label):
 #: ``env`` vendor env vars; ``runtimeclass`` the same plus ``spec.runtimeClassName``;
-#: ``cdi`` per-container CDI device annotations, with the vendor env var set to ``void``.
+#: ``cdi`` per-container CDI device annotations, with the vendor env var set empty.
 DELIVERY_ENV: Final = "env"
 DELIVERY_RUNTIMECLASS: Final = "runtimeclass"
 DELIVERY_CDI: Final = "cdi"
@@ -141,11 +141,46 @@ DEVICE_IDS_FORMATS: Final = (DEVICE_IDS_INDEX, DEVICE_IDS_UUID)
 
 #: The GPU Operator's RuntimeClass (handler ``nvidia``).
 DEFAULT_RUNTIME_CLASS: Final = "nvidia"
-#: NRI device-injector's per-container CDI annotation: ``<prefix><container name>``.
-DEFAULT_CDI_ANNOTATION_PREFIX: Final = "cdi-devices.nri.io/container."
-#: The annotation families NRI's device-injector reads CDI devices from (current and
-#: deprecated; a more specific key of either wins, then ``<family>/pod``, then
-#: ``<family>``). In cdi mode the webhook owns every key of these on a group pod.
+
+# --- NRI's device-injector ------------------------------------------------------------------
+# The annotation families containerd/nri's plugins/device-injector reads from a pod
+# (plugins/device-injector/device-injector.go, v0.12.2: deviceKey/oldDeviceKey,
+# mountKey/oldMountKey, cdiDeviceKey/oldCDIDeviceKey, and getAnnotation). For each
+# container it takes the first key present of ``<current>/container.<name>``,
+# ``<deprecated>/container.<name>``, ``<current>/pod``, ``<deprecated>/pod``,
+# ``<current>``, ``<deprecated>``. On a group pod SDG owns every key of these families
+# (``<family>`` itself and every ``<family>/...``): see webhooks/delivery.py.
+
+#: CDI device names (a YAML list, ``["nvidia.com/gpu=0"]``): current, then deprecated.
 CDI_ANNOTATION_FAMILIES: Final = ("cdi-devices.noderesource.dev", "cdi-devices.nri.io")
-#: The env value that makes NVIDIA's legacy runtime hook expose no GPU (as runc would).
+#: Raw device nodes (``- path: /dev/nvidia3, type: c, major: 195, minor: 3``).
+DEVICE_NODE_ANNOTATION_FAMILIES: Final = ("devices.noderesource.dev", "devices.nri.io")
+#: Mounts (``- source: /dev, destination: /dev, type: bind``).
+MOUNT_ANNOTATION_FAMILIES: Final = ("mounts.noderesource.dev", "mounts.nri.io")
+#: Every family through which the device-injector hands a container devices.
+INJECTOR_ANNOTATION_FAMILIES: Final = (
+    CDI_ANNOTATION_FAMILIES + DEVICE_NODE_ANNOTATION_FAMILIES + MOUNT_ANNOTATION_FAMILIES
+)
+#: The device-injector's per-container CDI annotation, current family:
+#: ``<prefix><container name>``. The deprecated ``cdi-devices.nri.io/container.`` is still
+#: read by the injector, so SDG still owns (and strips) it on group pods.
+DEFAULT_CDI_ANNOTATION_PREFIX: Final = "cdi-devices.noderesource.dev/container."
+
+#: The value SDG gives the vendor env var under ``cdi``: empty, i.e. no device, for every
+#: vendor's runtime. nvidia-container-toolkit treats a variable that is set but empty as
+#: ``void`` (internal/config/image/cuda_image.go, devicesFromEnvvars, v1.20.0), even for
+#: legacy CUDA images where unset means ``all``; ascend-docker-runtime adds no device for
+#: an empty ASCEND_VISIBLE_DEVICES but fails container creation on a value its
+#: parseDevices cannot read, such as ``void`` (runtime/main.go checkVisibleDevice and
+#: hook/main.go doPrestartHook, v5.0.0-RC3.2); ROCm's container toolkit skips entries
+#: that are neither indices nor unique IDs (internal/gpu-tracker/gpu-tracker.go,
+#: parseGPUsList, v1.3.0). The pod's env overrides
+#: the image's (``NVIDIA_VISIBLE_DEVICES=all`` of CUDA images): the kubelet sets the
+#: variable to "" (pkg/kubelet/kubelet_pods.go, makeEnvironmentVariables, v1.37.2) and
+#: containerd appends the container's env after the image's, replacing by name
+#: (internal/cri/server/container_create.go and pkg/oci/spec_opts.go WithEnv, v2.4.2).
+#: The API server stores such an entry without ``value`` (omitempty): ``{"name": ...}``.
+NO_DEVICES: Final = ""
+#: What SDG gave the vendor env var under ``cdi`` before (NVIDIA's "no GPU" word): pods
+#: admitted then still carry it, and it is still read as "no device".
 VOID_DEVICES: Final = "void"

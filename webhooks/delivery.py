@@ -12,7 +12,16 @@ JSON patch operations (RFC 6902), or a denial that says what to change:
   ``nvidia``), for nodes whose default runtime has no GPU hook.
 - ``cdi``: CDI device names (``nvidia.com/gpu=0``) in the per-container annotation NRI's
   device-injector reads, for runtimes that refuse env injection; the vendor env var is
-  ``void`` so an image's ``NVIDIA_VISIBLE_DEVICES=all`` cannot expose every GPU.
+  set empty (``api.constants.NO_DEVICES``: no device for NVIDIA's, AMD's and Ascend's
+  runtimes alike) so an image's ``NVIDIA_VISIBLE_DEVICES=all`` cannot expose every GPU.
+
+On a group pod SDG owns the device-injector's CDI annotation families in every mode: in
+``cdi`` it writes them, in ``env`` and ``runtimeclass`` it removes them (a group pod's own
+``cdi-devices.noderesource.dev/pod: ["nvidia.com/gpu=all"]`` would hand it every GPU
+beside the group's); ``owned_cdi_changes`` says which of the pod's own keys a patch
+removes or replaces, for the webhook's warning. (Raw device-node and mount annotations
+are refused by ``webhooks.injection``: SDG writes neither family, so it has nothing to
+put in their place.)
 
 Every mode also records the IDs given in the pod annotation ``deviceshare.io/devices``
 (see ``api.pods.delivered_devices``), and adds ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` when the
@@ -48,7 +57,7 @@ from api.constants import (
     DEVICES_ANNOTATION,
     GROUP,
     GROUP_ANNOTATION,
-    VOID_DEVICES,
+    NO_DEVICES,
 )
 from api.pods import devices_annotation
 from api.validation import is_dns_subdomain, is_label_key
@@ -110,6 +119,7 @@ def env_ops(kind: str, index: int, container: Obj, env: Mapping[str, Any]) -> li
         var: dict(value) if isinstance(value, Mapping) else {"name": var, "value": value}
         for var, value in env.items()
     }
+    stored = {var: _as_stored(e) for var, e in entries.items()}
     existing = container.get("env")
     if not existing:
         if not entries:
@@ -122,9 +132,15 @@ def env_ops(kind: str, index: int, container: Obj, env: Mapping[str, Any]) -> li
         if not positions:
             ops.append({"op": "add", "path": pointer(*base, "-"), "value": entry})
         for i in positions:
-            if existing[i] != entry:
+            if _as_stored(existing[i]) != stored[var]:
                 ops.append({"op": "replace", "path": pointer(*base, i), "value": entry})
     return ops
+
+
+def _as_stored(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An env entry as the API server stores it: ``value: ""`` is omitted (omitempty), so
+    ``{"name": X, "value": ""}`` and ``{"name": X}`` are the same entry."""
+    return {k: v for k, v in entry.items() if not (k == "value" and v == "")}
 
 
 def annotation_ops(pod: Obj, wanted: Mapping[str, str | None]) -> list[dict[str, Any]]:
@@ -261,12 +277,12 @@ def _cuda_order(
 
 
 def _vendor_env_ops(
-    pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery, *, void: bool = False
+    pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery, *, empty: bool = False
 ) -> list[dict[str, Any]]:
     ops: list[dict[str, Any]] = []
     for kind, i, c in containers(pod):
         env: dict[str, str] = {
-            d.env_var: VOID_DEVICES if void else ",".join(d.names(delivery.device_ids))
+            d.env_var: NO_DEVICES if empty else ",".join(d.names(delivery.device_ids))
             for d in devices
         }
         env.update(_cuda_order(c, devices, delivery))
@@ -277,8 +293,12 @@ def _vendor_env_ops(
 def _env_mode_ops(
     pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery
 ) -> list[dict[str, Any]]:
+    """The env, the record, and none of the pod's own CDI annotations: the runtime's
+    device-injector would add their devices to the group's."""
     ops = _vendor_env_ops(pod, devices, delivery)
-    ops.extend(annotation_ops(pod, {DEVICES_ANNOTATION: _record(devices)}))
+    wanted: dict[str, str | None] = {DEVICES_ANNOTATION: _record(devices)}
+    wanted.update(_owned_cdi_removals(pod, wanted, delivery.cdi_annotation_prefix))
+    ops.extend(annotation_ops(pod, wanted))
     return ops
 
 
@@ -328,11 +348,33 @@ def _cdi_key_owned(key: str, prefix: str) -> bool:
     return any(key == f or key.startswith(f + "/") for f in CDI_ANNOTATION_FAMILIES)
 
 
+def _owned_cdi_removals(pod: Obj, keep: Mapping[str, Any], prefix: str) -> dict[str, None]:
+    """Every CDI annotation key of the pod SDG owns and does not set: removed."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return {k: None for k in sorted(annotations) if k not in keep and _cdi_key_owned(k, prefix)}
+
+
+def owned_cdi_changes(pod: Obj, operations: Sequence[Mapping[str, Any]], prefix: str) -> list[str]:
+    """The pod's own CDI annotation keys that ``operations`` remove or replace (sorted):
+    what the user asked the device-injector for and does not get."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    head = "/metadata/annotations/"
+    out = set()
+    for op in operations:
+        path = str(op.get("path", ""))
+        if op.get("op") not in ("remove", "replace") or not path.startswith(head):
+            continue
+        key = path[len(head) :].replace("~1", "/").replace("~0", "~")
+        if key in annotations and _cdi_key_owned(key, prefix):
+            out.add(key)
+    return sorted(out)
+
+
 def cdi_delivery(
     pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery
 ) -> list[dict[str, Any]] | Denial:
     """``cdi``: the CDI device names under ``<prefix><container name>`` for every container,
-    init container and native sidecar, and the vendor env var ``void`` in each.
+    init container and native sidecar, and the vendor env var set empty in each.
 
     The group decides a member's devices, so on a group pod SDG owns every key of the
     device-injector's CDI annotation families: a container's key the pod set to other
@@ -340,10 +382,11 @@ def cdi_delivery(
     containers the pod does not have) is removed. Left in place, the injector would prefer
     a more specific key of the other family over ours, or hand a pod-wide key's devices
     to a later ``kubectl debug`` container. (A container's other CDI devices cannot be
-    asked for through these annotations on a group pod.) ``void`` (not a device list) keeps
-    NVIDIA's legacy hook, where it is still installed, from reading a CUDA image's
-    ``NVIDIA_VISIBLE_DEVICES=all``; other vendors' variables get the same value, naming no
-    device.
+    asked for through these annotations on a group pod.) The empty variable keeps a
+    runtime hook that reads it (NVIDIA's legacy hook, where it is still installed) from
+    reading a CUDA image's ``NVIDIA_VISIBLE_DEVICES=all``; empty names no device for
+    NVIDIA's, AMD's and Ascend's runtimes alike (``api.constants.NO_DEVICES``), where
+    ``void`` made ascend-docker-runtime fail to create the container.
     """
     prefix = delivery.cdi_annotation_prefix
     value = cdi_value(devices, delivery.device_ids)
@@ -365,11 +408,8 @@ def cdi_delivery(
                 f"name of at most {63 - len(prefix.partition('/')[2])} characters"
             )
         wanted[key] = value
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    for key in sorted(annotations):
-        if key not in wanted and _cdi_key_owned(key, prefix):
-            wanted[key] = None
-    ops = _vendor_env_ops(pod, devices, delivery, void=True)
+    wanted.update(_owned_cdi_removals(pod, wanted, prefix))
+    ops = _vendor_env_ops(pod, devices, delivery, empty=True)
     ops.extend(annotation_ops(pod, wanted))
     return ops
 

@@ -6,6 +6,20 @@ them (``webhooks.delivery``), points the pod at our scheduler and lets it onto t
 shared nodes, or a denial whose message tells the user what to change. The same for the
 ephemeral containers (``kubectl debug``) added to a group's pod. The admission handler
 does the lookups and wraps this.
+
+A group pod sees exactly its group's devices, so at CREATE it is refused when it asks
+for any other way to devices: a device resource in its requests or limits (the group's
+own, another vendor's, an alias such as ``nvidia.com/mig-1g.10gb`` or
+``nvidia.com/gpu.shared``: ``api.envvars.env_vars_reached``), DRA claims
+(``spec.resourceClaims``), another vendor's device variable naming devices
+(``AMD_VISIBLE_DEVICES=all`` in an NVIDIA group; an empty, ``void`` or ``none`` value is
+allowed: it names none), or NRI device-injector annotations for raw device nodes or
+mounts (``devices.*``, ``mounts.*``). Its own CDI device annotations (``cdi-devices.*``)
+are not refused but replaced or removed, whatever the delivery mode, with a warning:
+SDG writes that family itself in ``cdi`` mode, so one manifest is admitted alike on
+every node. The pod's own value for its group's variables is replaced, as before.
+(``envFrom`` is not judged: a ConfigMap's keys cannot be seen at admission, and the
+group's variables, set in ``env``, win over it anyway.)
 """
 
 from __future__ import annotations
@@ -24,15 +38,18 @@ from api.constants import (
     DEFAULT_SCHEDULER_NAME,
     DEVICE_ENV_FLAG,
     DEVICE_IDS_UUID,
+    DEVICE_NODE_ANNOTATION_FAMILIES,
     DEVICES_ANNOTATION,
     GROUP_ANNOTATION,
+    MOUNT_ANNOTATION_FAMILIES,
+    NO_DEVICES,
     PHASE_BOUND,
     SCHEDULER_NAME,
     SHARED_TAINT_KEY,
     SHARED_TAINT_VALUE,
     VOID_DEVICES,
 )
-from api.envvars import env_var_for
+from api.envvars import device_env_vars, env_var_for, env_vars_reached, names_no_device
 from api.pods import parse_devices_annotation, tolerates
 from api.v1alpha1 import format_ids, parse_ids
 from api.validation import is_dns_subdomain
@@ -46,6 +63,7 @@ from webhooks.delivery import (
     delivery_ops,
     env_ops,
     escape_pointer,
+    owned_cdi_changes,
     pointer,
 )
 
@@ -119,29 +137,138 @@ def check_annotation(pod: Obj, scheduler_name: str = SCHEDULER_NAME) -> Denial |
     return None
 
 
-def _requested_devices(pod: Obj, resources: Mapping[str, Any]) -> Denial | None:
+def _what(kind: str) -> str:
+    return "init container" if kind == "initContainers" else "container"
+
+
+def _request_denial(
+    who: str, res: str, where: str, resources: Mapping[str, Any], group_name: str
+) -> Denial:
+    if res in resources:
+        return Denial(
+            f"{who} requests {res} in {where}; the device plugin would hand it other "
+            f"devices than the group's. Remove the {res} limit and request: SDG gives the "
+            "pod the group's devices"
+        )
+    holds = ", ".join(sorted(resources)) or "no devices"
+    return Denial(
+        f"{who} requests {res} in {where}, a device resource: a pod of SharedDeviceGroup "
+        f"{group_name!r} sees exactly the group's devices ({holds}), and the device plugin "
+        "would hand it other devices besides, outside every group's books. Remove the "
+        f"{res} limit and request, or run the pod outside the group (or in a group that "
+        f"holds {res})"
+    )
+
+
+def _requested_devices(
+    pod: Obj, resources: Mapping[str, Any], env_table: Mapping[str, str], group_name: str = ""
+) -> Denial | None:
+    """A request or limit of any device resource: the group's own, or any name whose
+    devices an env var of the table reaches (``env_vars_reached``: aliases included)."""
+
+    def device(name: str) -> bool:
+        return name in resources or bool(env_vars_reached(name, env_table))
+
     for kind, _i, c in containers(pod):
         res = c.get("resources") or {}
         for section in ("limits", "requests"):
             for name in sorted(res.get(section) or {}):
-                if name in resources:
-                    what = "init container" if kind == "initContainers" else "container"
-                    return Denial(
-                        f"{what} {c.get('name', '')!r} requests {name} in resources.{section}; "
-                        f"the device plugin would hand it other devices than the group's. "
-                        f"Remove the {name} limit and request: SDG gives the pod the "
-                        "group's devices"
-                    )
+                if device(name):
+                    who = f"{_what(kind)} {c.get('name', '')!r}"
+                    return _request_denial(who, name, f"resources.{section}", resources, group_name)
     pod_level = (pod.get("spec") or {}).get("resources") or {}
     for section in ("limits", "requests"):
         for name in sorted(pod_level.get(section) or {}):
-            if name in resources:
-                return Denial(
-                    f"pod requests {name} in spec.resources.{section}; the device plugin "
-                    f"would hand it other devices than the group's. Remove the {name} "
-                    "limit and request: SDG gives the pod the group's devices"
+            if device(name):
+                return _request_denial(
+                    "pod", name, f"spec.resources.{section}", resources, group_name
                 )
     return None
+
+
+def _claims_denial(pod: Obj, group_name: str) -> Denial | None:
+    """DRA claims: a driver would hand the pod the claimed devices beside the group's."""
+    claims = (pod.get("spec") or {}).get("resourceClaims") or []
+    if not claims:
+        return None
+    names = [str(c.get("name", "")) if isinstance(c, Mapping) else "?" for c in claims]
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return Denial(
+        f"pod asks for devices through spec.resourceClaims ({shown}): a pod of "
+        f"SharedDeviceGroup {group_name!r} sees exactly the group's devices, and a DRA "
+        "driver would hand it the claimed devices besides, outside the group's books. "
+        "Remove spec.resourceClaims (and the containers' resources.claims), or run the pod "
+        "outside the group"
+    )
+
+
+def _shown_value(entry: Obj) -> str:
+    if entry.get("valueFrom") is not None:
+        return " from valueFrom"
+    value = str(entry.get("value") or "")
+    return "=" + (value if len(value) <= 40 else value[:40] + "...")
+
+
+def _foreign_env_denial(
+    pod: Obj, group_vars: frozenset[str], env_table: Mapping[str, str], group_name: str
+) -> Denial | None:
+    """Another vendor's device variable naming devices (``AMD_VISIBLE_DEVICES=all`` in
+    an NVIDIA group): that vendor's runtime would hand the container those devices."""
+    others = device_env_vars(env_table) - group_vars
+    for kind, _i, c in containers(pod):
+        for entry in c.get("env") or ():
+            var = entry.get("name") if isinstance(entry, Mapping) else None
+            if var not in others:
+                continue
+            if entry.get("valueFrom") is None and names_no_device(entry.get("value")):
+                continue
+            of = " or ".join(sorted(k for k, v in env_table.items() if v == var))
+            own = ", ".join(sorted(group_vars)) or "none"
+            return Denial(
+                f"{_what(kind)} {c.get('name', '')!r} sets {var}{_shown_value(entry)}, the "
+                f"device variable of {of}, which SharedDeviceGroup {group_name!r} does not "
+                "hold: that runtime would hand the container those devices beside the "
+                f"group's, outside every group's books. Remove {var} (SDG sets the group's "
+                f'own: {own}), or set it to "" for no device'
+            )
+    return None
+
+
+def _in_families(key: str, families: tuple[str, ...]) -> bool:
+    return any(key == f or key.startswith(f + "/") for f in families)
+
+
+def _injector_denial(pod: Obj, group_name: str) -> Denial | None:
+    """NRI device-injector annotations for raw device nodes or mounts: SDG writes neither
+    family, and either reaches devices (``/dev/nvidia3``, a bind mount of ``/dev``)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    keys = sorted(
+        k
+        for k in annotations
+        if _in_families(k, DEVICE_NODE_ANNOTATION_FAMILIES + MOUNT_ANNOTATION_FAMILIES)
+    )
+    if not keys:
+        return None
+    shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+    families = ", ".join(f"{f}/..." for f in DEVICE_NODE_ANNOTATION_FAMILIES)
+    families += ", " + ", ".join(f"{f}/..." for f in MOUNT_ANNOTATION_FAMILIES)
+    return Denial(
+        f"annotation {shown} asks NRI's device-injector for device nodes or mounts in the "
+        f"pod's containers: a pod of SharedDeviceGroup {group_name!r} sees exactly the "
+        "group's devices, and SDG owns these annotations on group pods (a /dev/nvidia* "
+        f"node or a mount of /dev reaches other devices). Remove {shown} ({families} are "
+        "refused on group pods; files reach a pod through volumes), or run the pod "
+        "outside the group"
+    )
+
+
+def _cdi_warning(keys: list[str], group_name: str) -> str:
+    shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+    return (
+        f"SDG replaced or removed CDI device annotation {shown}: a pod of "
+        f"SharedDeviceGroup {group_name!r} gets exactly the group's devices, and SDG owns "
+        "these annotations on group pods"
+    )
 
 
 def _group_devices(
@@ -297,9 +424,15 @@ def build_injection(
             "the pod on the group's node"
         )
     resources = (group.get("spec") or {}).get("resources") or {}
-    denial = _requested_devices(pod, resources)
-    if denial is not None:
-        return denial
+    group_vars = frozenset(v for r in resources if (v := env_var_for(r, env_table)) is not None)
+    for denial in (
+        _requested_devices(pod, resources, env_table, name),
+        _claims_denial(pod, name),
+        _foreign_env_denial(pod, group_vars, env_table, name),
+        _injector_denial(pod, name),
+    ):
+        if denial is not None:
+            return denial
     scheduler = (pod.get("spec") or {}).get("schedulerName")
     if scheduler not in (None, "", DEFAULT_SCHEDULER_NAME, scheduler_name):
         return Denial(
@@ -318,11 +451,12 @@ def build_injection(
     if isinstance(delivered, Denial):
         return delivered
     ops = list(delivered)
+    stripped = owned_cdi_changes(pod, ops, how.cdi_annotation_prefix)
     ops.extend(_toleration_ops(pod))
     if scheduler != scheduler_name:
         op = "add" if scheduler is None else "replace"
         ops.append({"op": op, "path": "/spec/schedulerName", "value": scheduler_name})
-    return Patch(ops)
+    return Patch(ops, warnings=(_cdi_warning(stripped, name),) if stripped else ())
 
 
 def _pod_ref(pod: Obj) -> str:
@@ -396,9 +530,10 @@ def build_ephemeral_injection(
     own; the API server's policy demands the same), replacing what the user set for those
     names. Container images often name devices themselves (CUDA images:
     ``NVIDIA_VISIBLE_DEVICES=all``), so without it a debug container would see every GPU.
-    Pods given their devices by CDI annotations carry ``void`` there: their debug
-    containers see no GPU (annotations cannot change on this subresource, and the CDI
-    injector read them when the pod started), and kubectl shows a warning saying so.
+    Pods given their devices by CDI annotations carry an empty value there (``void`` if
+    admitted by an earlier SDG): their debug containers see no GPU (annotations cannot
+    change on this subresource, and the CDI injector read them when the pod started),
+    and kubectl shows a warning saying so.
     Denied when the pod no longer runs on its group's devices (by its
     ``deviceshare.io/devices`` record, or by its env for pods admitted before that), or
     when the new container sets a device variable the pod does not have.
@@ -468,15 +603,19 @@ def build_ephemeral_injection(
         ):
             want[CUDA_DEVICE_ORDER] = order
         ops.extend(env_ops("ephemeralContainers", i, c, want))
-    void = sorted(
-        var for var, e in env.items() if isinstance(e, Mapping) and e.get("value") == VOID_DEVICES
+    empty = sorted(
+        f"{var}={e.get('value') or chr(34) * 2}"
+        for var, e in env.items()
+        if isinstance(e, Mapping)
+        and e.get("valueFrom") is None
+        and str(e.get("value") or NO_DEVICES) in (NO_DEVICES, VOID_DEVICES)
     )
     warnings: tuple[str, ...] = ()
-    if void:
+    if empty:
         warnings = (
             f"ephemeral container {names} of pod {ref} sees none of SharedDeviceGroup "
             f"{name!r}'s devices: the pod gets them through CDI annotations, which were read "
-            f"when it started and cannot name a new container ({', '.join(void)}=void keeps "
+            f"when it started and cannot name a new container ({', '.join(empty)} keeps "
             "the image from seeing other devices). To use the GPUs, kubectl exec into one "
             "of the pod's containers",
         )

@@ -319,9 +319,162 @@ def test_pod_level_device_request_is_denied() -> None:
     assert "spec.resources.limits" in denial(p, group())
 
 
-def test_other_device_resources_are_allowed() -> None:
-    c = {"name": "a", "image": "x", "resources": {"limits": {"amd.com/gpu": "1"}}}
+@pytest.mark.parametrize(
+    "resource",
+    ["amd.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/gpu.shared", "amd.com/gpu-partition"],
+)
+@pytest.mark.parametrize("where", ["containers", "initContainers"])
+def test_any_other_device_resource_is_denied_saying_what_to_do(resource: str, where: str) -> None:
+    """Another vendor's GPUs, or NVIDIA's own under another name (MIG profiles,
+    time-slicing's renamed resource): the device plugin would hand the pod those too."""
+    c = {"name": "a", "image": "x", "resources": {"limits": {resource: "1", "cpu": "1"}}}
+    p = pod(containers=[c]) if where == "containers" else pod(init=[c])
+    msg = denial(p, group())
+    what = "init container" if where == "initContainers" else "container"
+    assert msg == (
+        f"{what} 'a' requests {resource} in resources.limits, a device resource: a pod of "
+        "SharedDeviceGroup 'g' sees exactly the group's devices (nvidia.com/gpu), and the "
+        "device plugin would hand it other devices besides, outside every group's books. "
+        f"Remove the {resource} limit and request, or run the pod outside the group (or in "
+        f"a group that holds {resource})"
+    )
+
+
+def test_resources_that_are_no_devices_are_allowed() -> None:
+    c = {
+        "name": "a",
+        "image": "x",
+        "resources": {"limits": {"cpu": "1", "example.com/fpga": "1", "hugepages-2Mi": "1Gi"}},
+    }
     assert isinstance(build_injection(pod(containers=[c]), group()), Patch)
+
+
+def test_a_custom_table_entry_is_a_device_resource_too() -> None:
+    table = parse_env_table(["intel.com/gpu=ZE_AFFINITY_MASK"])
+    c = {"name": "a", "image": "x", "resources": {"requests": {"intel.com/gpu": "1"}}}
+    msg = denial(pod(containers=[c]), group(), env_table=table)
+    assert msg.startswith("container 'a' requests intel.com/gpu in resources.requests")
+
+
+def test_dra_claims_are_denied() -> None:
+    p = pod()
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    p["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    assert denial(p, group()) == (
+        "pod asks for devices through spec.resourceClaims (gpu): a pod of SharedDeviceGroup "
+        "'g' sees exactly the group's devices, and a DRA driver would hand it the claimed "
+        "devices besides, outside the group's books. Remove spec.resourceClaims (and the "
+        "containers' resources.claims), or run the pod outside the group"
+    )
+    p["spec"]["resourceClaims"] = []
+    del p["spec"]["containers"][0]["resources"]
+    assert isinstance(build_injection(p, group()), Patch)
+
+
+@pytest.mark.parametrize(
+    ("entry", "shown"),
+    [
+        ({"name": "AMD_VISIBLE_DEVICES", "value": "all"}, "AMD_VISIBLE_DEVICES=all"),
+        ({"name": "ASCEND_VISIBLE_DEVICES", "value": "0-3"}, "ASCEND_VISIBLE_DEVICES=0-3"),
+        (
+            {"name": "AMD_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": "c"}}},
+            "AMD_VISIBLE_DEVICES from valueFrom",
+        ),
+    ],
+)
+def test_another_vendors_device_env_is_denied(entry: dict[str, Any], shown: str) -> None:
+    var = entry["name"]
+    of = "amd.com/gpu" if var.startswith("AMD") else "huawei.com/Ascend*"
+    msg = denial(pod(init=[{"name": "setup", "image": "x", "env": [entry]}]), group())
+    assert msg == (
+        f"init container 'setup' sets {shown}, the device variable of {of}, which "
+        "SharedDeviceGroup 'g' does not hold: that runtime would hand the container those "
+        "devices beside the group's, outside every group's books. Remove "
+        f'{var} (SDG sets the group\'s own: NVIDIA_VISIBLE_DEVICES), or set it to "" for no '
+        "device"
+    )
+
+
+@pytest.mark.parametrize("value", ["", "void", "none", " None "])
+def test_another_vendors_device_env_naming_no_device_is_allowed(value: str) -> None:
+    """An AMD group's pod from a CUDA image may say NVIDIA_VISIBLE_DEVICES=void itself."""
+    g = group(resources={"amd.com/gpu": 1}, devices={"amd.com/gpu": "1"})
+    env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": value}]
+    out = patched(pod(containers=[{"name": "app", "image": "cuda", "env": env}]), g)
+    assert env_of(out["spec"]["containers"][0]) == {
+        "NVIDIA_VISIBLE_DEVICES": value,
+        "AMD_VISIBLE_DEVICES": "1",
+    }
+    # CUDA_VISIBLE_DEVICES picks among the visible GPUs: no device variable of a runtime.
+    env = [{"name": "CUDA_VISIBLE_DEVICES", "value": "1"}]
+    assert isinstance(build_injection(pod(containers=[{"name": "a", "env": env}]), group()), Patch)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "devices.noderesource.dev/container.app",
+        "devices.nri.io/pod",
+        "devices.noderesource.dev",
+        "mounts.noderesource.dev/container.app",
+        "mounts.nri.io",
+    ],
+)
+def test_raw_device_and_mount_annotations_are_denied(key: str) -> None:
+    """The device-injector would put /dev/nvidia3 (or a mount of /dev) into the pod."""
+    p = pod()
+    p["metadata"]["annotations"][key] = "- path: /dev/nvidia3\n  type: c\n  major: 195"
+    for mode in ("env", "runtimeclass", "cdi"):
+        msg = denial(p, group(), delivery=Delivery(mode))
+        assert msg.startswith(
+            f"annotation {key} asks NRI's device-injector for device nodes or mounts in the "
+            "pod's containers: a pod of SharedDeviceGroup 'g' sees exactly the group's "
+            "devices, and SDG owns these annotations on group pods"
+        )
+        assert f"Remove {key} (devices.noderesource.dev/..., devices.nri.io/..." in msg
+    # Look-alikes of other families stay the pod's own.
+    q = pod()
+    q["metadata"]["annotations"]["devices.noderesource.dev.example.com/x"] = "y"
+    q["metadata"]["annotations"]["io-priority.noderesource.dev/pod"] = "class: IOPRIO_CLASS_BE"
+    assert isinstance(build_injection(q, group()), Patch)
+
+
+@pytest.mark.parametrize("mode", ["env", "runtimeclass"])
+def test_env_modes_remove_the_pods_own_cdi_annotations_with_a_warning(mode: str) -> None:
+    """Without them the injector would hand a group pod every GPU beside the group's."""
+    p = pod()
+    p["metadata"]["annotations"].update(
+        {
+            "cdi-devices.noderesource.dev/container.app": '["nvidia.com/gpu=all"]',
+            "cdi-devices.nri.io/pod": '["nvidia.com/gpu=all"]',
+            "cdi-devices.nri.io": '["nvidia.com/gpu=all"]',
+            "cdi-devices.example.com/x": "kept: another family",
+        }
+    )
+    result = build_injection(p, group(), delivery=Delivery(mode))
+    assert isinstance(result, Patch)
+    out = apply_operations(p, result.operations)
+    assert out["metadata"]["annotations"] == {
+        "deviceshare.io/group": "g",
+        "other": "x",
+        "cdi-devices.example.com/x": "kept: another family",
+        "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
+    }
+    assert out["spec"]["containers"][0]["env"] == [GPUS, ORDER]
+    assert result.warnings == (
+        "SDG replaced or removed CDI device annotation "
+        "cdi-devices.noderesource.dev/container.app, cdi-devices.nri.io, "
+        "cdi-devices.nri.io/pod: a pod of SharedDeviceGroup 'g' gets exactly the group's "
+        "devices, and SDG owns these annotations on group pods",
+    )
+    assert build_injection(out, group(), delivery=Delivery(mode)) == Patch([])
+    # A custom prefix of the manager's is owned the same way.
+    q = pod()
+    q["metadata"]["annotations"]["cdi.example.com/ctr-app"] = '["nvidia.com/gpu=all"]'
+    d = Delivery(mode, cdi_annotation_prefix="cdi.example.com/ctr-")
+    assert (
+        "cdi.example.com/ctr-app" not in patched(q, group(), delivery=d)["metadata"]["annotations"]
+    )
 
 
 def test_foreign_scheduler_is_denied() -> None:
@@ -635,8 +788,9 @@ def test_a_debug_container_of_a_pod_whose_group_is_gone_or_unbound_is_denied() -
 # --- delivery modes -------------------------------------------------------------------------
 
 UUIDS = "GPU-aaa,GPU-bbb"
-CDI = "cdi-devices.nri.io/container."
-VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+CDI = "cdi-devices.noderesource.dev/container."
+OLD_CDI = "cdi-devices.nri.io/container."
+EMPTY = {"name": "NVIDIA_VISIBLE_DEVICES", "value": ""}
 
 
 def with_uuids(g: dict[str, Any], uuids: str = UUIDS) -> dict[str, Any]:
@@ -731,7 +885,7 @@ def test_runtimeclass_mode_refuses_a_pod_naming_another_runtime_class() -> None:
     assert patched(p, group())["spec"]["runtimeClassName"] == "kata"
 
 
-def test_cdi_mode_annotates_every_container_and_voids_the_vendor_env() -> None:
+def test_cdi_mode_annotates_every_container_and_empties_the_vendor_env() -> None:
     result = build_injection(sidecar_pod(), group(), delivery=Delivery("cdi"))
     assert isinstance(result, Patch)
     out = apply_operations(sidecar_pod(), result.operations)
@@ -745,11 +899,25 @@ def test_cdi_mode_annotates_every_container_and_voids_the_vendor_env() -> None:
         CDI + "app": names,
     }
     for c in every_container(out):
-        assert c["env"] == [VOID, ORDER], c["name"]
+        assert c["env"] == [EMPTY, ORDER], c["name"]
     assert "runtimeClassName" not in out["spec"]
+    assert build_injection(out, group(), delivery=Delivery("cdi")) == Patch([])
+    # The API server stores the empty value as no value (omitempty): the same entry, so
+    # a reinvocation after other webhooks changes nothing either.
+    for c in every_container(out):
+        c["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES"}, ORDER]
     assert build_injection(out, group(), delivery=Delivery("cdi")) == Patch([])
     # The value is a YAML list (JSON is YAML), as the device-injector unmarshals it.
     assert yaml.safe_load(names) == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+
+
+def test_cdi_mode_replaces_an_images_or_users_device_list_with_empty() -> None:
+    """A CUDA image's NVIDIA_VISIBLE_DEVICES=all is overridden by the container's env
+    (the kubelet sets it to "", containerd puts the container's env after the image's):
+    the entry must be there, empty, whatever the pod said."""
+    env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    out = patched(pod(containers=[{"name": "app", "env": env}]), group(), delivery=Delivery("cdi"))
+    assert out["spec"]["containers"][0]["env"] == [EMPTY, ORDER]
 
 
 def test_cdi_mode_names_uuids_and_every_resource() -> None:
@@ -758,29 +926,29 @@ def test_cdi_mode_names_uuids_and_every_resource() -> None:
     assert out["metadata"]["annotations"][CDI + "app"] == (
         '["nvidia.com/gpu=GPU-aaa","nvidia.com/gpu=GPU-bbb"]'
     )
-    assert out["spec"]["containers"][0]["env"] == [VOID]  # UUIDs: no index order to keep
+    assert out["spec"]["containers"][0]["env"] == [EMPTY]  # UUIDs: no index order to keep
     g = group(resources={GPU: 1, "amd.com/gpu": 1}, devices={GPU: "3", "amd.com/gpu": "0"})
     out = patched(pod(), g, delivery=Delivery("cdi"))
     assert out["metadata"]["annotations"][CDI + "app"] == '["amd.com/gpu=0","nvidia.com/gpu=3"]'
     assert env_of(out["spec"]["containers"][0]) == {
-        "AMD_VISIBLE_DEVICES": "void",
-        "NVIDIA_VISIBLE_DEVICES": "void",
+        "AMD_VISIBLE_DEVICES": "",
+        "NVIDIA_VISIBLE_DEVICES": "",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     }
 
 
 def test_cdi_mode_owns_the_injectors_annotations_on_a_group_pod() -> None:
     """The group decides: a container's own key is overwritten, and keys the injector
-    would prefer over ours or hand to other containers are removed; other annotations stay."""
+    would prefer over ours or hand to other containers are removed (the deprecated
+    family's too); other annotations stay. kubectl shows a warning naming them."""
     p = pod(containers=[{"name": "app", "image": "cuda", "env": [GPUS]}])
     p["metadata"]["annotations"].update(
         {
-            CDI + "app": '["nvidia.com/gpu=all"]',
-            "cdi-devices.noderesource.dev/container.app": '["nvidia.com/gpu=5"]',
+            CDI + "app": '["nvidia.com/gpu=5"]',
+            OLD_CDI + "app": '["nvidia.com/gpu=all"]',
             "cdi-devices.nri.io/pod": '["nvidia.com/gpu=all"]',
             "cdi-devices.noderesource.dev": '["nvidia.com/gpu=all"]',
             CDI + "debugger": '["nvidia.com/gpu=all"]',
-            "devices.noderesource.dev/container.app": "- path: /dev/null",
             "deviceshare.io/devices": '{"nvidia.com/gpu":"7"}',
         }
     )
@@ -792,9 +960,14 @@ def test_cdi_mode_owns_the_injectors_annotations_on_a_group_pod() -> None:
         "other": "x",
         "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
         CDI + "app": '["nvidia.com/gpu=0","nvidia.com/gpu=1"]',
-        "devices.noderesource.dev/container.app": "- path: /dev/null",
     }
-    assert out["spec"]["containers"][0]["env"] == [VOID, ORDER]
+    assert out["spec"]["containers"][0]["env"] == [EMPTY, ORDER]
+    (warning,) = result.warnings
+    assert warning == (
+        "SDG replaced or removed CDI device annotation cdi-devices.noderesource.dev, "
+        f"{CDI}app, {CDI}debugger and 2 more: a pod of SharedDeviceGroup 'g' gets exactly "
+        "the group's devices, and SDG owns these annotations on group pods"
+    )
     assert build_injection(out, group(), delivery=Delivery("cdi")) == Patch([])
 
 
@@ -804,10 +977,10 @@ def test_cdi_mode_reinvoked_after_another_webhook_adds_a_container() -> None:
     result = build_injection(once, group(), delivery=Delivery("cdi"))
     assert isinstance(result, Patch)
     assert result.operations == [
-        {"op": "add", "path": "/spec/containers/1/env", "value": [VOID, ORDER]},
+        {"op": "add", "path": "/spec/containers/1/env", "value": [EMPTY, ORDER]},
         {
             "op": "add",
-            "path": "/metadata/annotations/cdi-devices.nri.io~1container.late",
+            "path": "/metadata/annotations/cdi-devices.noderesource.dev~1container.late",
             "value": '["nvidia.com/gpu=0","nvidia.com/gpu=1"]',
         },
     ]
@@ -890,7 +1063,7 @@ def test_each_mode_is_a_pure_function_of_pod_devices_and_settings() -> None:
 def test_the_nodes_label_overrides_the_managers_mode() -> None:
     out = patched(pod(), group(), node=node(mode="cdi"))
     assert CDI + "app" in out["metadata"]["annotations"]
-    assert out["spec"]["containers"][0]["env"] == [VOID, ORDER]
+    assert out["spec"]["containers"][0]["env"] == [EMPTY, ORDER]
     out = patched(pod(), group(), delivery=Delivery("cdi"), node=node(mode="env"))
     assert CDI + "app" not in out["metadata"]["annotations"]
     assert out["spec"]["containers"][0]["env"] == [GPUS, ORDER]
@@ -970,21 +1143,44 @@ def test_a_debug_container_copies_the_device_env_the_pod_was_given() -> None:
     }
 
 
-def test_a_debug_container_of_a_cdi_pod_gets_void_and_a_warning() -> None:
+def test_a_debug_container_of_a_cdi_pod_gets_the_empty_env_and_a_warning() -> None:
     old = admitted(group(), Delivery("cdi"))
     new = copy.deepcopy(old)
     new["spec"]["ephemeralContainers"] = [debug()]
     result = build_ephemeral_injection(new, old, group())
     assert isinstance(result, Patch)
     out = apply_operations(new, result.operations)
-    assert out["spec"]["ephemeralContainers"][0]["env"] == [VOID, ORDER]
+    assert out["spec"]["ephemeralContainers"][0]["env"] == [EMPTY, ORDER]
     assert out["metadata"] == old["metadata"]  # no annotation can change here
     (warning,) = result.warnings
     assert warning.startswith(
         "ephemeral container 'dbg' of pod ns/p sees none of SharedDeviceGroup 'g''s devices: "
         "the pod gets them through CDI annotations"
     )
+    assert '(NVIDIA_VISIBLE_DEVICES="" keeps the image from seeing other devices)' in warning
     assert "kubectl exec into one of the pod's containers" in warning
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [{"name": "NVIDIA_VISIBLE_DEVICES"}, {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+    ids=["as-stored", "admitted-with-void"],
+)
+def test_a_debug_container_copies_the_stored_or_earlier_no_device_value(
+    entry: dict[str, str],
+) -> None:
+    """As the API server stores the empty value, and as an earlier SDG wrote it."""
+    old = admitted(group(), Delivery("cdi"))
+    old["spec"]["containers"][0]["env"] = [entry, ORDER]
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [debug()]
+    result = build_ephemeral_injection(new, old, group())
+    assert isinstance(result, Patch)
+    out = apply_operations(new, result.operations)
+    assert out["spec"]["ephemeralContainers"][0]["env"] == [entry, ORDER]
+    (warning,) = result.warnings
+    shown = entry.get("value") or '""'
+    assert f"(NVIDIA_VISIBLE_DEVICES={shown} keeps the image" in warning
 
 
 def test_a_debug_container_of_a_pod_whose_record_differs_is_denied() -> None:

@@ -167,10 +167,24 @@ async def test_the_groups_node_label_chooses_the_delivery() -> None:
     mutator = PodMutator(cache, LiveClient({}))  # type: ignore[arg-type]
     response = await mutator.mutate(review("CREATE", new_pod()))
     assert response.allowed
-    assert annotations_of(response.patch)["cdi-devices.nri.io~1container.app"] == (
+    assert annotations_of(response.patch)["cdi-devices.noderesource.dev~1container.app"] == (
         '["nvidia.com/gpu=0"]'
     )
     assert cache.gets == ["g", "Node/n1"]
+
+
+async def test_a_group_pods_own_cdi_annotation_is_removed_with_a_warning() -> None:
+    pod = new_pod()
+    pod["metadata"]["annotations"]["cdi-devices.nri.io/pod"] = '["nvidia.com/gpu=all"]'
+    mutator = PodMutator(GroupCache({"g": BOUND}), LiveClient({}))  # type: ignore[arg-type]
+    response = await mutator.mutate(review("CREATE", pod))
+    assert response.allowed
+    assert {"op": "remove", "path": "/metadata/annotations/cdi-devices.nri.io~1pod"} in (
+        response.patch or []
+    )
+    assert response.warnings and response.warnings[0].startswith(
+        "SDG replaced or removed CDI device annotation cdi-devices.nri.io/pod"
+    )
 
 
 async def test_the_managers_delivery_settings_are_used_without_a_label() -> None:

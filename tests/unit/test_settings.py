@@ -73,13 +73,14 @@ def test_delivery_defaults_and_their_webhook_settings() -> None:
     s = parse([], environ={})
     assert (s.delivery, s.device_ids) == ("env", "index")
     assert s.runtime_class_name == "nvidia"
-    assert s.cdi_annotation_prefix == "cdi-devices.nri.io/container."
+    # The device-injector's current family (containerd/nri plugins/device-injector).
+    assert s.cdi_annotation_prefix == "cdi-devices.noderesource.dev/container."
     d = s.delivery_settings()
     assert (d.mode, d.device_ids, d.runtime_class_name, d.cdi_annotation_prefix) == (
         "env",
         "index",
         "nvidia",
-        "cdi-devices.nri.io/container.",
+        "cdi-devices.noderesource.dev/container.",
     )
 
 
@@ -88,13 +89,13 @@ def test_delivery_flags_and_env() -> None:
         "SDG_DELIVERY": "cdi",
         "SDG_DEVICE_IDS": "uuid",
         "SDG_RUNTIME_CLASS_NAME": "nvidia-cdi",
-        "SDG_CDI_ANNOTATION_PREFIX": "cdi-devices.noderesource.dev/container.",
+        "SDG_CDI_ANNOTATION_PREFIX": "cdi-devices.nri.io/container.",
     }
     s = parse([], environ=env)
     assert s.delivery_settings().mode == "cdi"
     assert s.device_ids == "uuid"
     assert s.runtime_class_name == "nvidia-cdi"
-    assert s.cdi_annotation_prefix == "cdi-devices.noderesource.dev/container."
+    assert s.cdi_annotation_prefix == "cdi-devices.nri.io/container."  # the deprecated one
     s = parse(["--delivery", "runtimeclass", "--runtime-class-name", "gpu"], environ=env)
     assert (s.delivery, s.runtime_class_name) == ("runtimeclass", "gpu")
 
