@@ -165,10 +165,64 @@ _KEPT_STATUS = ("phase", "conditions", "nominatedNodeName", "reason", "message")
 _KEPT_CONTAINER_STATUS = ("name", "allocatedResourcesStatus")
 
 
+#: Foreign detection reads whether a container's ``envFrom`` may set a device variable
+#: (its ``prefix``) and names the ConfigMap or Secret; a pod's ``resourceClaims`` by name.
+#: Both are kept bounded: at most this many entries, prefixes cut to ``_MAX_PREFIX``.
+_MAX_KEPT_REFS = 16
+_MAX_PREFIX = 64
+
+
 def _kept(obj: Any, fields: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(obj, dict):
         return {}
     return {k: obj[k] for k in fields if k in obj}
+
+
+def _slim_env_from(entries: Any) -> Any:
+    """``envFrom`` as foreign detection reads it: each entry's prefix and the name of its
+    ConfigMap or Secret. Cutting a prefix keeps a start of it, so it matches every
+    variable the whole one matches (and maybe more): the cut errs towards counting. Past
+    ``_MAX_KEPT_REFS`` distinct entries, one without prefix stands for the rest."""
+    if not isinstance(entries, list):
+        return entries
+    out: list[dict[str, Any]] = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        slim: dict[str, Any] = {}
+        if entry.get("prefix"):
+            slim["prefix"] = str(entry["prefix"])[:_MAX_PREFIX]
+        for key in ("configMapRef", "secretRef"):
+            ref = entry.get(key)
+            if isinstance(ref, dict):
+                slim[key] = {"name": ref.get("name", "")}
+        if slim in out:
+            continue
+        if len(out) == _MAX_KEPT_REFS:
+            out[-1] = {"configMapRef": {"name": "..."}}  # no prefix: matches every name
+            break
+        out.append(slim)
+    return out
+
+
+_KEPT_CLAIM = ("name", "resourceClaimName", "resourceClaimTemplateName")
+
+
+def _slim_claims(claims: Any) -> Any:
+    """``spec.resourceClaims`` (at most ``_MAX_KEPT_REFS``, names only): foreign detection
+    needs that a pod claims DRA devices, and says which claims."""
+    if not isinstance(claims, list):
+        return claims
+    return [_kept(c, _KEPT_CLAIM) if isinstance(c, dict) else c for c in claims[:_MAX_KEPT_REFS]]
+
+
+def _slim_container(container: Any) -> Any:
+    if not isinstance(container, dict):
+        return container
+    out = _kept(container, _KEPT_CONTAINER)
+    if container.get("envFrom"):
+        out["envFrom"] = _slim_env_from(container["envFrom"])
+    return out
 
 
 def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
@@ -181,9 +235,9 @@ def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
         for key in _CONTAINER_LISTS:
             containers = spec.get(key)
             if isinstance(containers, list):
-                slim_spec[key] = [
-                    _kept(c, _KEPT_CONTAINER) if isinstance(c, dict) else c for c in containers
-                ]
+                slim_spec[key] = [_slim_container(c) for c in containers]
+        if spec.get("resourceClaims"):
+            slim_spec["resourceClaims"] = _slim_claims(spec["resourceClaims"])
     out: dict[str, Any] = {k: pod[k] for k in ("apiVersion", "kind") if k in pod}
     if "metadata" in pod:
         out["metadata"] = _kept(pod["metadata"], _KEPT_METADATA)

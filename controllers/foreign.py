@@ -1,12 +1,22 @@
 """Devices used outside the books: pods that use vendor devices without being in a group.
 
-A pod that is not in a group but sets a vendor device env var itself (``all`` included),
-requests the vendor resource through the device plugin, or names vendor devices in CDI
-annotations (NRI's device-injector) sees devices SDG did not hand out, and SDG cannot
-know which. On a node where such pods run, no new group gets that resource (a wrong
-view may hand out less, never twice), and groups already bound there are reported
-(``Ready=False, reason ForeignDevicePods``). The pod itself gets a Warning Event
-(``ForeignPodReporter``).
+A pod that is not in a group but reaches vendor devices another way sees devices SDG did
+not hand out, and SDG cannot know which. On a node where such pods run, no new group gets
+that resource (a wrong view may hand out less, never twice), and groups already bound
+there are reported (``Ready=False, reason ForeignDevicePods``). The pod itself gets a
+Warning Event (``ForeignPodReporter``). What counts (``device_use``):
+
+- a request or limit of a device resource: one the env table maps, or another name in a
+  vendor's domain (``nvidia.com/mig-1g.10gb``, ``nvidia.com/gpu.shared``, ``amd.com/*``;
+  ``api.envvars.env_vars_reached``);
+- a device env var set by hand (``all``, IDs, UUIDs; ``valueFrom`` too, it may say
+  anything; empty, ``void`` and ``none`` name no device);
+- ``envFrom`` that may set a device env var (the rule is in ``_env_from_vars``);
+- CDI device annotations of NRI's device-injector naming a vendor's devices, and its
+  raw device-node and mount annotations (``devices.*``, ``mounts.*``: any of them, for
+  every resource: ``/dev/nvidia3`` or a mount of ``/dev`` reaches GPUs SDG cannot name);
+- DRA claims (``spec.resourceClaims``), for every resource: the claim's device class is
+  not on the pod, so any of them may be a GPU of the node.
 
 ``device_use`` is pure; ``ForeignDevices`` mirrors the pod cache, fed synchronously by
 the pod informer, so placement reads it in memory.
@@ -22,12 +32,20 @@ from typing import Any
 
 from api.constants import (
     CDI_ANNOTATION_FAMILIES,
+    DEVICE_NODE_ANNOTATION_FAMILIES,
     GROUP_ANNOTATION,
+    MOUNT_ANNOTATION_FAMILIES,
     NODE_MODE_LABEL,
     NODE_MODE_SHARED,
     REASON_FOREIGN_DEVICE_PODS,
 )
-from api.envvars import env_var_for
+from api.envvars import (
+    NO_DEVICE_VALUES,
+    device_env_vars,
+    env_var_for,
+    env_vars_reached,
+    names_no_device,
+)
 from api.pods import is_active, pod_key
 from controllers.groupstatus import listed
 from controllers.holders import is_holder
@@ -43,13 +61,16 @@ log = logging.getLogger(__name__)
 
 Obj = Mapping[str, Any]
 
-#: Values of a device env var that make no device visible (NVIDIA's ``void``/``none``;
-#: empty is unset). Anything else (IDs, UUIDs, ``all``) may reach devices.
-NO_DEVICE_VALUES = frozenset({"", "void", "none"})
+__all__ = ["NO_DEVICE_VALUES", "DeviceUse", "ForeignDevices", "ForeignPodReporter", "device_use"]
+
 _CONTAINER_KINDS = ("initContainers", "containers", "ephemeralContainers")
 #: A CDI device name's kind (``nvidia.com/gpu`` in ``nvidia.com/gpu=0``).
 _CDI_DEVICE = re.compile(r"([a-z0-9][-a-z0-9.]*/[A-Za-z0-9][-A-Za-z0-9_.]*)=")
 _MAX_CDI_TEXT = 64 * 1024  # annotations total at most 256 KiB; read a bounded prefix
+#: The device-injector families that hand a container devices SDG cannot name.
+_RAW_FAMILIES = DEVICE_NODE_ANNOTATION_FAMILIES + MOUNT_ANNOTATION_FAMILIES
+#: Per kind of finding, at most this many are kept (and shown) per pod.
+_MAX_SHOWN = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,19 +79,74 @@ class DeviceUse:
 
     pod: str  # namespace/name
     node: str
-    #: Device resources it requests (limits or requests).
+    #: Device resources it requests (limits or requests) or names in CDI annotations.
     resources: frozenset[str]
     #: Device env vars it sets itself (the resource is whatever the env table maps to it).
-    env_vars: frozenset[str]
+    env_vars: frozenset[str] = frozenset()
+    #: (device env var, where from: ``configMap NAME``/``secret NAME``) that a
+    #: container's ``envFrom`` may set.
+    env_from: frozenset[tuple[str, str]] = frozenset()
+    #: Raw device-node and mount annotations of NRI's device-injector (any resource).
+    injected: frozenset[str] = frozenset()
+    #: Its DRA claims (``spec.resourceClaims[].name``; any resource).
+    claims: frozenset[str] = frozenset()
 
     def affects(self, resource: str, env_table: Mapping[str, str]) -> bool:
         """Whether this pod may see devices of ``resource``."""
-        return resource in self.resources or env_var_for(resource, env_table) in self.env_vars
+        if resource in self.resources or self.injected or self.claims:
+            return True
+        var = env_var_for(resource, env_table)
+        if var is None:
+            return False
+        if var in self.env_vars or any(v == var for v, _src in self.env_from):
+            return True
+        return any(var in env_vars_reached(r, env_table) for r in self.resources)
 
     def how(self) -> str:
         parts = [f"requests {r}" for r in sorted(self.resources)]
         parts += [f"sets {v}" for v in sorted(self.env_vars)]
+        parts += [f"may set {v} through envFrom {src}" for v, src in sorted(self.env_from)]
+        parts += [f"sets device-injector annotation {k}" for k in sorted(self.injected)]
+        if self.claims:
+            parts.append(f"claims DRA devices ({', '.join(sorted(self.claims))})")
         return ", ".join(parts)
+
+
+def _in_families(key: str, families: tuple[str, ...]) -> bool:
+    return any(key == f or key.startswith(f + "/") for f in families)
+
+
+def _env_from_vars(container: Obj, device_vars: frozenset[str]) -> set[tuple[str, str]]:
+    """The device env vars a container's ``envFrom`` may set, with their source.
+
+    The rule (safe, yet quiet for the envFrom most pods have): an ``envFrom`` entry may set
+    device var V when its ``prefix`` (often none) is a proper start of V, so some key of
+    the ConfigMap or Secret would become V, and the container does not set V in ``env``
+    itself, which wins over ``envFrom`` (the kubelet's makeEnvironmentVariables,
+    pkg/kubelet/kubelet_pods.go, v1.37.2). SDG cannot read the ConfigMap, so that counts:
+    a ConfigMap with ``NVIDIA_VISIBLE_DEVICES=all`` reaches every GPU. A pod that means no
+    device says so in ``env`` (``NVIDIA_VISIBLE_DEVICES: ""``) or uses a prefix
+    (``APP_``), and is not counted. Only pods on shared nodes matter (reported, block
+    placement), and those are meant to be SDG's alone.
+    """
+    entries = container.get("envFrom") or ()
+    if not entries:
+        return set()
+    own = {e.get("name") for e in container.get("env") or () if isinstance(e, Mapping)}
+    out: set[tuple[str, str]] = set()
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            continue
+        prefix = str(entry.get("prefix") or "")
+        source = "?"
+        for key, what in (("configMapRef", "configMap"), ("secretRef", "secret")):
+            ref = entry.get(key)
+            if isinstance(ref, Mapping):
+                source = f"{what} {ref.get('name', '')}"
+        for var in device_vars:
+            if var not in own and len(prefix) < len(var) and var.startswith(prefix):
+                out.add((var, source))
+    return out
 
 
 def device_use(
@@ -80,7 +156,8 @@ def device_use(
 
     None for pods in a group (the annotation, even empty: the webhook judged those), SDG's
     own holder pods (in ``holders_namespace``: they hold a group's devices), pods not
-    bound to a node yet, finished pods, and pods that use no device.
+    bound to a node yet, finished pods, and pods that use no device. What counts is in
+    the module's docstring.
     """
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     if GROUP_ANNOTATION in (meta.get("annotations") or {}) or is_holder(pod, holders_namespace):
@@ -88,23 +165,30 @@ def device_use(
     node = spec.get("nodeName")
     if not node or not isinstance(node, str) or not is_active(pod):
         return None
-    device_vars = set(env_table.values())
+    device_vars = device_env_vars(env_table)
     resources: set[str] = set()
     env_vars: set[str] = set()
+    env_from: set[tuple[str, str]] = set()
+    injected: set[str] = set()
 
     def requested(section_owner: Obj) -> None:
         for section in ("limits", "requests"):
             for res in (section_owner.get("resources") or {}).get(section) or {}:
-                if env_var_for(res, env_table) is not None:
+                if env_vars_reached(res, env_table):
                     resources.add(res)
 
     requested(spec)
     for key, value in (meta.get("annotations") or {}).items():
+        if not isinstance(value, str):
+            continue
         # CDI device annotations (NRI's device-injector) name devices as <kind>=<id>.
-        if key.startswith(CDI_ANNOTATION_FAMILIES) and isinstance(value, str):
+        if _in_families(key, CDI_ANNOTATION_FAMILIES):
             for kind in _CDI_DEVICE.findall(value[:_MAX_CDI_TEXT]):
-                if env_var_for(kind, env_table) is not None:
+                if env_vars_reached(kind, env_table):
                     resources.add(kind)
+        # Raw device nodes and mounts: whatever they name, SDG cannot tell which GPU.
+        elif _in_families(key, _RAW_FAMILIES) and value.strip() not in ("", "[]"):
+            injected.add(key)
     for kind in _CONTAINER_KINDS:
         for container in spec.get(kind) or ():
             requested(container)
@@ -112,15 +196,27 @@ def device_use(
                 name = entry.get("name")
                 if name not in device_vars:
                     continue
-                value = entry.get("value")
                 # valueFrom (a ConfigMap, a field) may say anything: count it as a use.
-                if entry.get("valueFrom") or str(value or "").strip().lower() not in (
-                    NO_DEVICE_VALUES
-                ):
+                if entry.get("valueFrom") or not names_no_device(entry.get("value")):
                     env_vars.add(name)
-    if not resources and not env_vars:
+            env_from |= _env_from_vars(container, device_vars)
+    pod_claims = spec.get("resourceClaims")
+    claims = {
+        str(c.get("name", ""))
+        for c in (pod_claims[:_MAX_SHOWN] if isinstance(pod_claims, list) else ())
+        if isinstance(c, Mapping)
+    }
+    if not (resources or env_vars or env_from or injected or claims):
         return None
-    return DeviceUse(pod_key(pod), node, frozenset(resources), frozenset(env_vars))
+    return DeviceUse(
+        pod_key(pod),
+        node,
+        frozenset(resources),
+        frozenset(env_vars),
+        frozenset(sorted(env_from)[:_MAX_SHOWN]),
+        frozenset(sorted(injected)[:_MAX_SHOWN]),
+        frozenset(claims),
+    )
 
 
 def is_shared(node: Obj | None) -> bool:
@@ -133,7 +229,9 @@ def foreign_facts(
 ) -> tuple[Any, ...]:
     """What a pod outside any group uses on its node (empty: nothing)."""
     use = device_use(pod, env_table, holders_namespace)
-    return (use.node, use.resources, use.env_vars) if use else ()
+    if use is None:
+        return ()
+    return (use.node, use.resources, use.env_vars, use.env_from, use.injected, use.claims)
 
 
 def foreign_changed(env_table: Mapping[str, str], holders_namespace: str | None = None) -> Funcs:

@@ -124,3 +124,101 @@ def test_cdi_device_annotations_are_a_use() -> None:
     assert use is not None and use.resources == {GPU}
     p["metadata"]["annotations"] = {"cdi-devices.nri.io/pod": '["example.com/fpga=0"]'}
     assert device_use(p, DEFAULT_ENV_TABLE) is None
+
+
+@pytest.mark.parametrize(
+    "resource", ["nvidia.com/mig-1g.10gb", "nvidia.com/gpu.shared", "amd.com/gpu-partition"]
+)
+def test_alias_resources_of_a_vendor_are_a_use_of_its_gpus(resource: str) -> None:
+    """MIG profiles, time-slicing's renamed resource, partitions: the same physical GPUs."""
+    use = device_use(pod(limits={resource: "1"}), DEFAULT_ENV_TABLE)
+    assert use is not None and use.resources == {resource}
+    vendor = "amd.com/gpu" if resource.startswith("amd") else GPU
+    other = GPU if vendor != GPU else "amd.com/gpu"
+    assert use.affects(vendor, DEFAULT_ENV_TABLE)
+    assert not use.affects(other, DEFAULT_ENV_TABLE)
+    assert f"requests {resource}" in use.how()
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "devices.noderesource.dev/container.c",
+        "devices.nri.io/pod",
+        "devices.noderesource.dev",
+        "mounts.noderesource.dev/container.c",
+        "mounts.nri.io/pod",
+    ],
+)
+def test_raw_device_and_mount_annotations_are_a_use_of_every_resource(key: str) -> None:
+    """A pod injecting /dev/nvidia3 by annotation sees a GPU SDG cannot name."""
+    p = pod(annotations={key: "- path: /dev/nvidia3\n  type: c\n  major: 195\n  minor: 3"})
+    use = device_use(p, DEFAULT_ENV_TABLE)
+    assert use is not None and use.injected == {key}
+    assert all(use.affects(r, DEFAULT_ENV_TABLE) for r in (GPU, "amd.com/gpu"))
+    assert use.how() == f"sets device-injector annotation {key}"
+    # An empty list injects nothing; another plugin's family is no device path.
+    assert device_use(pod(annotations={key: "[]"}), DEFAULT_ENV_TABLE) is None
+    other = {"io-priority.noderesource.dev/pod": "class: IOPRIO_CLASS_BE"}
+    assert device_use(pod(annotations=other), DEFAULT_ENV_TABLE) is None
+
+
+def test_dra_claims_are_a_use_of_every_resource() -> None:
+    p = pod()
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    use = device_use(p, DEFAULT_ENV_TABLE)
+    assert use is not None and use.claims == {"gpu"}
+    assert use.affects(GPU, DEFAULT_ENV_TABLE) and use.affects("amd.com/gpu", DEFAULT_ENV_TABLE)
+    assert use.how() == "claims DRA devices (gpu)"
+    p["spec"]["resourceClaims"] = []
+    assert device_use(p, DEFAULT_ENV_TABLE) is None
+
+
+def env_from_pod(*entries: dict[str, Any], env: list[dict[str, Any]] | None = None) -> dict:
+    p = pod(env=env)
+    p["spec"]["containers"][-1]["envFrom"] = list(entries)
+    return p
+
+
+def test_env_from_that_may_set_a_device_variable_is_a_use() -> None:
+    """A ConfigMap may hold NVIDIA_VISIBLE_DEVICES=all; SDG cannot read it, so it counts."""
+    use = device_use(env_from_pod({"configMapRef": {"name": "settings"}}), DEFAULT_ENV_TABLE)
+    assert use is not None
+    assert use.env_from == {
+        ("AMD_VISIBLE_DEVICES", "configMap settings"),
+        ("ASCEND_VISIBLE_DEVICES", "configMap settings"),
+        ("NVIDIA_VISIBLE_DEVICES", "configMap settings"),
+    }
+    assert use.affects(GPU, DEFAULT_ENV_TABLE)
+    assert "may set NVIDIA_VISIBLE_DEVICES through envFrom configMap settings" in use.how()
+    # A prefix that can still make the name (NVIDIA_ + VISIBLE_DEVICES) counts for it only.
+    use = device_use(
+        env_from_pod({"prefix": "NVIDIA_", "secretRef": {"name": "s"}}), DEFAULT_ENV_TABLE
+    )
+    assert use is not None and use.env_from == {("NVIDIA_VISIBLE_DEVICES", "secret s")}
+    assert not use.affects("amd.com/gpu", DEFAULT_ENV_TABLE)
+
+
+def test_env_from_that_cannot_set_a_device_variable_is_not_a_use() -> None:
+    """Quiet for the envFrom most pods have: a prefix of their own, or the device
+    variable set in env (env wins over envFrom), e.g. to "" for no device."""
+    assert (
+        device_use(
+            env_from_pod({"prefix": "APP_", "configMapRef": {"name": "a"}}),
+            {GPU: "NVIDIA_VISIBLE_DEVICES"},
+        )
+        is None
+    )
+    exact = {"prefix": "NVIDIA_VISIBLE_DEVICES", "configMapRef": {"name": "a"}}  # key ""
+    assert device_use(env_from_pod(exact), {GPU: "NVIDIA_VISIBLE_DEVICES"}) is None
+    env = [{"name": var} for var in sorted(set(DEFAULT_ENV_TABLE.values()))]
+    p = env_from_pod({"configMapRef": {"name": "settings"}}, env=env)
+    assert device_use(p, DEFAULT_ENV_TABLE) is None
+
+
+def test_the_mirror_blocks_every_resource_for_a_pod_injecting_devices() -> None:
+    mirror = ForeignDevices(DEFAULT_ENV_TABLE)
+    mirror.observe(pod("raw", annotations={"devices.nri.io/pod": "- path: /dev/nvidia0"}))
+    assert set(mirror.blocked([GPU, "amd.com/gpu"])["n0"]) == {GPU, "amd.com/gpu"}
+    _reason, message = mirror.problem("n0", {GPU: 1}) or ("", "")
+    assert "ns/raw (sets device-injector annotation devices.nri.io/pod)" in message

@@ -23,8 +23,7 @@ from api.pods import (
 )
 from controllers.foreign import device_use, is_shared
 from controllers.holders import read_holder
-from controllers.inventory import count_offer
-from controllers.inventory import node_offers
+from controllers.inventory import count_offer, node_offers
 from controllers.placement import is_node_ready, node_device_capacity, unaddressable_devices
 from controllers.podfit import host_ports, pod_fits_node, pod_requests
 from controllers.podscheduler import wants_scheduling
@@ -188,6 +187,39 @@ PODS = [
         ephemeralContainers=[container("debug", env=GPU_ENV)],
         resources={"requests": {"cpu": "1"}},
     ),
+    # More ways to devices: envFrom a ConfigMap (no prefix) or a Secret (a prefix that can
+    # still make NVIDIA_VISIBLE_DEVICES), DRA claims, a raw device node by annotation, a
+    # MIG profile of the device plugin.
+    full_pod(
+        "configmap-env",
+        {},
+        containers=[
+            container(
+                "cuda",
+                envFrom=[
+                    {"configMapRef": {"name": "gpu-settings", "optional": True}},
+                    {"prefix": "NVIDIA_", "secretRef": {"name": "s"}},
+                    {"prefix": "APP_", "configMapRef": {"name": "app"}},
+                ],
+            )
+        ],
+    ),
+    full_pod(
+        "claims",
+        {},
+        containers=[container("cuda", resources={"claims": [{"name": "gpu"}]})],
+        resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+    ),
+    full_pod(
+        "devnode",
+        {"devices.noderesource.dev/container.cuda": "- path: /dev/nvidia3\n  type: c"},
+        containers=[container("cuda")],
+    ),
+    full_pod(
+        "mig",
+        {},
+        containers=[container("cuda", resources={"limits": {"nvidia.com/mig-1g.10gb": "1"}})],
+    ),
     # SDG's holder pod: the kubelet's report of the devices it gave it.
     {
         **full_pod(
@@ -261,6 +293,33 @@ def test_the_cached_copy_is_a_fraction_of_a_real_pod() -> None:
     assert "volumes" not in slim["spec"] and "containerStatuses" not in slim["status"]
     assert "managedFields" not in slim["metadata"]
     assert "image" not in slim["spec"]["containers"][0]
+
+
+def test_env_from_and_claims_are_kept_bounded_and_err_towards_counting() -> None:
+    """Only what foreign detection reads; a pod with thousands of envFrom entries or
+    claims costs a bounded copy, and whatever is cut can only add to what is counted."""
+    many = [{"prefix": f"P{i}_", "configMapRef": {"name": f"cm{i}"}} for i in range(1000)]
+    many.append({"prefix": "X" * 10_000, "secretRef": {"name": "s", "optional": True}})
+    pod = full_pod(
+        "many",
+        {},
+        containers=[container("c", envFrom=many)],
+        resourceClaims=[{"name": f"c{i}", "resourceClaimName": f"rc{i}"} for i in range(500)],
+    )
+    slim = cached_pod(copy.deepcopy(pod))
+    kept = slim["spec"]["containers"][0]["envFrom"]
+    assert len(kept) == 16 and len(slim["spec"]["resourceClaims"]) == 16
+    assert kept[0] == {"prefix": "P0_", "configMapRef": {"name": "cm0"}}
+    # The last stands for the rest, without a prefix: it may set any device variable.
+    assert kept[-1] == {"configMapRef": {"name": "..."}}
+    assert device_use(pod, DEFAULT_ENV_TABLE) is not None  # the claims alone count
+    use = device_use(slim, DEFAULT_ENV_TABLE)
+    assert use is not None and use.env_from and use.claims
+    # A long prefix is cut to a start of itself: it matches at least what it matched.
+    long = full_pod("long", {}, containers=[container("c", envFrom=[many[-1]])])
+    cut = cached_pod(copy.deepcopy(long))["spec"]["containers"][0]["envFrom"]
+    assert cut == [{"prefix": "X" * 64, "secretRef": {"name": "s"}}]
+    assert device_use(long, DEFAULT_ENV_TABLE) == device_use(cached_pod(long), DEFAULT_ENV_TABLE)
 
 
 def test_malformed_parts_are_kept_for_readers_to_judge() -> None:
