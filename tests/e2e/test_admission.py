@@ -99,6 +99,55 @@ async def test_vendor_env_names_and_user_values_replaced(
         assert init_env["ASCEND_VISIBLE_DEVICES"] == "0,1"
 
 
+async def test_group_pods_asking_for_other_devices_are_refused_saying_why(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    """Any device resource (another vendor's, an alias of NVIDIA's own), DRA claims, or
+    another vendor's device variable: the pod would see devices beside its group's."""
+    await add_node(client, "n1", 2, extra={"amd.com/gpu": 2})
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("g", {GPU: 1}))
+        await wait_bound(client, "g")
+        for res in ("amd.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/gpu.shared"):
+            p = pod(f"wants-{res.replace('/', '-').replace('.', '-')}", "g")
+            p["spec"]["containers"][0]["resources"] = {"limits": {res: "1"}}
+            msg = await _denied(client, namespace, p)
+            assert (
+                f"container 'c0' requests {res} in resources.limits, a device resource: a "
+                "pod of SharedDeviceGroup 'g' sees exactly the group's devices "
+                "(nvidia.com/gpu)"
+            ) in msg
+            assert f"Remove the {res} limit and request, or run the pod outside the group" in msg
+
+        claims = pod("claims", "g")
+        claims["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "mine"}]
+        msg = await _denied(client, namespace, claims)
+        assert "pod asks for devices through spec.resourceClaims (gpu)" in msg
+        assert "Remove spec.resourceClaims (and the containers' resources.claims)" in msg
+
+        amd = pod("amd-env", "g")
+        amd["spec"]["containers"][0]["env"] = [{"name": "AMD_VISIBLE_DEVICES", "value": "all"}]
+        msg = await _denied(client, namespace, amd)
+        assert (
+            "container 'c0' sets AMD_VISIBLE_DEVICES=all, the device variable of amd.com/gpu, "
+            "which SharedDeviceGroup 'g' does not hold"
+        ) in msg
+        assert (
+            "Remove AMD_VISIBLE_DEVICES (SDG sets the group's own: NVIDIA_VISIBLE_DEVICES), "
+            'or set it to ""'
+        ) in msg
+
+        # Saying "no device" for another vendor is fine, as is CUDA's own filter.
+        quiet = pod("quiet", "g")
+        quiet["spec"]["containers"][0]["env"] = [
+            {"name": "AMD_VISIBLE_DEVICES", "value": "void"},
+            {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+        ]
+        created = await client.create(PODS, quiet, namespace)
+        assert env_of(created)["NVIDIA_VISIBLE_DEVICES"] == "0"
+        assert env_of(created)["AMD_VISIBLE_DEVICES"] == "void"
+
+
 async def test_group_validation(cluster: ControlPlane, client: Client, namespace: str) -> None:
     await add_node(client, "n1", 4, labels={"zone": "a"})
     async with run_sdg(cluster):

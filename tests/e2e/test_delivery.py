@@ -32,7 +32,8 @@ from tests.e2e.harness import (
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 DEVICES = "deviceshare.io/devices"
-CDI = "cdi-devices.nri.io/container."
+CDI = "cdi-devices.noderesource.dev/container."  # the device-injector's current family
+OLD_CDI = "cdi-devices.nri.io/container."  # its deprecated one, still read
 MEMBERSHIP = "ValidatingAdmissionPolicy 'deviceshare-group-membership'"
 WEBHOOK = 'admission webhook "mpod.deviceshare.io" denied the request'
 
@@ -159,7 +160,7 @@ async def test_uuids_from_the_inventory_reach_the_env_and_the_record_keeps_ids(
         assert annotations(created)[DEVICES] == '{"nvidia.com/gpu":"0,1"}'
 
 
-async def test_a_node_labelled_cdi_gets_cdi_annotations_and_void_env(
+async def test_a_node_labelled_cdi_gets_cdi_annotations_and_empty_env(
     cluster: ControlPlane, client: Client, namespace: str
 ) -> None:
     await add_node(client, "n1", 4, labels={"deviceshare.io/delivery": "cdi"})
@@ -171,6 +172,7 @@ async def test_a_node_labelled_cdi_gets_cdi_annotations_and_void_env(
             {
                 "cdi-devices.nri.io/pod": '["nvidia.com/gpu=all"]',  # would reach kubectl debug
                 CDI + "c0": '["nvidia.com/gpu=3"]',  # the group decides
+                OLD_CDI + "c1": '["nvidia.com/gpu=all"]',  # deprecated, still owned
                 "team": "ml",
             }
         )
@@ -186,12 +188,14 @@ async def test_a_node_labelled_cdi_gets_cdi_annotations_and_void_env(
             CDI + "c1": names,
         }
         for c in every_container(created):
-            assert env_of({"spec": {"containers": [c]}}) == {
-                "NVIDIA_VISIBLE_DEVICES": "void",
-                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            }, c["name"]
+            # Empty: no device for every vendor's runtime, and it overrides an image's
+            # NVIDIA_VISIBLE_DEVICES=all. The API server stores it as the name alone.
+            assert c["env"] == [
+                {"name": "NVIDIA_VISIBLE_DEVICES"},
+                {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},
+            ], c["name"]
 
-        # kubectl debug: the debug container gets void too (no annotation can name it).
+        # kubectl debug: the debug container gets it empty too (no annotation can name it).
         dbg = {"name": "dbg", "image": "nvidia/cuda", "command": ["sleep", "60"]}
         dbg["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
         member = await client.patch(
@@ -203,7 +207,7 @@ async def test_a_node_labelled_cdi_gets_cdi_annotations_and_void_env(
             subresource="ephemeralcontainers",
         )
         (debugged,) = member["spec"]["ephemeralContainers"]
-        assert env_of({"spec": {"containers": [debugged]}})["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert debugged["env"][0] == {"name": "NVIDIA_VISIBLE_DEVICES"}
 
         # The CDI annotations cannot change afterwards, with the manager running or not.
         for key, value in (
@@ -211,16 +215,95 @@ async def test_a_node_labelled_cdi_gets_cdi_annotations_and_void_env(
             (CDI + "c1", None),
             ("cdi-devices.noderesource.dev/pod", '["nvidia.com/gpu=all"]'),
             (CDI + "dbg", '["nvidia.com/gpu=all"]'),
+            (OLD_CDI + "dbg", '["nvidia.com/gpu=all"]'),
         ):
             msg = await refused(client.patch(PODS, "member", annotate(key, value), namespace))
             assert (
                 f"pod {namespace}/member of SharedDeviceGroup 'g' gets its devices when it is "
-                f"created; its CDI device annotation {key} cannot be added, changed or removed"
+                f"created; its device-injector annotation {key} cannot be added, changed or "
+                "removed"
             ) in msg
         # A pod outside any group keeps its annotations its own.
         plain = await client.create(PODS, pod("plain", None), namespace)
         await client.patch(PODS, "plain", annotate(CDI + "c0", '["vendor.com/x=0"]'), namespace)
         assert annotations(plain).get(DEVICES) is None
+
+
+async def test_group_pods_own_every_device_injector_family(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    """NRI's device-injector also reads raw device nodes (devices.*) and mounts (mounts.*):
+    refused on a group pod at creation; its own CDI annotations are removed in env mode;
+    none can be added later, nor through a Binding, with or without the manager."""
+    await add_node(client, "n1", 4)
+    async with run_sdg(cluster):  # env mode
+        await client.create(SDG_KIND, group("g", {GPU: 2}))
+        await wait_bound(client, "g")
+        p = pod("member", "g")
+        p["metadata"]["annotations"].update(
+            {
+                "cdi-devices.noderesource.dev/pod": '["nvidia.com/gpu=all"]',
+                OLD_CDI + "c0": '["nvidia.com/gpu=all"]',
+            }
+        )
+        created = await client.create(PODS, p, namespace)
+        assert not [k for k in annotations(created) if k.startswith("cdi-devices.")]
+        assert env_of(created)["NVIDIA_VISIBLE_DEVICES"] == "0,1"
+
+        for key in ("devices.noderesource.dev/container.c0", "mounts.nri.io/pod"):
+            raw = pod(f"raw-{len(key)}", "g")
+            raw["metadata"]["annotations"][key] = (
+                "- path: /dev/nvidia3\n  type: c\n  major: 195\n  minor: 3"
+            )
+            with pytest.raises(errors.ApiError) as info:
+                await client.create(PODS, raw, namespace)
+            assert WEBHOOK in info.value.message
+            assert (
+                f"annotation {key} asks NRI's device-injector for device nodes or mounts in "
+                "the pod's containers: a pod of SharedDeviceGroup 'g' sees exactly the "
+                "group's devices"
+            ) in info.value.message
+            assert f"Remove {key}" in info.value.message
+        await client.create(PODS, pod("plain", None), namespace)
+    remove_webhooks(cluster)  # nothing of SDG left but the API server's policy
+
+    for key in (
+        "devices.noderesource.dev/container.c0",
+        "devices.nri.io",
+        "mounts.noderesource.dev/pod",
+        "mounts.nri.io/container.c0",
+        "cdi-devices.noderesource.dev/container.c0",
+    ):
+        msg = await refused(client.patch(PODS, "member", annotate(key, "- path: /dev"), namespace))
+        assert f"its device-injector annotation {key} cannot be added, changed or removed" in msg
+        await refused(
+            client.patch(PODS, "member", annotate(key, "[]"), namespace, subresource="status")
+        )
+    # Look-alikes stay the pod's own; a pod outside any group keeps its annotations its own.
+    await client.patch(
+        PODS, "member", annotate("devices.noderesource.dev.example/x", "y"), namespace
+    )
+    await client.patch(PODS, "plain", annotate("devices.nri.io/pod", "- path: /dev/x"), namespace)
+    # A Binding cannot tell whether its pod is in a group: refused for every pod.
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "plain", "annotations": {"mounts.noderesource.dev/pod": "- x"}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+    }
+    path = f"/api/v1/namespaces/{namespace}/pods/plain/binding"
+    msg = await refused(client.request("POST", path, json=binding))
+    assert (
+        f"the Binding of pod {namespace}/plain sets device-injector annotation "
+        "mounts.noderesource.dev/pod, which the API server copies onto the pod"
+    ) in msg
+    binding["metadata"]["annotations"] = {"scheduled-by": "me"}
+    await client.request("POST", path, json=binding)
+    assert (await client.get(PODS, "plain", namespace))["spec"]["nodeName"] == "n1"
+    member = await client.get(PODS, "member", namespace)
+    assert [k for k in annotations(member) if k.startswith(("devices.", "mounts.", "cdi-"))] == [
+        "devices.noderesource.dev.example/x"
+    ]
 
 
 async def test_a_runtimeclass_manager_sets_it_and_refuses_another(
