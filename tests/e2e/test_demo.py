@@ -40,7 +40,8 @@ def test_demo_runs_end_to_end() -> None:
         # One pod per delivery mode: env (above), a RuntimeClass, CDI names.
         "trainer trainer-gpus gpu-node-2 Running NVIDIA_VISIBLE_DEVICES=0,1 "
         "runtimeClassName=nvidia",
-        "dra-trainer dra-gpus dra-node-1 Running NVIDIA_VISIBLE_DEVICES=void "
+        # CDI delivery: the vendor variable empty, the names under the current family.
+        "dra-trainer dra-gpus dra-node-1 Running NVIDIA_VISIBLE_DEVICES= "
         'cdi=["nvidia.com/gpu=0","nvidia.com/gpu=2"]',
         "workload-1 my-gpu-group gpu-node-3 Running NVIDIA_VISIBLE_DEVICES=0,1",
         "workload-2 my-gpu-group gpu-node-3 Running NVIDIA_VISIBLE_DEVICES=0,1",
