@@ -90,14 +90,21 @@ REASON_CLAIM_CONFLICT: Final = "ClaimConflict"
 REASON_DEVICES_CONFLICT: Final = "DevicesConflict"
 REASON_RECOVERY_CONFLICT: Final = "RecoveryConflict"
 REASON_FOREIGN_DEVICE_PODS: Final = "ForeignDevicePods"
+#: A Bound group whose holder pod is gone, refused or holds other devices: the kubelet's
+#: books no longer keep its devices from plain pods (``controllers.holders``).
+REASON_HOLDER_LOST: Final = "HolderLost"
 CONFLICT_REASONS: Final = frozenset(
     {
         REASON_CLAIM_CONFLICT,
         REASON_DEVICES_CONFLICT,
         REASON_RECOVERY_CONFLICT,
         REASON_FOREIGN_DEVICE_PODS,
+        REASON_HOLDER_LOST,
     }
 )
+#: Scheduled=False reason while the kubelet has not yet given a new group's holder pod
+#: its devices: the group is placed and binds in a moment (the pod webhook waits for it).
+REASON_WAITING_FOR_HOLDER: Final = "WaitingForHolder"
 
 # --- Device env vars ----------------------------------------------------------------------
 #: Default device resource -> env var table. Keys are fnmatch-style globs matched against

@@ -32,7 +32,7 @@ from controllers.claims import ClaimBook
 from controllers.foreign import ForeignDevices, ForeignPodReporter, is_shared
 from controllers.groupscheduler import GroupScheduler
 from controllers.holders import Holders, kubelet_hold
-from controllers.inventory import RESOURCESLICES, Inventory, Offer
+from controllers.inventory import RESOURCESLICES, SOURCE_SLICE, Inventory, Offer
 from controllers.podscheduler import PodScheduler
 from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.settings import Settings
@@ -114,7 +114,10 @@ class SDG:
         self.claims = ClaimBook(mgr.client, settings.namespace, on_change=self._count_devices)
         self.inventory = Inventory(settings.dra_driver_table())
         self.foreign = ForeignDevices(
-            self.env_table, on_change=self._count_foreign, holders_namespace=settings.namespace
+            self.env_table,
+            on_change=self._count_foreign,
+            holders_namespace=settings.namespace,
+            kubelet_counts=self._kubelet_counts,
         )
         self._feed_claims()
         self._feed_inventory()
@@ -164,7 +167,12 @@ class SDG:
             env_table=self.env_table,
         )
         podscheduler.setup(mgr, self.pod_scheduler, workers=settings.pod_workers)
-        foreign.setup(mgr, ForeignPodReporter(cache, recorder, self.env_table, settings.namespace))
+        foreign.setup(
+            mgr,
+            ForeignPodReporter(
+                cache, recorder, self.env_table, settings.namespace, self._kubelet_counts
+            ),
+        )
 
         server = mgr.webhook_server
         server.register(
@@ -221,6 +229,14 @@ class SDG:
             on_update=lambda _old, pod: self.foreign.observe(pod),
             on_delete=self.foreign.forget,
         )
+
+    def _kubelet_counts(self, node: str, resource: str) -> bool:
+        """Whether ``node``'s kubelet counts ``resource`` for the groups too: holder pods
+        are on and the node's device plugin provides it (not a DRA driver)."""
+        if self.settings.holders != "auto":
+            return False
+        offer = (self.claims.offers.get(node) or {}).get(resource)
+        return offer is not None and offer.source != SOURCE_SLICE
 
     def _feed_kubelet_holds(self) -> None:
         """Pods outside any group that a device plugin gave devices -> the claim book

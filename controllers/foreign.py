@@ -90,17 +90,38 @@ class DeviceUse:
     injected: frozenset[str] = frozenset()
     #: Its DRA claims (``spec.resourceClaims[].name``; any resource).
     claims: frozenset[str] = frozenset()
+    #: Of ``resources``, those it asks for in requests/limits: what a kubelet's device
+    #: manager gives it (and counts), as opposed to what CDI annotations name.
+    requested: frozenset[str] = frozenset()
 
-    def affects(self, resource: str, env_table: Mapping[str, str]) -> bool:
-        """Whether this pod may see devices of ``resource``."""
-        if resource in self.resources or self.injected or self.claims:
+    def affects(
+        self, resource: str, env_table: Mapping[str, str], *, kubelet_counted: bool = False
+    ) -> bool:
+        """Whether this pod may see devices of ``resource``. ``kubelet_counted``: the node's
+        kubelet counts ``resource`` for the groups too (their holder pods), so asking the
+        device plugin for it reaches only devices no group holds."""
+        resources = self.resources
+        if kubelet_counted and resource in self.requested:
+            resources = resources - {resource}
+        if resource in resources or self.injected or self.claims:
             return True
         var = env_var_for(resource, env_table)
         if var is None:
             return False
         if var in self.env_vars or any(v == var for v, _src in self.env_from):
             return True
-        return any(var in env_vars_reached(r, env_table) for r in self.resources)
+        return any(var in env_vars_reached(r, env_table) for r in resources)
+
+    def beyond_kubelet(self, counted: Callable[[str], bool]) -> bool:
+        """Whether it may see devices other than those a kubelet counts for it (``counted``
+        says which resources the kubelet counts for the groups too)."""
+        return bool(
+            self.env_vars
+            or self.env_from
+            or self.injected
+            or self.claims
+            or any(not (r in self.requested and counted(r)) for r in self.resources)
+        )
 
     def how(self) -> str:
         parts = [f"requests {r}" for r in sorted(self.resources)]
@@ -167,6 +188,7 @@ def device_use(
         return None
     device_vars = device_env_vars(env_table)
     resources: set[str] = set()
+    asked: set[str] = set()
     env_vars: set[str] = set()
     env_from: set[tuple[str, str]] = set()
     injected: set[str] = set()
@@ -176,6 +198,7 @@ def device_use(
             for res in (section_owner.get("resources") or {}).get(section) or {}:
                 if env_vars_reached(res, env_table):
                     resources.add(res)
+                    asked.add(res)
 
     requested(spec)
     for key, value in (meta.get("annotations") or {}).items():
@@ -216,6 +239,7 @@ def device_use(
         frozenset(sorted(env_from)[:_MAX_SHOWN]),
         frozenset(sorted(injected)[:_MAX_SHOWN]),
         frozenset(claims),
+        frozenset(asked),
     )
 
 
@@ -258,9 +282,14 @@ class ForeignDevices:
         env_table: Mapping[str, str],
         on_change: Callable[[str], None] | None = None,
         holders_namespace: str | None = None,
+        kubelet_counts: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.env_table = env_table
         self.holders_namespace = holders_namespace
+        #: (node, resource) -> whether that node's kubelet counts the resource for the
+        #: groups too (their holder pods): then asking the device plugin for it is no
+        #: foreign use (``DeviceUse.affects``).
+        self.kubelet_counts = kubelet_counts or (lambda _node, _res: False)
         #: Called with a node's name when its foreign pods change (metrics).
         self.on_change = on_change
         self._by_node: dict[str, dict[str, DeviceUse]] = {}
@@ -304,9 +333,13 @@ class ForeignDevices:
         """The node's foreign device users, sorted by pod."""
         return sorted(self._by_node.get(node, {}).values(), key=lambda u: u.pod)
 
+    def _affects(self, use: DeviceUse, node: str, resource: str) -> bool:
+        counted = resource in use.requested and self.kubelet_counts(node, resource)
+        return use.affects(resource, self.env_table, kubelet_counted=counted)
+
     def affecting(self, node: str, resources: Iterable[str]) -> list[DeviceUse]:
         wanted = list(resources)
-        return [u for u in self.on(node) if any(u.affects(r, self.env_table) for r in wanted)]
+        return [u for u in self.on(node) if any(self._affects(u, node, r) for r in wanted)]
 
     def blocked(self, resources: Iterable[str]) -> dict[str, dict[str, str]]:
         """For placement: node -> resource -> why, for every node where a requested
@@ -315,7 +348,7 @@ class ForeignDevices:
         out: dict[str, dict[str, str]] = {}
         for node, pods in self._by_node.items():
             for res in wanted:
-                if any(u.affects(res, self.env_table) for u in pods.values()):
+                if any(self._affects(u, node, res) for u in pods.values()):
                     out.setdefault(node, {})[res] = (
                         f"have {res} in use by pods outside any group "
                         "(sdg explain lists them; keep shared nodes tainted)"
@@ -337,7 +370,12 @@ class ForeignDevices:
         )
 
     def counts(self, node: str) -> int:
-        return len(self._by_node.get(node, {}))
+        """Pods on ``node`` that may see devices the books do not say they have."""
+        return sum(
+            1
+            for u in self._by_node.get(node, {}).values()
+            if u.beyond_kubelet(lambda r: self.kubelet_counts(node, r))
+        )
 
 
 class ForeignPodReporter:
@@ -350,11 +388,14 @@ class ForeignPodReporter:
         recorder: EventRecorder,
         env_table: Mapping[str, str],
         holders_namespace: str | None = None,
+        kubelet_counts: Callable[[str, str], bool] | None = None,
     ):
         self.cache = cache
         self.recorder = recorder
         self.env_table = env_table
         self.holders_namespace = holders_namespace
+        #: As ``ForeignDevices.kubelet_counts``: uses the kubelet counts are not warned of.
+        self.kubelet_counts = kubelet_counts or (lambda _node, _res: False)
         #: pod key -> UID of the pod already warned (bounded: dropped when the pod goes).
         self._warned: dict[str, str] = {}
 
@@ -376,6 +417,8 @@ class ForeignPodReporter:
             node = None
         if not is_shared(node) or self._warned.get(key) == uid:
             return None
+        if not use.beyond_kubelet(lambda r: self.kubelet_counts(use.node, r)):
+            return None  # the kubelet gave it devices no group holds
         self._warned[key] = uid
         self.recorder.emit(
             pod,

@@ -35,8 +35,10 @@ from api.constants import (
     PHASE_BOUND,
     REASON_CLAIM_CONFLICT,
     REASON_DEVICES_CONFLICT,
+    REASON_HOLDER_LOST,
     REASON_NOT_READY,
     REASON_UNSCHEDULABLE,
+    REASON_WAITING_FOR_HOLDER,
     SDG_KIND,
 )
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
@@ -55,8 +57,6 @@ from controllers.groupstatus import (
 )
 from controllers.groupwriter import GroupWriter
 from controllers.holders import (
-    REASON_HOLDER_LOST,
-    REASON_WAITING_FOR_HOLDER,
     Given,
     Holders,
     Refused,

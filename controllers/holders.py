@@ -48,11 +48,6 @@ def is_holder(pod: Obj, namespace: str | None) -> bool:
     )
 
 
-#: Ready=False reason of a Bound group whose holder pod is gone, failed, or holds other
-#: devices than the group: the kubelet's books no longer keep the group's devices.
-REASON_HOLDER_LOST: Final = "HolderLost"
-#: Scheduled=False reason while the kubelet has not yet given a new holder its devices.
-REASON_WAITING_FOR_HOLDER: Final = "WaitingForHolder"
 _MAX_NAME = 253
 _PREFIX = "sdg-holder."
 
@@ -139,7 +134,6 @@ def holder_pod(
                     "name": name,
                     "uid": str(meta.get("uid") or ""),
                     "controller": True,
-                    "blockOwnerDeletion": True,
                 }
             ],
         },

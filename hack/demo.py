@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import anyio  # noqa: E402
 import httpx  # noqa: E402
 
-from api.constants import SDG_KIND  # noqa: E402
+from api.constants import DEFAULT_CDI_ANNOTATION_PREFIX, SDG_KIND  # noqa: E402
 from controllers.cliviews import devices_view, table  # noqa: E402
 from controllers.inventory import RESOURCESLICES  # noqa: E402
 from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE  # noqa: E402
@@ -41,7 +41,12 @@ from sdgruntime import errors  # noqa: E402
 from sdgruntime.client import Client  # noqa: E402
 from sdgruntime.envtest import ControlPlane, load_manifests  # noqa: E402
 from sdgruntime.envtest.controlplane import free_port, stop_process  # noqa: E402
-from sdgruntime.envtest.fakes import Kubelet, create_node, make_node  # noqa: E402
+from sdgruntime.envtest.fakes import (  # noqa: E402
+    Kubelet,
+    create_node,
+    indexed_devices,
+    make_node,
+)
 from sdgruntime.envtest.images import BUSYBOX_IMAGE  # noqa: E402
 from sdgruntime.envtest.node import Node, preflight  # noqa: E402
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS  # noqa: E402
@@ -240,7 +245,7 @@ def _delivered(pod: dict[str, Any]) -> str:
     cdi = (
         pod["metadata"]
         .get("annotations", {})
-        .get(f"cdi-devices.nri.io/container.{container['name']}")
+        .get(f"{DEFAULT_CDI_ANNOTATION_PREFIX}{container['name']}")
     )
     if cdi:
         parts.append(f"cdi={cdi}")
@@ -410,14 +415,18 @@ async def run_demo(
     )
     step(3, total, "installing RBAC and policies; starting the manager as its ServiceAccount")
     cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    for obj in load_manifests([ROOT / "config" / "rbac", ROOT / "config" / "policy"]):
+    for obj in load_manifests(
+        [ROOT / "config" / "holders", ROOT / "config" / "rbac", ROOT / "config" / "policy"]
+    ):
         cp.apply(obj)
     proc, port, log = start_manager(cp, cp.work_dir)
     cp.install_webhooks([ROOT / "config" / "webhook"], port)
     print(f"      manager ready (pid {proc.pid}, log {log}); webhooks registered")
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(Kubelet(client, nodes=fake).run)
+            # The fake nodes' kubelet also plays the device manager: it gives the groups'
+            # holder pods their GPUs, as a real kubelet does on gpu-node-1 in real mode.
+            await tg.start(Kubelet(client, nodes=fake, devices=indexed_devices).run)
             step(4, total, "applying examples/ and two requests that cannot be met")
             denied = await apply_examples(client, real=real)
             await client.create(

@@ -22,6 +22,7 @@ from api.constants import (
     CONDITION_SCHEDULED,
     DEFAULT_ENV_TABLE,
     PHASE_BOUND,
+    REASON_WAITING_FOR_HOLDER,
     SCHEDULER_NAME,
     SDG_KIND,
 )
@@ -47,11 +48,16 @@ _POLL = 0.05
 
 
 def _still_binding(group: Mapping[str, Any]) -> bool:
-    """Neither Bound nor judged unschedulable yet: the scheduler has not decided."""
+    """Neither Bound nor judged unschedulable yet: the scheduler has not decided, or has
+    placed the group and waits for the kubelet to give its holder pod the devices."""
     status = group.get("status") or {}
     if status.get("phase") == PHASE_BOUND:
         return False
-    return not any(c.get("type") == CONDITION_SCHEDULED for c in status.get("conditions") or ())
+    return all(
+        c.get("reason") == REASON_WAITING_FOR_HOLDER
+        for c in status.get("conditions") or ()
+        if c.get("type") == CONDITION_SCHEDULED
+    )
 
 
 class PodMutator:

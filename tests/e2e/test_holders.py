@@ -26,6 +26,7 @@ from tests.e2e.harness import (
     eventually,
     group,
     kubelet,
+    pod,
     run_sdg,
     wait_bound,
 )
@@ -206,3 +207,69 @@ async def test_with_holders_off_no_holder_is_made(cluster: ControlPlane, client:
         await client.create(SDG_KIND, group("team", {GPU: 2}))
         await wait_bound(client, "team")
         assert await holder_of(client, "team") is None
+
+
+def plain_pod(name: str, gpus: int, node: str = "dp-1") -> dict[str, Any]:
+    """A pod outside any group, bound to ``node``, asking the device plugin for GPUs."""
+    p = pod(name, None, nodeName=node)
+    p["spec"]["containers"][0]["resources"] = {"limits": {GPU: str(gpus)}}
+    return p
+
+
+async def test_plain_pods_the_kubelet_counts_share_the_node_with_groups(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    """The mixed layout: plain pods asking the device plugin for GPUs are in the kubelet's
+    books like the holders, so they neither block the node nor flag its groups; placement
+    counts the devices they hold."""
+    await add_node(client, "dp-1", 4)
+    async with run_sdg(cluster, holders="auto"), kubelet(client, devices=indexed_devices):
+        await client.create(PODS, plain_pod("plain", 2), namespace)
+
+        async def plain_given() -> list[str] | None:
+            p = await client.get(PODS, "plain", namespace)
+            statuses = (p.get("status") or {}).get("containerStatuses") or [{}]
+            given = statuses[0].get("allocatedResourcesStatus")
+            return [r["resourceID"] for r in given[0]["resources"]] if given else None
+
+        plain_ids = set(await eventually(plain_given, what="the plain pod's GPUs"))
+        await client.create(SDG_KIND, group("team", {GPU: 2}))
+        g = await wait_bound(client, "team")
+        held = set(g["status"]["selectedDevices"][GPU].split(","))
+        assert held.isdisjoint(plain_ids) and len(held | plain_ids) == 4
+        assert condition(g, "Ready").get("status") == "True", g["status"]
+        # Nothing is left: a third group waits, and says the node has no GPU free.
+        await client.create(SDG_KIND, group("late", {GPU: 1}))
+
+        async def says_none_free() -> str | None:
+            message = condition(await client.get(SDG_KIND, "late"), "Scheduled").get("message")
+            return message if message and "0 free" in message else None
+
+        await eventually(says_none_free, what="'late' Pending: 0 free")
+        # The plain pod ends: its GPUs are free in both books, and 'late' binds on one.
+        await client.delete(PODS, "plain", namespace, grace_period_seconds=0)
+        late = await wait_bound(client, "late")
+        assert late["status"]["selectedDevices"][GPU] in plain_ids
+        live = await client.get(SDG_KIND, "team")
+        assert condition(live, "Ready").get("status") == "True", live["status"]
+
+
+async def test_a_pod_that_sets_the_device_env_itself_is_still_foreign(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    """The kubelet counts requests, not env: NVIDIA_VISIBLE_DEVICES=all on the node reaches
+    every GPU, the group's too."""
+    await add_node(client, "dp-1", 4)
+    async with run_sdg(cluster, holders="auto"), kubelet(client, devices=indexed_devices):
+        await client.create(SDG_KIND, group("team", {GPU: 2}))
+        await wait_bound(client, "team")
+        rogue = pod("rogue", None, nodeName="dp-1")
+        rogue["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+        await client.create(PODS, rogue, namespace)
+
+        async def flagged() -> dict[str, Any] | None:
+            ready = condition(await client.get(SDG_KIND, "team"), "Ready")
+            return ready if ready.get("reason") == "ForeignDevicePods" else None
+
+        ready = await eventually(flagged, what="ForeignDevicePods on the group")
+        assert f"{namespace}/rogue" in ready["message"]

@@ -134,6 +134,7 @@ def manager_process(cp: ControlPlane, env: dict[str, str], log: Path) -> Iterato
         "--metrics-bind-address=0",
         f"--health-probe-bind-address=127.0.0.1:{probe_port}",
         f"--claims-namespace={MANAGER_NS}",
+        "--holders=off",  # a node without a kubelet: nothing would give a holder devices
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -74,6 +74,7 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "CustomResourceDefinition",
     "MutatingWebhookConfiguration",
+    "PriorityClass",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
     "ValidatingWebhookConfiguration",
@@ -349,6 +350,10 @@ def test_rbac_webhooks_and_security_context_match_exactly(
         }
     crd = one(chart, "CustomResourceDefinition")
     assert crd["spec"] == one(config, "CustomResourceDefinition")["spec"]
+    holder_class = one(chart, "PriorityClass")
+    want_class = one(config, "PriorityClass")
+    for key in ("value", "preemptionPolicy"):
+        assert holder_class[key] == want_class[key]
 
 
 def test_self_signed_path_is_accepted_by_the_api_server(helm: Helm, cluster: ControlPlane) -> None:
