@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from api.constants import SDG_KIND
+from controllers.holders import holder_name
 from hack.node.simulators import DevicePluginSim, SimGpu, make_gpus
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.envtest.node import Node
-from sdgruntime.kinds import PODS
-from tests.e2e.harness import GPU, eventually, group, run_sdg, wait_bound
+from sdgruntime.kinds import EVENTS, PODS
+from tests.e2e.harness import GPU, MANAGER_NS, eventually, group, run_sdg, wait_bound
 from tests.realnode.conftest import Report, container_report, report_pod
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -69,9 +70,9 @@ async def gone(client: Client, namespace: str, name: str) -> None:
 async def bound_group(
     cp: ControlPlane, client: Client, name: str, **settings: Any
 ) -> AsyncIterator[dict[str, Any]]:
-    """A running manager and group ``name`` of 2 GPUs Bound on the real node; the group
-    is deleted (its pods first) before the manager stops."""
-    async with run_sdg(cp, **settings):
+    """A running manager (holder pods on) and group ``name`` of 2 GPUs Bound on the real
+    node; the group is deleted (its pods first) before the manager stops."""
+    async with run_sdg(cp, **{"holders": "auto", **settings}):
         await client.create(SDG_KIND, group(name, {GPU: 2}))
         try:
             yield await wait_bound(client, name, within=30)
@@ -148,11 +149,6 @@ async def test_the_kubelet_counts_health_and_a_restart_from_the_plugin(
     await eventually(lambda: node.allocatable().get(GPU) == "4", within=60, what="re-registered")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 18 (one set of books): SDG does not yet enter a group's devices in the "
-    "kubelet's device manager (holder pods), so the device plugin hands them to a plain pod",
-)
 async def test_no_plain_pod_ever_sees_a_groups_gpu(
     plugin: DevicePluginSim, real_cp: ControlPlane, rclient: Client, rns: str
 ) -> None:
@@ -169,3 +165,58 @@ async def test_no_plain_pod_ever_sees_a_groups_gpu(
             assert not got & held, f"a plain pod sees the group's GPUs {sorted(got & held)}"
         finally:
             await gone(rclient, rns, "greedy")
+
+
+async def test_a_group_and_plain_pods_share_the_node_without_sharing_a_gpu(
+    plugin: DevicePluginSim, real_cp: ControlPlane, rclient: Client, rns: str
+) -> None:
+    """The mixed layout: the node is labelled shared, not tainted. The group's holder has
+    2 of the 4 GPUs in the kubelet's books: a plain pod asking for 4 waits, one asking
+    for 2 gets the other two, and when the group goes the waiting pod gets all four."""
+    async with bound_group(real_cp, rclient, "mixed") as g:
+        held = set(g["status"]["physicalDevices"][GPU].split(","))
+        holder = await rclient.get(PODS, holder_name("mixed"), MANAGER_NS)
+        given = holder["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]
+        assert {r["resourceID"] for r in given["resources"]} == held
+        await rclient.create(PODS, report_pod("member", group="mixed"), rns)
+        await rclient.create(PODS, plain_gpu_pod("small", 2), rns)
+        small = await container_report(real_cp, rclient, rns, "small")
+        got = set(small.env["NVIDIA_VISIBLE_DEVICES"].split(","))
+        assert len(got) == 2 and not got & held, (got, held)
+        member = await container_report(real_cp, rclient, rns, "member")
+        assert member.env["NVIDIA_VISIBLE_DEVICES"] == g["status"]["selectedDevices"][GPU]
+        await gone(rclient, rns, "small")
+        await rclient.create(PODS, plain_gpu_pod("whole", 4), rns)
+
+        async def unschedulable() -> bool:
+            pod = await rclient.get(PODS, "whole", rns)
+            conds = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
+            return conds.get("PodScheduled", {}).get("reason") == "Unschedulable"
+
+        await eventually(unschedulable, within=30, what="the 4-GPU pod left unscheduled")
+        live = await rclient.get(SDG_KIND, "mixed")
+        ready = {c["type"]: c for c in live["status"]["conditions"]}["Ready"]
+        assert ready["status"] == "True", ready  # plain pods that the kubelet counts are fine
+        await gone(rclient, rns, "member")
+    # The group is gone, and so is its holder: the kubelet gives the waiting pod all four.
+    with pytest.raises(errors.NotFound):
+        await rclient.get(PODS, holder_name("mixed"), MANAGER_NS)
+    whole = await container_report(real_cp, rclient, rns, "whole", within=60)
+    assert sorted(whole.env["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(g.uuid for g in GPUS)
+    await gone(rclient, rns, "whole")
+
+
+async def test_a_holder_deleted_by_hand_is_reported_on_the_group(
+    plugin: DevicePluginSim, real_cp: ControlPlane, rclient: Client
+) -> None:
+    async with bound_group(real_cp, rclient, "watched"):
+        await rclient.delete(PODS, holder_name("watched"), MANAGER_NS, grace_period_seconds=0)
+
+        async def warned() -> bool:
+            events, _ = await rclient.list_all(EVENTS, "default")
+            return any(
+                e.get("reason") == "HolderLost" and e["involvedObject"].get("name") == "watched"
+                for e in events
+            )
+
+        await eventually(warned, within=30, what="a HolderLost Warning on the group")
