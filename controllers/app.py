@@ -29,6 +29,7 @@ from api.pods import (
 from controllers import foreign, groupscheduler, podscheduler, statuscontroller
 from controllers import metrics as sdg_metrics
 from controllers.claims import ClaimBook
+from controllers.draclaims import RESOURCECLAIMS, DraAllocations, DraPublisher, cached_claim
 from controllers.foreign import ForeignDevices, ForeignPodReporter, is_shared
 from controllers.groupscheduler import GroupScheduler
 from controllers.holders import Holders, kubelet_hold
@@ -78,6 +79,8 @@ def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
             PODS: KindOptions(transform=cached_pod),
             NODES: KindOptions(transform=cached_node),
             SDG_KIND: KindOptions(transform=lambda g: intern_strings(drop_managed_fields(g))),
+            # Every ResourceClaim, but only who it is and what its allocation holds.
+            RESOURCECLAIMS: KindOptions(transform=cached_claim),
         },
     }
     values.update(overrides)
@@ -118,7 +121,11 @@ class SDG:
             on_change=self._count_foreign,
             holders_namespace=settings.namespace,
             kubelet_counts=self._kubelet_counts,
+            claims_counted=settings.resource_slices != "off",
         )
+        self.dra = DraAllocations(settings.namespace) if settings.resource_slices != "off" else None
+        if self.dra is not None:
+            self.claims.set_dra(self.dra)
         self._feed_claims()
         self._feed_inventory()
         self._feed_foreign()
@@ -147,6 +154,11 @@ class SDG:
                 image=settings.holder_image,
                 priority_class=settings.holder_priority_class,
             ),
+            dra=(
+                DraPublisher(mgr.client, settings.namespace, allocations=self.dra)
+                if self.dra is not None
+                else None
+            ),
         )
         groupscheduler.setup(
             mgr,
@@ -170,7 +182,12 @@ class SDG:
         foreign.setup(
             mgr,
             ForeignPodReporter(
-                cache, recorder, self.env_table, settings.namespace, self._kubelet_counts
+                cache,
+                recorder,
+                self.env_table,
+                settings.namespace,
+                self._kubelet_counts,
+                claims_counted=settings.resource_slices != "off",
             ),
         )
 
@@ -221,6 +238,14 @@ class SDG:
                 on_add=inventory.observe_slice,
                 on_update=lambda _o, s: inventory.observe_slice(s),
                 on_delete=inventory.forget_slice,
+            )
+            # DRA's books, served beside the slices (resource.k8s.io/v1): every claim's
+            # allocation, in every namespace.
+            assert self.dra is not None
+            informers.informer(RESOURCECLAIMS).add_handler(
+                on_add=self.dra.observe,
+                on_update=lambda _o, c: self.dra.observe(c),  # type: ignore[union-attr]
+                on_delete=self.dra.forget,
             )
 
     def _feed_foreign(self) -> None:

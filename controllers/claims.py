@@ -40,6 +40,7 @@ from typing import Any
 
 from api.v1alpha1 import parse_ids
 from controllers.coalesce import Abandoned, Coalescer
+from controllers.draclaims import CLAIM_HOLDER_PREFIX, DeviceRef, DraAllocations
 from controllers.holders import KubeletHold, sdg_id
 from controllers.inventory import SOURCE_SLICE, Offer, count_offer
 from controllers.records import (
@@ -113,6 +114,11 @@ class ClaimBook:
         #: Per node, pods outside any group the kubelet gave device-plugin devices (its own
         #: books): pod key -> what it asks for and the plugin IDs the kubelet reported.
         self._kubelet_held: dict[str, dict[str, KubeletHold]] = {}
+        #: DRA's books: every allocated ResourceClaim's devices (``set_dra``), and which
+        #: nodes' offers list devices of each (driver, pool).
+        self.dra: DraAllocations | None = None
+        self._pool_nodes: dict[tuple[str, str], set[str]] = {}
+        self._node_pools: dict[str, set[tuple[str, str]]] = {}
 
     # --- mirroring: records ------------------------------------------------------------
     @property
@@ -248,12 +254,42 @@ class ClaimBook:
         """IDs ``0..N-1`` of each resource (a count-only inventory)."""
         self.set_offers(node, {r: count_offer(r, n) for r, n in capacities.items() if n})
 
+    def _index_pools(self, node: str, offers: Mapping[str, Offer] | None) -> None:
+        """Keep ``_pool_nodes`` (and its inverse) current for ``node``'s offers."""
+        now = {(d.driver, d.pool) for o in (offers or {}).values() for d in o.devices if d.driver}
+        old = self._node_pools.pop(node, set())
+        for pool in old - now:
+            nodes = self._pool_nodes.get(pool, set())
+            nodes.discard(node)
+            if not nodes:
+                self._pool_nodes.pop(pool, None)
+        for pool in now:
+            self._pool_nodes.setdefault(pool, set()).add(node)
+        if now:
+            self._node_pools[node] = now
+
     def set_offers(self, node: str, offers: Mapping[str, Offer]) -> None:
         """The devices ``node`` offers (``controllers.inventory``): IDs below the highest
         that are missing or unhealthy are never handed out (held by ``!unavailable``)."""
         self.offers[node] = dict(offers)
+        self._index_pools(node, offers)
         self.tracker.set_node_capacity(node, {r: o.capacity for r, o in offers.items()})
         self._mirror(node)
+
+    def nodes_of_pool(self, pool: tuple[str, str]) -> set[str]:
+        """The nodes whose offers list devices of ``pool`` (driver, pool name)."""
+        return set(self._pool_nodes.get(pool, ()))
+
+    def set_dra(self, allocations: DraAllocations) -> None:
+        """Read DRA's allocations: a slice device any ResourceClaim but the group's own
+        holds is nobody else's (``!claim:<ns>/<name>``)."""
+        self.dra = allocations
+        allocations.on_change = self._pools_changed
+
+    def _pools_changed(self, pools: frozenset[tuple[str, str]]) -> None:
+        nodes = {n for p in pools for n in self._pool_nodes.get(p, ())}
+        for node in sorted(nodes):
+            self._mirror(node)
 
     def set_kubelet_hold(self, node: str, pod: str, hold: KubeletHold | None) -> None:
         """Pod ``pod`` (namespace/name) on ``node`` holds ``hold`` in the kubelet's books
@@ -272,6 +308,7 @@ class ClaimBook:
 
     def remove_node(self, node: str) -> None:
         self.offers.pop(node, None)
+        self._index_pools(node, None)
         self.tracker.remove_node(node)
         self._mirror(node)
 
@@ -321,6 +358,17 @@ class ClaimBook:
             if where == node:
                 hold(group, devices, lasting=False)
         offers = self.offers.get(node) or {}
+        if self.dra is not None:
+            # DRA's books: a claim's devices are its own; a group's claim is its record's
+            # twin (a group claim naming other devices is the group's conflict to report).
+            for res, published in offers.items():
+                for d in published.devices:
+                    if not d.driver:
+                        continue
+                    for holder in self.dra.held_by(DeviceRef(d.driver, d.pool, d.name)):
+                        if holder.startswith(CLAIM_HOLDER_PREFIX):
+                            claim = holder.removeprefix(CLAIM_HOLDER_PREFIX)
+                            hold(f"!claim:{claim}", {res: [d.id]}, lasting=False)
         for pod, kept in sorted(self._kubelet_held.get(node, {}).items()):
             # Devices the kubelet reported, by SDG's IDs; any it has not reported yet
             # are counted on the lowest IDs nobody else holds (placement counts them;

@@ -79,6 +79,7 @@ from controllers.holders import ROLE_LABEL
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.kinds import Kind
+from sdgruntime.predicate import Funcs
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ CLAIM_FOR_ANNOTATION: Final = "deviceshare.io/claim-for"
 CLAIM_FINALIZER: Final = FINALIZER
 #: The ``status.reservedFor`` entry's resource (a group is the claim's consumer).
 CONSUMER_RESOURCE: Final = PLURAL
+#: How a claim that is not a group's is named as a holder (``holder_of``).
+CLAIM_HOLDER_PREFIX: Final = "ResourceClaim "
 _PREFIX = "sdg-group."
 _MAX_NAME = 253  # ResourceClaim names are DNS subdomains
 _ATTEMPTS = 5  # re-reads after a 409 before giving up
@@ -132,16 +135,10 @@ def allocated_devices(claim: Obj) -> list[DeviceRef]:
     """The devices ``claim``'s allocation holds, as kube-scheduler counts them: every
     result except admin-access ones (which take nothing from anyone), each once, at most
     :data:`MAX_RESULTS` (the API server stores no more). Malformed results are skipped."""
-    status = claim.get("status") or {}
-    allocation = status.get("allocation") if isinstance(status, Mapping) else None
-    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
-    results = devices.get("results") if isinstance(devices, Mapping) else None
-    if not isinstance(results, list):
-        return []
     out: list[DeviceRef] = []
     seen: set[DeviceRef] = set()
-    for result in results[:MAX_RESULTS]:
-        if not isinstance(result, Mapping) or result.get("adminAccess") is True:
+    for result in allocated_results(claim):
+        if result.get("adminAccess") is True:
             continue
         driver, pool, device = (result.get(k) for k in ("driver", "pool", "device"))
         if not (
@@ -153,6 +150,58 @@ def allocated_devices(claim: Obj) -> list[DeviceRef]:
             seen.add(ref)
             out.append(ref)
     return out
+
+
+_KEPT_CLAIM_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "deletionTimestamp",
+)
+
+
+def cached_claim(claim: dict[str, Any]) -> dict[str, Any]:
+    """The manager's cache transform for ResourceClaims: who it is and which devices its
+    allocation holds (not its spec's selectors, nor the devices' config and status)."""
+    meta = claim.get("metadata") or {}
+    out: dict[str, Any] = {k: claim[k] for k in ("apiVersion", "kind") if k in claim}
+    out["metadata"] = {k: meta[k] for k in _KEPT_CLAIM_METADATA if k in meta}
+    results = [
+        {k: r[k] for k in ("request", "driver", "pool", "device", "adminAccess") if k in r}
+        for r in allocated_results(claim)
+    ]
+    if results:
+        out["status"] = {"allocation": {"devices": {"results": results}}}
+    return out
+
+
+def allocated_results(claim: Obj) -> list[Mapping[str, Any]]:
+    """``status.allocation.devices.results`` when well-formed (at most :data:`MAX_RESULTS`)."""
+    status = claim.get("status") or {}
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    if not isinstance(results, list):
+        return []
+    return [r for r in results[:MAX_RESULTS] if isinstance(r, Mapping)]
+
+
+def claim_pools(claim: Obj) -> set[tuple[str, str]]:
+    """The ``(driver, pool)`` pairs a claim's allocation takes devices from."""
+    return {(r.driver, r.pool) for r in allocated_devices(claim)}
+
+
+def allocation_changed() -> Funcs:
+    """ResourceClaims whose allocated devices appear, change or go."""
+    return Funcs(
+        create=lambda c: bool(allocated_devices(c)),
+        update=lambda o, n: allocated_devices(o) != allocated_devices(n),
+        delete=lambda c: bool(allocated_devices(c)),
+    )
 
 
 def group_claim_name(group: str) -> str:
@@ -199,7 +248,7 @@ def holder_of(claim: Obj, namespace: str | None) -> str:
         if group:
             return group
     meta = claim.get("metadata") or {}
-    return f"ResourceClaim {meta.get('namespace', '')}/{meta.get('name', '')}"
+    return f"{CLAIM_HOLDER_PREFIX}{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 def _group_identity(group: Obj) -> tuple[str, str]:
@@ -557,6 +606,19 @@ class DraPublisher:
             return await self.client.update(RESOURCECLAIMS, body)
         except (errors.Conflict, errors.NotFound):
             return claim  # the next ensure() adds it; the allocation is what counts
+
+    async def remove_unless(self, group_name: str, live_uid: str) -> bool:
+        """Remove group ``group_name``'s claim unless it belongs to the group that exists
+        now (``live_uid``, "" if none does): an orphan left by a group that is gone."""
+        name = group_claim_name(group_name)
+        try:
+            claim = await self.client.get(RESOURCECLAIMS, name, self.namespace)
+        except errors.NotFound:
+            return False
+        uid = owner_uid(claim)
+        if not is_group_claim(claim, self.namespace) or (live_uid and uid == live_uid):
+            return False
+        return await self.remove(group_name, uid)
 
     async def remove(self, group_name: str, uid: str) -> bool:
         """Delete the claim of group ``group_name`` with UID ``uid`` (SDG's finalizer first),

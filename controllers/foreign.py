@@ -95,15 +95,22 @@ class DeviceUse:
     requested: frozenset[str] = frozenset()
 
     def affects(
-        self, resource: str, env_table: Mapping[str, str], *, kubelet_counted: bool = False
+        self,
+        resource: str,
+        env_table: Mapping[str, str],
+        *,
+        kubelet_counted: bool = False,
+        claims_counted: bool = False,
     ) -> bool:
         """Whether this pod may see devices of ``resource``. ``kubelet_counted``: the node's
         kubelet counts ``resource`` for the groups too (their holder pods), so asking the
-        device plugin for it reaches only devices no group holds."""
+        device plugin for it reaches only devices no group holds. ``claims_counted``: SDG
+        reads DRA's books (every claim's allocation), so a DRA claim reaches only devices
+        no group holds."""
         resources = self.resources
         if kubelet_counted and resource in self.requested:
             resources = resources - {resource}
-        if resource in resources or self.injected or self.claims:
+        if resource in resources or self.injected or (self.claims and not claims_counted):
             return True
         var = env_var_for(resource, env_table)
         if var is None:
@@ -112,14 +119,15 @@ class DeviceUse:
             return True
         return any(var in env_vars_reached(r, env_table) for r in resources)
 
-    def beyond_kubelet(self, counted: Callable[[str], bool]) -> bool:
-        """Whether it may see devices other than those a kubelet counts for it (``counted``
-        says which resources the kubelet counts for the groups too)."""
+    def beyond_kubelet(self, counted: Callable[[str], bool], claims_counted: bool = False) -> bool:
+        """Whether it may see devices other than those the cluster's books give it
+        (``counted`` says which resources the kubelet counts for the groups too;
+        ``claims_counted`` that DRA's allocations are read)."""
         return bool(
             self.env_vars
             or self.env_from
             or self.injected
-            or self.claims
+            or (self.claims and not claims_counted)
             or any(not (r in self.requested and counted(r)) for r in self.resources)
         )
 
@@ -283,9 +291,12 @@ class ForeignDevices:
         on_change: Callable[[str], None] | None = None,
         holders_namespace: str | None = None,
         kubelet_counts: Callable[[str, str], bool] | None = None,
+        claims_counted: bool = False,
     ) -> None:
         self.env_table = env_table
         self.holders_namespace = holders_namespace
+        #: DRA's allocations are read (``controllers.draclaims``): pods' claims are booked.
+        self.claims_counted = claims_counted
         #: (node, resource) -> whether that node's kubelet counts the resource for the
         #: groups too (their holder pods): then asking the device plugin for it is no
         #: foreign use (``DeviceUse.affects``).
@@ -335,7 +346,9 @@ class ForeignDevices:
 
     def _affects(self, use: DeviceUse, node: str, resource: str) -> bool:
         counted = resource in use.requested and self.kubelet_counts(node, resource)
-        return use.affects(resource, self.env_table, kubelet_counted=counted)
+        return use.affects(
+            resource, self.env_table, kubelet_counted=counted, claims_counted=self.claims_counted
+        )
 
     def affecting(self, node: str, resources: Iterable[str]) -> list[DeviceUse]:
         wanted = list(resources)
@@ -374,7 +387,7 @@ class ForeignDevices:
         return sum(
             1
             for u in self._by_node.get(node, {}).values()
-            if u.beyond_kubelet(lambda r: self.kubelet_counts(node, r))
+            if u.beyond_kubelet(lambda r: self.kubelet_counts(node, r), self.claims_counted)
         )
 
 
@@ -389,6 +402,7 @@ class ForeignPodReporter:
         env_table: Mapping[str, str],
         holders_namespace: str | None = None,
         kubelet_counts: Callable[[str, str], bool] | None = None,
+        claims_counted: bool = False,
     ):
         self.cache = cache
         self.recorder = recorder
@@ -396,6 +410,7 @@ class ForeignPodReporter:
         self.holders_namespace = holders_namespace
         #: As ``ForeignDevices.kubelet_counts``: uses the kubelet counts are not warned of.
         self.kubelet_counts = kubelet_counts or (lambda _node, _res: False)
+        self.claims_counted = claims_counted
         #: pod key -> UID of the pod already warned (bounded: dropped when the pod goes).
         self._warned: dict[str, str] = {}
 
@@ -417,7 +432,7 @@ class ForeignPodReporter:
             node = None
         if not is_shared(node) or self._warned.get(key) == uid:
             return None
-        if not use.beyond_kubelet(lambda r: self.kubelet_counts(use.node, r)):
+        if not use.beyond_kubelet(lambda r: self.kubelet_counts(use.node, r), self.claims_counted):
             return None  # the kubelet gave it devices no group holds
         self._warned[key] = uid
         self.recorder.emit(

@@ -45,6 +45,17 @@ from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.v1alpha1 import format_ids, selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.claims import ClaimBook
+from controllers.draclaims import (
+    RESOURCECLAIMS,
+    DeviceRef,
+    DraPublisher,
+    GroupClaimConflict,
+    allocation_changed,
+    claim_for,
+    claim_pools,
+    group_claim_name,
+    is_group_claim,
+)
 from controllers.foreign import ForeignDevices, foreign_changed, foreign_facts
 from controllers.grouppods import survey
 from controllers.groupstatus import (
@@ -68,7 +79,7 @@ from controllers.holders import (
     read_holder,
     requested,
 )
-from controllers.inventory import RESOURCESLICES, node_of_slice
+from controllers.inventory import RESOURCESLICES, SOURCE_SLICE, node_of_slice
 from controllers.placement import filter_node, place
 from controllers.records import nodes_named_by
 from controllers.recovery import Recovery, restore_record
@@ -136,6 +147,7 @@ class GroupScheduler:
         tracer_provider: trace.TracerProvider | None = None,
         foreign: ForeignDevices | None = None,
         holders: Holders | None = None,
+        dra: DraPublisher | None = None,
     ) -> None:
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
         self.env_table = env_table
@@ -145,6 +157,8 @@ class GroupScheduler:
         self.foreign = foreign or ForeignDevices(env_table)
         self.writer = GroupWriter(client)
         self.holders = holders or Holders(client, cache, claims.namespace, enabled=False)
+        #: Enters groups Bound on ResourceSlice devices in DRA's books (None: not served).
+        self.dra = dra
         self.releaser = ClaimReleaser(claims, self.writer, cache)
         self.recovery = Recovery(cache, claims, self.writer, self.releaser, recorder, env_table)
         self._recovered = False
@@ -173,6 +187,7 @@ class GroupScheduler:
             self._refused.pop(name, None)
             await self.releaser.release_stale(name)
             await self._drop_orphan_holder(name)
+            await self._drop_orphan_claim(name)
             return None
         if self.writer.behind(group):
             # The cache has not caught up with our own write yet; its watch event will
@@ -441,6 +456,59 @@ class GroupScheduler:
             except errors.ApiError as err:
                 log.warning("cannot create the holder pod of group %s again: %s", name, err)
 
+    def _slice_refs(self, node: str, devices: Devices) -> list[DeviceRef]:
+        """Of ``devices`` on ``node``, those a DRA driver publishes, as DRA names them."""
+        offers = self.claims.offers.get(node) or {}
+        refs = []
+        for res, ids in sorted(devices.items()):
+            offer = offers.get(res)
+            if offer is None or offer.source != SOURCE_SLICE:
+                continue
+            for i in ids:
+                d = offer.device(i)
+                if d is not None and d.driver:
+                    refs.append(DeviceRef(d.driver, d.pool, d.name))
+        return refs
+
+    async def _dra_problem(self, group: Obj, node: str, devices: Devices) -> Problem | None:
+        """A Bound group's entry in DRA's books: made again if it went missing; a claim
+        that holds one of its devices too is reported."""
+        refs = self._slice_refs(node, devices)
+        if not refs or self.dra is None or self.dra.allocations is None:
+            return None
+        name = group["metadata"]["name"]
+        mirror = self.dra.allocations
+        if set(mirror.devices_of(self.dra.namespace, group_claim_name(name))) != set(refs):
+            try:
+                await self.dra.ensure(group, node, refs)
+            except (GroupClaimConflict, errors.ApiError) as err:
+                if isinstance(err, errors.Conflict):
+                    raise
+                return (
+                    REASON_CLAIM_CONFLICT,
+                    f"the group's devices are not in DRA's books ({err}): kube-scheduler may "
+                    "give them to a pod's ResourceClaim",
+                )
+        others = sorted({h for r in refs for h in mirror.held_by(r) if h != name})
+        if others:
+            return (
+                REASON_DEVICES_CONFLICT,
+                f"DRA's books give devices of this group to {listed(others)} too; delete "
+                "those claims (or their pods) to resolve",
+            )
+        return None
+
+    async def _drop_orphan_claim(self, name: str) -> None:
+        """Group ``name`` is gone from the cache: its ResourceClaim goes too, once a live
+        read agrees no group of that name (and UID) exists."""
+        if self.dra is None or self.dra.allocations is None:
+            return
+        if not self.dra.allocations.devices_of(self.dra.namespace, group_claim_name(name)):
+            return
+        live = await self.writer.live(name)
+        uid = live["metadata"].get("uid", "") if live is not None else ""
+        await self.dra.remove_unless(name, uid)
+
     async def _drop_orphan_holder(self, name: str) -> None:
         """Group ``name`` is gone from the cache: delete its holder pod if a live read
         agrees it belongs to no existing group (the garbage collector would, too)."""
@@ -489,6 +557,23 @@ class GroupScheduler:
         self, group: Obj, node: str, devices: Devices, started: float
     ) -> Result | None:
         name = group["metadata"]["name"]
+        refs = self._slice_refs(node, devices)
+        if refs and self.dra is not None:
+            # In DRA's books before Bound: kube-scheduler gives those devices no claim.
+            try:
+                await self.dra.ensure(group, node, refs)
+            except (GroupClaimConflict, errors.ApiError) as err:
+                if isinstance(err, errors.Conflict):
+                    raise
+                # Not entered: the record's claim is given back and the group placed
+                # again (a claim another wrote meanwhile, or a refused write).
+                await self.claims.write(node, name, None, expect=self.claims.claim(node, name))
+                await self._set_pending(
+                    group,
+                    f"node {node}: cannot enter the group's devices in DRA's books ({err}); "
+                    "placing the group again",
+                )
+                return Result(requeue=True)
         status = bound_status(
             group,
             node,
@@ -561,8 +646,10 @@ class GroupScheduler:
             self.env_table,
         )
         await self._keep_holder(group, node)
-        conflict = self._devices_disputed(group, node, devices, pods.odd) or self._holder_problem(
-            group, node, devices
+        conflict = (
+            self._devices_disputed(group, node, devices, pods.odd)
+            or self._holder_problem(group, node, devices)
+            or await self._dra_problem(group, node, devices)
         )
         status = bound_status(
             group,
@@ -638,6 +725,9 @@ class GroupScheduler:
         if holder is not None:
             # Out of the kubelet's books first: if this fails, the finalizer stays.
             await self.holders.delete(holder)
+        if self.dra is not None:
+            # Out of DRA's books first (this very group's claim, by UID).
+            await self.dra.remove(name, str(meta.get("uid") or ""))
         if not await self.releaser.release_deleted(group):
             return None
         try:
@@ -697,9 +787,23 @@ def setup(
             yield from pending_groups(cache)
             yield from groups_bound_on(cache, [node])
 
+    def for_claim(claim: Mapping[str, Any]) -> Iterator[Request]:
+        """A ResourceClaim's allocation changed: a group's own claim re-checks its group;
+        another claim frees or takes devices of the nodes its pools are on."""
+        dra = scheduler.dra
+        if dra is not None and is_group_claim(claim, dra.namespace):
+            group_name = claim_for(claim)
+            if group_name:
+                yield Request(group_name)
+            return
+        yield from pending_groups(cache)
+        nodes = {n for p in claim_pools(claim) for n in claims.nodes_of_pool(p)}
+        yield from groups_bound_on(cache, sorted(nodes))
+
     builder = mgr.controller("group-scheduler").for_(SDG_KIND, [group_changed])
     if resource_slices:
         builder = builder.watches(RESOURCESLICES, MapTo(for_slice))
+        builder = builder.watches(RESOURCECLAIMS, MapTo(for_claim), [allocation_changed()])
     (
         builder.watches(NODES, MapTo(for_node), [node_changed])
         .watches(CONFIGMAPS, MapTo(for_record))

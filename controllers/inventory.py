@@ -68,6 +68,8 @@ class Device:
     uuid: str = ""
     healthy: bool = True
     name: str = ""  # the DRA device name, when from a ResourceSlice
+    driver: str = ""  # and the driver and pool that publish it (DRA's books name all three)
+    pool: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,14 +189,14 @@ def slice_offers(
         pool = spec.get("pool") or {}
         gens = pools.setdefault((str(driver), str(pool.get("name") or "")), {})
         gens.setdefault(int(pool.get("generation") or 0), []).append(s)
-    per_res: dict[str, list[tuple[str, Obj]]] = {}
-    for (driver, _), gens in pools.items():
+    per_res: dict[str, list[tuple[str, str, Obj]]] = {}
+    for (driver, pool_name), gens in pools.items():
         complete = [g for g, ss in gens.items() if len(ss) >= _slice_count(ss[0])]
         for s in gens[max(complete or gens)]:
             for device in ((s.get("spec") or {}).get("devices") or ())[:MAX_DEVICES_PER_RESOURCE]:
                 kind = _attribute(device, driver, "type")
                 if kind is None or kind in _WHOLE_DEVICE_TYPES:
-                    per_res.setdefault(drivers[driver], []).append((driver, device))
+                    per_res.setdefault(drivers[driver], []).append((driver, pool_name, device))
     return {res: _offer_from_devices(res, listed) for res, listed in per_res.items()}
 
 
@@ -218,7 +220,7 @@ def _enumeration_order(device: Obj) -> tuple[str, tuple[tuple[int, str], ...]]:
     return (bus.lower() if isinstance(bus, str) and bus else "\uffff", parts)
 
 
-def _offer_from_devices(resource: str, listed: list[tuple[str, Obj]]) -> Offer:
+def _offer_from_devices(resource: str, listed: list[tuple[str, str, Obj]]) -> Offer:
     if len(listed) > MAX_DEVICES_PER_RESOURCE:
         return Offer(
             resource,
@@ -227,9 +229,9 @@ def _offer_from_devices(resource: str, listed: list[tuple[str, Obj]]) -> Offer:
             f"ResourceSlices list more than {MAX_DEVICES_PER_RESOURCE} {resource} devices",
         )
     devices: dict[int, Device] = {}
-    unindexed: list[tuple[str, str, bool]] = []
+    unindexed: list[tuple[str, str, bool, str, str]] = []
     problems: list[str] = []
-    for driver, device in sorted(listed, key=lambda dv: _enumeration_order(dv[1])):
+    for driver, pool, device in sorted(listed, key=lambda dv: _enumeration_order(dv[2])):
         name = str(device.get("name") or "")
         index = _attribute(device, driver, "index")
         uuid = _attribute(device, driver, "uuid")
@@ -241,12 +243,12 @@ def _offer_from_devices(resource: str, listed: list[tuple[str, Obj]]) -> Offer:
             if not 0 <= index < MAX_DEVICES_PER_RESOURCE or index in devices:
                 problems.append(f"device {name} has index {index}, out of range or taken twice")
                 continue
-            devices[index] = Device(index, uuid, healthy, name)
+            devices[index] = Device(index, uuid, healthy, name, driver, pool)
         else:
-            unindexed.append((name, uuid, healthy))
+            unindexed.append((name, uuid, healthy, driver, pool))
     next_id = max(devices, default=-1) + 1
-    for name, uuid, healthy in unindexed:  # no index published: IDs in NVML's order
-        devices[next_id] = Device(next_id, uuid, healthy, name)
+    for name, uuid, healthy, driver, pool in unindexed:  # no index: IDs in NVML's order
+        devices[next_id] = Device(next_id, uuid, healthy, name, driver, pool)
         next_id += 1
     if unindexed:
         problems.append(

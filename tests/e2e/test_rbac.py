@@ -13,6 +13,7 @@ from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.envtest.controlplane import load_manifests
+from sdgruntime.envtest.fakes import indexed_devices
 from sdgruntime.kinds import CONFIGMAPS, EVENTS, PODS
 from tests.e2e.harness import (
     MANAGER_NS,
@@ -21,6 +22,7 @@ from tests.e2e.harness import (
     eventually,
     group,
     install_rbac,
+    kubelet,
     pod,
     run_sdg,
     wait_bound,
@@ -48,11 +50,15 @@ def _rule_id(item: tuple[str, dict[str, Any]]) -> str:
 
 
 async def _standard_flow(cp: ControlPlane, client: Client, namespace: str) -> None:
-    """Leader election, placement, fenced claim, webhook, binding, unschedulable status,
-    events: everything the manager does in a cluster."""
+    """Leader election, placement, the group's holder pod, fenced claim, webhook, binding,
+    unschedulable status, events: everything the manager does in a cluster (DRA's books
+    are proven apart, in test_dra_books)."""
     await add_node(client, "n1", 2)
     name = f"g-{namespace}"  # unique: Events of earlier tests stay in the namespace default
-    async with run_sdg(cp, leader_elect=True, leader_election_id=f"rbac-{namespace}"):
+    async with (
+        run_sdg(cp, leader_elect=True, leader_election_id=f"rbac-{namespace}", holders="auto"),
+        kubelet(client, devices=indexed_devices),
+    ):
         await client.create(SDG_KIND, group(name, {"nvidia.com/gpu": 1}))
         await wait_bound(client, name, within=10)
         await client.create(PODS, pod("fits", name), namespace)

@@ -1,0 +1,227 @@
+"""One set of books on a DRA node, with the manager running beside kube-scheduler and
+kube-controller-manager: a group Bound on ResourceSlice devices is entered in DRA's books
+(kube-scheduler gives its devices to no pod's claim), and devices a pod's claim holds are
+never given to a group (issue 18, done-when (a) and (b))."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from api.constants import SDG_KIND
+from controllers.draclaims import RESOURCECLAIMS, allocated_devices, group_claim_name
+from controllers.inventory import RESOURCESLICES
+from hack.node.simulators import DRA_DRIVER
+from sdgruntime import errors
+from sdgruntime.client import Client
+from sdgruntime.envtest import ControlPlane
+from sdgruntime.envtest.fakes import make_node
+from sdgruntime.kinds import PODS
+from tests.e2e.harness import (
+    GPU,
+    MANAGER_NS,
+    ROOT,
+    SHARED,
+    eventually,
+    group,
+    install_rbac,
+    run_sdg,
+    wait_bound,
+)
+from tests.e2e.test_dra_books import allocation, bound, nvidia_gpu, plain_claim, unschedulable
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+NODE = "dra-node"  # the pool name NVIDIA's driver gives a node's GPUs is the node's name
+GPUS = 8
+
+
+@pytest.fixture(scope="module")
+def dra_cp() -> Iterator[ControlPlane]:
+    """kube-apiserver, kube-scheduler and kube-controller-manager (without the node
+    lifecycle controller: the fake node sends no heartbeats); SDG's CRD and RBAC; one
+    shared node with 8 GPUs in a ResourceSlice, and the DeviceClass ``gpu.nvidia.com``."""
+    with ControlPlane(
+        crd_paths=[ROOT / "config" / "crd"],
+        components=("kube-controller-manager", "kube-scheduler"),
+        component_flags={"kube-controller-manager": ["--controllers=*,-node-lifecycle-controller"]},
+    ) as cp:
+        install_rbac(cp)
+        node = make_node(NODE, labels=SHARED)
+        r = cp.http.post("/api/v1/nodes", json=node)
+        assert r.status_code == 201, r.text
+        r = cp.http.patch(
+            f"/api/v1/nodes/{NODE}/status",
+            json={"status": node["status"]},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        assert r.status_code == 200, r.text
+        cp.apply(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": DRA_DRIVER},
+                "spec": {
+                    "selectors": [{"cel": {"expression": f"device.driver == '{DRA_DRIVER}'"}}]
+                },
+            }
+        )
+        cp.apply(
+            {
+                "apiVersion": RESOURCESLICES.api_version,
+                "kind": RESOURCESLICES.kind,
+                "metadata": {"name": f"{NODE}-{DRA_DRIVER}"},
+                "spec": {
+                    "driver": DRA_DRIVER,
+                    "nodeName": NODE,
+                    "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                    "devices": [nvidia_gpu(i) for i in range(GPUS)],
+                },
+            }
+        )
+        yield cp
+
+
+@pytest.fixture
+async def admin(dra_cp: ControlPlane) -> AsyncIterator[Client]:
+    async with Client.from_kubeconfig(str(dra_cp.kubeconfig_path)) as c:
+        yield c
+
+
+@pytest.fixture
+async def ns(dra_cp: ControlPlane, admin: Client) -> AsyncIterator[str]:
+    """A namespace for the test's pods and claims; emptied of them and of every group
+    (their claims go with them) afterwards."""
+    name = f"dra-{uuid.uuid4().hex[:10]}"
+    dra_cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    dra_cp.http.delete(f"/api/v1/namespaces/{name}/pods", params={"gracePeriodSeconds": 0})
+    dra_cp.http.delete(f"/apis/resource.k8s.io/v1/namespaces/{name}/resourceclaims")
+    dra_cp.http.delete(f"/api/v1/namespaces/{name}")
+
+
+def group_devices(g: dict[str, Any]) -> set[str]:
+    """The DRA names (``gpu-<minor>``) of a Bound group's devices, by its IDs: IDs follow
+    the PCI bus order, which the fixture's GPUs share with their minors."""
+    return {f"gpu-{i}" for i in g["status"]["selectedDevices"][GPU].split(",")}
+
+
+async def delete_group(admin: Client, name: str) -> None:
+    await admin.delete(SDG_KIND, name)
+
+    async def gone() -> bool:
+        try:
+            await admin.get(SDG_KIND, name)
+        except errors.NotFound:
+            return True
+        return False
+
+    await eventually(gone, within=30, what=f"group {name} deleted")
+
+
+async def test_a_bound_group_keeps_kube_scheduler_off_its_devices(
+    dra_cp: ControlPlane, admin: Client, ns: str
+) -> None:
+    async with run_sdg(dra_cp, webhooks=False):
+        await admin.create(SDG_KIND, group("four", {GPU: 4}))
+        g = await wait_bound(admin, "four")
+        held = group_devices(g)
+        claim = await admin.get(RESOURCECLAIMS, group_claim_name("four"), MANAGER_NS)
+        # In DRA's books, exactly the group's devices, reserved for the group.
+        assert {d.device for d in allocated_devices(claim)} == held
+        assert claim["status"]["reservedFor"][0]["name"] == "four"
+        await plain_claim(admin, ns, "six", 6)
+        await eventually(lambda: unschedulable(admin, ns, "wants-six"), what="6 unschedulable")
+        assert await allocation(admin, ns, "six") is None
+        await plain_claim(admin, ns, "rest", 4)
+        await eventually(lambda: bound(admin, ns, "wants-rest"), what="the 4 bound")
+        rest = await allocation(admin, ns, "rest")
+        assert rest is not None and rest.isdisjoint(held) and len(rest | held) == GPUS
+        # The group goes, and its claim with it; once 'rest' is gone too, the 6 fit.
+        await delete_group(admin, "four")
+
+        async def claim_gone() -> bool:
+            try:
+                await admin.get(RESOURCECLAIMS, group_claim_name("four"), MANAGER_NS)
+            except errors.NotFound:
+                return True
+            return False
+
+        await eventually(claim_gone, within=30, what="the group's claim removed")
+        await admin.delete(PODS, "wants-rest", ns, grace_period_seconds=0)
+        await admin.delete(RESOURCECLAIMS, "rest", ns)
+        await eventually(lambda: bound(admin, ns, "wants-six"), within=60, what="the 6 bound")
+
+
+async def test_devices_a_claim_holds_are_never_given_to_a_group(
+    dra_cp: ControlPlane, admin: Client, ns: str
+) -> None:
+    await plain_claim(admin, ns, "first", 6)
+    await eventually(lambda: bound(admin, ns, "wants-first"), what="the claim for 6 bound")
+    taken = await allocation(admin, ns, "first")
+    assert taken is not None and len(taken) == 6
+    async with run_sdg(dra_cp, webhooks=False):
+        await admin.create(SDG_KIND, group("too-many", {GPU: 4}))
+        await admin.create(SDG_KIND, group("two", {GPU: 2}))
+        g = await wait_bound(admin, "two")
+        assert group_devices(g).isdisjoint(taken)
+
+        async def pending_with_reason() -> str | None:
+            live = await admin.get(SDG_KIND, "too-many")
+            conds = {c["type"]: c for c in (live.get("status") or {}).get("conditions") or []}
+            message = conds.get("Scheduled", {}).get("message")
+            return message if message and "free" in message else None
+
+        message = await eventually(pending_with_reason, what="too-many Pending, with why")
+        assert (await admin.get(SDG_KIND, "too-many"))["status"]["phase"] == "Pending"
+        # The claim's 6 and the group's 2: nothing left for 4.
+        assert "0 free nvidia.com/gpu (need 4)" in message, message
+        await delete_group(admin, "too-many")
+        await delete_group(admin, "two")
+
+
+async def test_a_claim_given_a_groups_device_behind_the_books_is_reported(
+    dra_cp: ControlPlane, admin: Client, ns: str
+) -> None:
+    """The books are not fenced against each other: a claim another client allocates on a
+    group's device (written by hand here, as a racing allocator would) flags the group."""
+    async with run_sdg(dra_cp, webhooks=False):
+        await admin.create(SDG_KIND, group("held", {GPU: 1}))
+        g = await wait_bound(admin, "held")
+        (device,) = group_devices(g)
+        spec = {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER, "count": 1}}]
+        }
+        claim = await admin.create(
+            RESOURCECLAIMS,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "sneaky"},
+                "spec": {"devices": spec},
+            },
+            ns,
+        )
+        claim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": DRA_DRIVER, "pool": NODE, "device": device}
+                    ]
+                }
+            }
+        }
+        await admin.update(RESOURCECLAIMS, claim, subresource="status")
+
+        async def flagged() -> dict[str, Any] | None:
+            live = await admin.get(SDG_KIND, "held")
+            ready = {c["type"]: c for c in live["status"]["conditions"]}["Ready"]
+            return ready if ready.get("reason") == "DevicesConflict" else None
+
+        ready = await eventually(flagged, what="DevicesConflict on the group")
+        assert f"ResourceClaim {ns}/sneaky" in ready["message"]
+        await admin.delete(RESOURCECLAIMS, "sneaky", ns)
+        await delete_group(admin, "held")
