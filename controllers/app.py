@@ -17,6 +17,7 @@ from typing import Any
 from opentelemetry import trace
 
 from api.constants import SDG_KIND
+from api.envvars import env_var_for
 from api.pods import (
     POD_GROUP_INDEX,
     POD_NODE_INDEX,
@@ -114,7 +115,13 @@ class SDG:
         self._foreign_gauged: set[str] = set()
         #: Pod key -> the node whose kubelet gave it devices (``_feed_kubelet_holds``).
         self._kubelet_node_of: dict[str, str] = {}
-        self.claims = ClaimBook(mgr.client, settings.namespace, on_change=self._count_devices)
+        table = self.env_table
+        self.claims = ClaimBook(
+            mgr.client,
+            settings.namespace,
+            on_change=self._count_devices,
+            family=lambda resource: env_var_for(resource, table),
+        )
         self.inventory = Inventory(settings.dra_driver_table())
         self.foreign = ForeignDevices(
             self.env_table,

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from api.constants import SDG_KIND
 from api.v1alpha1 import parse_ids
 from controllers.coalesce import Abandoned, Coalescer
 from controllers.draclaims import CLAIM_HOLDER_PREFIX, DeviceRef, DraAllocations
@@ -80,7 +81,11 @@ class ClaimBook:
         namespace: str,
         tracker: DeviceTracker | None = None,
         on_change: Callable[[str], None] | None = None,
+        family: Callable[[str], str | None] | None = None,
     ) -> None:
+        #: Resource -> its physical device family (the device env var): resources of one
+        #: family on a node share one ID space (``_siblings``).
+        self.family = family
         #: Called with a node's name whenever its mirrored holdings change (metrics).
         self.on_change = on_change
         self.client = client
@@ -97,6 +102,10 @@ class ClaimBook:
         self._seen: dict[str, tuple[int, set[str]]] = {}
         #: Bound groups' statuses: group -> (node, devices).
         self.statuses: dict[str, tuple[str, Devices]] = {}
+        #: Of those, the UUIDs their status records (``physicalDevices``): a device is
+        #: known by its UUID wherever the inventory has one, so a renumbered node still
+        #: keeps each group's very devices from everyone else.
+        self.status_uuids: dict[str, dict[str, tuple[str, ...]]] = {}
         #: node -> groups whose status is bound there (an index of ``statuses``: mirroring
         #: one node must not walk every bound group of the cluster).
         self._status_on: dict[str, set[str]] = {}
@@ -214,6 +223,7 @@ class ClaimBook:
         name = (group.get("metadata") or {}).get("name", "")
         status = group.get("status") or {}
         held: tuple[str, Devices] | None = None
+        uuids: dict[str, tuple[str, ...]] = {}
         if status.get("phase") == "Bound" and status.get("nodeName"):
             try:
                 devices = {
@@ -223,9 +233,14 @@ class ClaimBook:
                 devices = {}
             if devices:
                 held = (status["nodeName"], devices)
+                uuids = _physical(status.get("physicalDevices"), devices)
         old = self.statuses.get(name)
-        if held == old:
+        if held == old and uuids == self.status_uuids.get(name, {}):
             return
+        if uuids:
+            self.status_uuids[name] = uuids
+        else:
+            self.status_uuids.pop(name, None)
         self._set_status(name, held)
         for node in _nodes_of(old, held):
             self._mirror(node)
@@ -234,6 +249,7 @@ class ClaimBook:
         """The group object is gone: its status no longer holds anything."""
         name = (group.get("metadata") or {}).get("name", "")
         old = self.statuses.get(name)
+        self.status_uuids.pop(name, None)
         if old is not None:
             self._set_status(name, None)
             self._mirror(old[0])
@@ -275,6 +291,23 @@ class ClaimBook:
         self._index_pools(node, offers)
         self.tracker.set_node_capacity(node, {r: o.capacity for r, o in offers.items()})
         self._mirror(node)
+
+    def _siblings(self, node: str) -> dict[str, list[str]]:
+        """Resource -> the other resources of ``node`` that name the same physical devices
+        (``family``: the same device env var), for nodes that offer two or more of them."""
+        if self.family is None:
+            return {}
+        by_family: dict[str, list[str]] = {}
+        for res in sorted(self.tracker.capacities(node)):
+            fam = self.family(res)
+            if fam:
+                by_family.setdefault(fam, []).append(res)
+        return {
+            r: [o for o in members if o != r]
+            for members in by_family.values()
+            if len(members) > 1
+            for r in members
+        }
 
     def nodes_of_pool(self, pool: tuple[str, str]) -> set[str]:
         """The nodes whose offers list devices of ``pool`` (driver, pool name)."""
@@ -352,12 +385,17 @@ class ClaimBook:
         record = self.records.get(node)
         for group, devices in (record.claims if record else {}).items():
             hold(group, devices, lasting=True)
+        offers = self.offers.get(node) or {}
         for group in self._status_on.get(node, ()):
             hold(group, self.statuses[group][1], lasting=True)
+            for res, uuids in self.status_uuids.get(group, {}).items():
+                # The same devices by UUID, where the node now numbers them otherwise.
+                by_uuid = _ids_of(offers.get(res), uuids)
+                if by_uuid:
+                    hold(group, {res: by_uuid}, lasting=True)
         for group, (where, devices) in self.reserved.items():
             if where == node:
                 hold(group, devices, lasting=False)
-        offers = self.offers.get(node) or {}
         if self.dra is not None:
             # DRA's books: a claim's devices are its own; a group's claim is its record's
             # twin (a group claim naming other devices is the group's conflict to report).
@@ -383,6 +421,18 @@ class ClaimBook:
                         : n - len(ids)
                     ]
                 hold(f"!pod:{pod}", {res: ids}, lasting=False)
+        for res, siblings in self._siblings(node).items():
+            # One physical device, two resource names (the same device env var, e.g.
+            # huawei.com/Ascend910 and huawei.com/Ascend910-2c): ID i of one is ID i of
+            # the other, so whoever holds it under one name blocks it under the others.
+            for (held_res, i), groups in list(owners.items()):
+                if held_res != res:
+                    continue
+                for other in siblings:
+                    if i < self.tracker.capacity(node, other):
+                        owners.setdefault((other, i), set()).update(
+                            f"!same-device:{g}" for g in groups if not g.startswith("!same-device:")
+                        )
         holders: dict[str, dict[str, list[int]]] = {}
         disputes: list[str] = []
         for (res, i), groups in sorted(owners.items()):
@@ -534,6 +584,15 @@ class ClaimBook:
         claims, uids = dict(record.claims), dict(record.uids)
         versions = dict(record.versions)
         outcomes: list[BaseException | None] = []
+        # Bound statuses hold devices too (a record deleted by hand must not free them):
+        # known ones always; on a create (no record to fence on), read live, so a view
+        # that lags another manager's bind cannot create a record that overlaps it.
+        bound = {g: self.statuses[g][1] for g in self._status_on.get(node, ())}
+        if record.obj is None and any(c.devices for c in changes):
+            try:
+                bound.update(await self._bound_live(node))
+            except errors.ApiError as err:
+                return [err] * len(changes)
         for change in changes:
             group, devices = change.group, change.devices
             if devices is None and group not in claims:
@@ -550,7 +609,12 @@ class ClaimBook:
                 outcomes.append(errors.Conflict(why, code=409))
                 continue
             overlap = sorted(
-                g for g, held in claims.items() if g != group and _overlaps(held, devices or {})
+                {
+                    g
+                    for source in (claims, bound)
+                    for g, held in source.items()
+                    if g != group and _overlaps(held, devices or {})
+                }
             )
             if overlap:
                 # The record we fence on already gives some of these IDs to another
@@ -583,6 +647,23 @@ class ClaimBook:
         if any(o is not None for o in outcomes):
             await self.refresh(node)
         return outcomes
+
+    async def _bound_live(self, node: str) -> dict[str, Devices]:
+        """Groups Bound on ``node`` as the API server says now -> their devices."""
+        groups, _ = await self.client.list_all(SDG_KIND)
+        out: dict[str, Devices] = {}
+        for g in groups:
+            status = g.get("status") or {}
+            if status.get("phase") != "Bound" or status.get("nodeName") != node:
+                continue
+            try:
+                devices = {
+                    r: parse_ids(i) for r, i in (status.get("selectedDevices") or {}).items()
+                }
+            except ValueError:
+                continue
+            out[str((g.get("metadata") or {}).get("name") or "")] = devices
+        return out
 
     async def _put(
         self,
@@ -633,6 +714,29 @@ class _Change:
     uid: str
     version: str
     expect: Claim | None
+
+
+def _physical(text: Any, devices: Devices) -> dict[str, tuple[str, ...]]:
+    """``status.physicalDevices`` (resource -> "uuid,uuid") as tuples, for the resources
+    whose every device it names (bounded by the group's own device count)."""
+    out: dict[str, tuple[str, ...]] = {}
+    if not isinstance(text, Mapping):
+        return out
+    for res, ids in devices.items():
+        value = text.get(res)
+        if isinstance(value, str):
+            uuids = tuple(u for u in value.split(",", len(ids))[: len(ids)] if u)
+            if len(uuids) == len(ids):
+                out[res] = uuids
+    return out
+
+
+def _ids_of(offer: Offer | None, uuids: Iterable[str]) -> list[int]:
+    """The IDs ``offer`` now gives the devices of ``uuids`` (those it still lists)."""
+    if offer is None:
+        return []
+    wanted = set(uuids)
+    return [d.id for d in offer.devices if d.uuid and d.uuid in wanted]
 
 
 def _overlaps(held: Mapping[str, list[int]], devices: Mapping[str, list[int]]) -> bool:

@@ -108,6 +108,23 @@ def node_health(
     return True, REASON_NODE_READY, f"node {name} is Ready and offers the selected devices"
 
 
+def _renumbered(recorded: Any, now: Mapping[str, str], devices: Devices) -> list[str]:
+    """Of a Bound group's devices, those whose UUID at their ID is not the one its status
+    recorded (a node annotation that dropped a dead GPU, a driver that renumbered)."""
+    if not isinstance(recorded, Mapping):
+        return []
+    out = []
+    for res, text in sorted(now.items()):
+        was = recorded.get(res)
+        if not isinstance(was, str) or was == text:
+            continue
+        ids = sorted(devices.get(res, ()))
+        for i, old, new in zip(ids, was.split(",", len(ids)), text.split(","), strict=False):
+            if old != new:
+                out.append(f"{res} {i} was {old}, is {new}")
+    return out
+
+
 def device_summary(devices: Devices) -> str:
     """``nvidia.com/gpu=0,1 amd.com/gpu=2``: the DEVICES column of ``kubectl get sdg``."""
     return " ".join(f"{r}={format_ids(i)}" for r, i in sorted(devices.items()))
@@ -207,11 +224,20 @@ def bound_status(
         )
     status["deviceSummary"] = device_summary(devices)
     uuids = physical_devices(devices, offers)
+    recorded = None if newly_bound else status.get("physicalDevices")
     if uuids and (newly_bound or not status.get("physicalDevices")):
         status["physicalDevices"] = uuids
     elif newly_bound:
         status.pop("physicalDevices", None)
     healthy, reason, message = node_health(node_obj, node, devices, offers)
+    renumbered = _renumbered(recorded, uuids, devices)
+    if healthy and renumbered:
+        healthy, reason = False, REASON_DEVICES_MISSING
+        message = (
+            f"node {node} numbers its devices otherwise now: {listed(renumbered)}; the "
+            "group keeps its very devices (by UUID) and nobody else gets them, but pods "
+            "told IDs may now see others: delete and recreate the group"
+        )
     conds = set_condition(
         conds,
         CONDITION_NODE_HEALTHY,

@@ -29,7 +29,7 @@ from typing import Any
 
 from api.conditions import rfc3339
 from api.constants import CONDITION_SCHEDULED, PHASE_BOUND
-from api.pods import POD_GROUP_INDEX, is_active
+from api.pods import POD_GROUP_INDEX, cached_pod, is_active, pod_group, pod_key
 from controllers.claims import ClaimBook
 from controllers.groupwriter import GroupWriter
 from sdgruntime import errors
@@ -154,6 +154,14 @@ class ClaimReleaser:
             return None
         return written if written is not None else dict(live)
 
+    async def _live_members(self, name: str, node: str) -> list[str]:
+        """Active pods of group ``name`` on ``node``, read live (one page per node: a
+        node runs at most a few hundred pods)."""
+        found, _ = await self.writer.client.list_all(
+            PODS, None, field_selector=f"spec.nodeName={node}", transform=cached_pod
+        )
+        return sorted(pod_key(p) for p in found if is_active(p) and pod_group(p) == name)
+
     async def release_deleted(self, group: Obj) -> bool:
         """A group being deleted whose pods are gone: give back all of its claims, after a
         live read confirms it is that same group, still being deleted. Returns whether the
@@ -165,6 +173,18 @@ class ClaimReleaser:
             return False  # gone already, or recreated: its reconcile will judge
         if not live["metadata"].get("deletionTimestamp"):
             return False
+        for node in seen:
+            # The pod cache may lag a pod created with nodeName already set (it needs no
+            # binding): the node's pods are read live before its devices are given back.
+            running = await self._live_members(name, node)
+            if running:
+                log.info(
+                    "keeping the claims of group %s: its pods %s run on node %s (live read)",
+                    name,
+                    ", ".join(running[:5]),
+                    node,
+                )
+                return False
         for node, claim in seen.items():
             if claim is not None and claim.uid and claim.uid != live["metadata"].get("uid"):
                 continue  # an earlier group's claim: the orphan path judges it

@@ -108,3 +108,55 @@ def test_should_release_on_a_live_read(
     live: dict | None, node: str, claim_uid: str, adoptable: bool, release: bool
 ) -> None:
     assert should_release(live, node, claim_uid, adoptable=adoptable) is release
+
+
+ASCEND = "huawei.com/Ascend910"
+ASCEND_2C = "huawei.com/Ascend910-2c"
+
+
+def bound(name: str, node: str, devices: dict[str, str], uuids: Any = None) -> dict:
+    status: dict[str, Any] = {"phase": "Bound", "nodeName": node, "selectedDevices": devices}
+    if uuids is not None:
+        status["physicalDevices"] = uuids
+    return {"metadata": {"name": name}, "status": status}
+
+
+def test_resources_of_one_device_env_var_share_one_id_space() -> None:
+    """Ascend910 and Ascend910-2c both name NPUs by ASCEND_VISIBLE_DEVICES: NPU 0 held
+    under one name is not free under the other."""
+    from api.constants import DEFAULT_ENV_TABLE
+    from api.envvars import env_var_for
+
+    b = ClaimBook(None, "ns", family=lambda r: env_var_for(r, DEFAULT_ENV_TABLE))  # type: ignore[arg-type]
+    b.set_capacity("n0", {ASCEND: 4, ASCEND_2C: 4, GPU: 4})
+    b.observe(cm(record_name("n0"), "n0", {"a": {ASCEND: "0,1"}}))
+    assert b.tracker.free("n0", ASCEND) == 2
+    assert b.tracker.free("n0", ASCEND_2C) == 2
+    assert b.tracker.lowest_free("n0", ASCEND_2C, 2) == [2, 3]
+    assert b.tracker.free("n0", GPU) == 4  # another family: untouched
+    b.observe(cm(record_name("n0"), "n0", {}, rv=2))
+    assert b.tracker.free("n0", ASCEND_2C) == 4
+
+
+def test_without_a_family_resources_keep_their_own_ids() -> None:
+    b = book(("n0", 4))
+    b.set_capacity("n0", {ASCEND: 4, ASCEND_2C: 4})
+    b.observe(cm(record_name("n0"), "n0", {"a": {ASCEND: "0"}}))
+    assert b.tracker.free("n0", ASCEND_2C) == 4
+
+
+def test_a_renumbered_node_keeps_a_groups_very_devices_by_uuid() -> None:
+    """The node annotation dropped a dead GPU-a: GPU-b, which group 'a' holds as ID 1 and
+    its pods use, is ID 0 now. Neither ID is given to anyone else."""
+    from controllers.inventory import parse_annotation
+
+    b = book(("n0", 3))
+    b.set_offers("n0", {GPU: parse_annotation(GPU, "GPU-a,GPU-b,GPU-c")})
+    b.observe(cm(record_name("n0"), "n0", {"a": {GPU: "1"}}))
+    b.observe_group(bound("a", "n0", {GPU: "1"}, {GPU: "GPU-b"}))
+    assert b.tracker.lowest_free("n0", GPU, 2) == [0, 2]
+    b.set_offers("n0", {GPU: parse_annotation(GPU, "GPU-b,GPU-c")})
+    assert b.tracker.free("n0", GPU) == 0  # ID 0 is GPU-b (by UUID), ID 1 by the record
+    b.forget_group(bound("a", "n0", {GPU: "1"}))
+    b.observe(cm(record_name("n0"), "n0", {}, rv=2))
+    assert b.tracker.free("n0", GPU) == 2

@@ -35,6 +35,8 @@ class Records:
         self.gate = anyio.Event()
         self.gate.set()
         self.fail: Exception | None = None
+        #: SharedDeviceGroups the API server holds (the book's cache may not have them).
+        self.groups: list[Obj] = []
 
     def _store(self, obj: Obj) -> Obj:
         self.rv += 1
@@ -68,6 +70,10 @@ class Records:
         if now is None or now["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
             raise errors.Conflict("changed", code=409)
         return self._store(obj)
+
+    async def list_all(self, kind: Kind) -> tuple[list[Obj], str]:
+        """The groups as the API server has them (``groups``), for a record create."""
+        return copy.deepcopy(self.groups), str(self.rv)
 
     async def get(self, kind: Kind, name: str, namespace: str) -> Obj:
         if name not in self.objs:
@@ -274,3 +280,38 @@ async def test_a_release_decided_on_a_claim_renewed_since_fails() -> None:
     await b.write("n0", "a", None, expect=b.claim("n0", "a"))
     await b.write("n0", "a", None, expect=judged)
     assert api.claims_of("n0") == {}
+
+
+async def test_a_record_created_anew_never_overlaps_a_live_bound_group() -> None:
+    """The node's record was deleted by hand and this book has not seen another manager's
+    bind of 'a' on GPUs 0,1 yet: the create reads the groups live and refuses the overlap
+    (a create cannot fence on a resourceVersion, so it must not decide on a stale view)."""
+    api = Records()
+    api.groups = [
+        {
+            "metadata": {"name": "a"},
+            "status": {"phase": "Bound", "nodeName": "n1", "selectedDevices": {GPU: "0,1"}},
+        }
+    ]
+    b = book(api, "n1")
+    out: dict[str, object] = {}
+    await write(b, out, "n1", "b", [1, 2])
+    assert isinstance(out["b"], errors.Conflict), out
+    assert "overlap" in str(out["b"]) and "'a'" in str(out["b"])
+    assert record_name("n1") not in api.objs  # nothing was written
+    await write(b, out, "n1", "b", [2, 3])
+    assert out["b"] == "ok"
+    assert api.claims_of("n1") == {"b": {GPU: "2,3"}}
+
+
+async def test_a_write_never_overlaps_a_bound_status_the_book_knows() -> None:
+    b = book(Records(), "n1")
+    b.observe_group(
+        {
+            "metadata": {"name": "a"},
+            "status": {"phase": "Bound", "nodeName": "n1", "selectedDevices": {GPU: "0"}},
+        }
+    )
+    out: dict[str, object] = {}
+    await write(b, out, "n1", "b", [0])
+    assert isinstance(out["b"], errors.Conflict), out

@@ -64,3 +64,20 @@ def test_pending_says_why_and_is_not_ready() -> None:
     assert cond(status, "Scheduled")["message"] == "0/1 nodes are available: 1 not Ready."
     assert cond(status, "NodeHealthy")["status"] == "Unknown"
     assert cond(status, "Ready")["reason"] == "NotReady"
+
+
+def test_a_node_that_renumbers_a_groups_devices_is_reported_by_uuid() -> None:
+    from controllers.inventory import parse_annotation
+
+    g = group()
+    offers = {GPU: parse_annotation(GPU, "GPU-a,GPU-b,GPU-c")}
+    g["status"] = bound_status(g, "n0", {GPU: [1, 2]}, NODE, newly_bound=True, offers=offers)
+    assert g["status"]["physicalDevices"] == {GPU: "GPU-b,GPU-c"}
+    assert cond(g["status"], "NodeHealthy")["status"] == "True"
+    # GPU-a dropped from the annotation: IDs 1, 2 are GPU-c and a GPU-d now.
+    offers = {GPU: parse_annotation(GPU, "GPU-b,GPU-c,GPU-d")}
+    status = bound_status(g, "n0", {GPU: [1, 2]}, NODE, offers=offers)
+    healthy = cond(status, "NodeHealthy")
+    assert (healthy["status"], healthy["reason"]) == ("False", "DevicesMissing")
+    assert f"{GPU} 1 was GPU-b, is GPU-c" in healthy["message"]
+    assert status["physicalDevices"] == {GPU: "GPU-b,GPU-c"}  # what the pods got, kept

@@ -120,3 +120,46 @@ async def test_the_release_is_conditional_on_the_claim_as_judged_before_the_live
     writer.renewed_meanwhile = True
     await ClaimReleaser(claims, writer, Cache()).release_stale("g")  # type: ignore[arg-type]
     assert claims.log == ["status of g at rv 7", "release g on n1 if still at version 3"]
+
+
+class PodLister:
+    """The API server's pods (a live list by node), unlike the cache, which has none."""
+
+    def __init__(self, pods: list[Obj]) -> None:
+        self.pods = pods
+        self.asked: list[str | None] = []
+
+    async def list_all(
+        self, kind: Any, namespace: str | None, *, field_selector: str, transform: Any
+    ) -> tuple[list[Obj], str]:
+        self.asked.append(field_selector)
+        node = field_selector.removeprefix("spec.nodeName=")
+        return [transform(p) for p in self.pods if p["spec"]["nodeName"] == node], "1"
+
+
+def member(phase: str = "Running") -> Obj:
+    return {
+        "metadata": {
+            "name": "early",
+            "namespace": "ml",
+            "annotations": {"deviceshare.io/group": "g"},
+        },
+        "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+        "status": {"phase": phase},
+    }
+
+
+@pytest.mark.parametrize("phase, kept", [("Running", True), ("Succeeded", False)])
+async def test_a_deleted_groups_claims_stay_while_a_live_read_finds_its_pods(
+    phase: str, kept: bool
+) -> None:
+    """A pod created with nodeName set needs no binding: the cache may not have it yet
+    when the group's finalizer runs. The node's pods are read live first."""
+    claims = Claims("n1", "u1")
+    deleting = {"metadata": {"name": "g", "uid": "u1", "deletionTimestamp": "now"}}
+    writer = Writer(deleting, claims)
+    writer.client = PodLister([member(phase)])  # type: ignore[attr-defined]
+    releaser = ClaimReleaser(claims, writer, Cache())  # type: ignore[arg-type]
+    assert await releaser.release_deleted(deleting) is (not kept)
+    assert writer.client.asked == ["spec.nodeName=n1"]  # type: ignore[attr-defined]
+    assert bool(claims.log) is (not kept)
