@@ -2,10 +2,12 @@
 at once (``--in-flight`` POSTs), timed from the first POST to the last group seen Bound.
 
 ``.venv/bin/python hack/bench/bench_groups.py --nodes 100 --groups 200 --rounds 3
-[--strategy binpack] [-- --group-workers=8]``: starts the local control plane and the
-real manager process (webhooks on, leader election on, as compare.py runs it), makes the
-fleet, then per round creates fresh groups and prints seconds, groups/s and the CPU
-seconds of the manager and the API server. Extra arguments after ``--`` go to the
+[--strategy binpack] [--holders auto] [-- --group-workers=8]``: starts the local control
+plane and the real manager process (webhooks on, leader election on, as compare.py runs
+it), makes the fleet, then per round creates fresh groups and prints seconds, groups/s and the CPU
+seconds of the manager and the API server, and the API writes per group (``--holders
+auto``: each group also gets its holder pod, given its devices by a fake kubelet's device
+manager). Extra arguments after ``--`` go to the
 manager. Afterwards it checks that no device is held twice (the claim records against
 every Bound group's status). A benchmark, never a timed test.
 """
@@ -45,8 +47,10 @@ from compare import (  # noqa: E402
     wait_http_ok,
 )
 
+from sdgruntime.client import Client  # noqa: E402
 from sdgruntime.envtest import ControlPlane  # noqa: E402
 from sdgruntime.envtest.controlplane import free_port  # noqa: E402
+from sdgruntime.envtest.fakes import Kubelet, indexed_devices  # noqa: E402
 from tests.e2e.harness import MANAGER_NS, install_rbac  # noqa: E402
 
 Obj = dict[str, Any]
@@ -72,6 +76,12 @@ async def manager(env: Env, extra: list[str]) -> tuple[Proc, int, int]:
     proc = Proc("sdg-manager", cmd, env.work / "manager.log", env.env)
     await wait_http_ok(proc, f"http://127.0.0.1:{probe_port}/readyz")
     return proc, webhook_port, metrics_port
+
+
+async def fake_kubelet(env: Env) -> None:
+    """The fake kubelet with a device manager (``sdgruntime.envtest.fakes.Kubelet``)."""
+    async with Client.from_kubeconfig(env.admin_kubeconfig) as client:
+        await Kubelet(client, devices=indexed_devices).run()
 
 
 async def scrape(port: int) -> dict[str, float]:
@@ -180,7 +190,7 @@ async def run(args: argparse.Namespace) -> None:
         env = Env(cp, cp.work_dir)
         async with Kube(env.admin_kubeconfig, limit=args.in_flight + 16) as kube:
             await create_nodes(kube, 0, args.nodes, 32)
-            mgr, port, mport = await manager(env, args.manager_args)
+            mgr, port, mport = await manager(env, [f"--holders={args.holders}", *args.manager_args])
             env.webhooks(port)
             await asyncio.sleep(2)
             pids = {
@@ -189,11 +199,17 @@ async def run(args: argparse.Namespace) -> None:
                 "etcd": cp.pids["etcd"],
             }
             spy = PySpy(mgr.pid, Path(args.py_spy_groups)) if args.py_spy_groups else None
+            kubelet = None
+            if args.holders == "auto":
+                # The fleet's kubelet, playing the device manager for the holder pods
+                # (in this process: its CPU is not the manager's).
+                kubelet = asyncio.ensure_future(fake_kubelet(env))
             try:
                 for r in range(args.rounds):
                     names = [f"g{r}-{i:04d}" for i in range(args.groups)]
                     seen = FirstSeen(names, is_bound)
                     m0 = await scrape(mport)
+                    w0 = await kube.writes()
                     sw = Stopwatch(pids)
                     async with Watch(kube, SDG_PATH, seen):
                         made = await create_all(
@@ -210,6 +226,13 @@ async def run(args: argparse.Namespace) -> None:
                         + " ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
                         flush=True,
                     )
+                    writes = await kube.writes() - w0
+                    print(
+                        f"    API writes per group: {writes.total() / args.groups:.2f} ("
+                        + ", ".join(f"{k} {v / args.groups:.2f}" for k, v in writes.most_common(8))
+                        + ")",
+                        flush=True,
+                    )
                     if args.metrics:
                         show(m0, await scrape(mport), tuple(args.metrics.split(",")))
                 if spy is not None:
@@ -219,6 +242,8 @@ async def run(args: argparse.Namespace) -> None:
                 bad = await held_twice(kube)
                 print("devices held twice:", bad[:10] if bad else "none", flush=True)
             finally:
+                if kubelet is not None:
+                    kubelet.cancel()
                 await mgr.stop(10)
     finally:
         cp.stop()
@@ -231,6 +256,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--strategy", default="spread")
+    parser.add_argument(
+        "--holders",
+        choices=("off", "auto"),
+        default="off",
+        help="auto: holder pods per group, given devices by a fake kubelet's device manager",
+    )
     parser.add_argument("--pods", type=int, default=0, help="then stream this many pods")
     parser.add_argument("--py-spy-groups", default="", help="profile the rounds into this file")
     parser.add_argument("--py-spy", default="", help="profile the pod stream into this file")
