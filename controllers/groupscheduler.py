@@ -114,6 +114,9 @@ REASON_INVALID_STATUS = "InvalidStatus"
 #: How long a holder pod the kubelet refused is kept (its reason shown) before the group
 #: is placed again.
 HOLDER_RETRY_SECONDS = 10.0
+#: How long a new holder pod is waited for before the group's status says it waits (most
+#: are given their devices well within it: one status write and Event less per group).
+HOLDER_QUIET_SECONDS = 3.0
 REASON_RECORD_MALFORMED = "ClaimRecordMalformed"
 
 Obj = dict[str, Any]
@@ -165,6 +168,9 @@ class GroupScheduler:
         #: Group -> (UID of its holder pod the kubelet refused, when SDG saw that); one per
         #: group at most, dropped when the holder is replaced or the group is gone.
         self._refused: dict[str, tuple[str, float]] = {}
+        #: Group -> when its holder pod was made (or first seen waiting): a holder is
+        #: waited for quietly at first. One per group, dropped at bind or deletion.
+        self._holder_since: dict[str, float] = {}
         self._recover_lock = anyio.Lock()
 
     async def reconcile(self, request: Request) -> Result | None:
@@ -185,6 +191,7 @@ class GroupScheduler:
             self.writer.forget(name)
             self.claims.unreserve(name)
             self._refused.pop(name, None)
+            self._holder_since.pop(name, None)
             await self.releaser.release_stale(name)
             await self._drop_orphan_holder(name)
             await self._drop_orphan_claim(name)
@@ -326,14 +333,11 @@ class GroupScheduler:
                 f"group's devices in the kubelet's books: {err}",
             )
             return Result(requeue=True)
-        await self._set_pending(
-            group,
-            f"placed on node {node}: waiting for the kubelet to give holder pod "
-            f"{self.holders.namespace}/{holder_name(name)} "
-            + ", ".join(f"{n} {r}" for r, n in sorted(wanted.items())),
-            reason=REASON_WAITING_FOR_HOLDER,
-        )
-        return None
+        # No status yet: the kubelet usually answers within a second, and the holder's
+        # own events bring the group back. Only a holder still waiting after
+        # HOLDER_QUIET_SECONDS is written down (``_await_holder``).
+        self._holder_since[name] = time.monotonic()
+        return Result(requeue_after=HOLDER_QUIET_SECONDS)
 
     async def _await_holder(
         self, group: Obj, holder: Mapping[str, Any], started: float
@@ -379,8 +383,17 @@ class GroupScheduler:
                 # them counted already; this keeps SDG from offering them meanwhile).
                 with contextlib.suppress(InsufficientDevices):
                     self.claims.reserve(name, node, wanted)
-            await self._set_pending(group, state.why, reason=REASON_WAITING_FOR_HOLDER)
+            since = self._holder_since.setdefault(name, time.monotonic())
+            quiet = HOLDER_QUIET_SECONDS - (time.monotonic() - since)
+            if quiet > 0:
+                return Result(requeue_after=quiet)
+            await self._set_pending(
+                group,
+                f"placed on node {node}; {state.why}",
+                reason=REASON_WAITING_FOR_HOLDER,
+            )
             return None
+        self._holder_since.pop(name, None)
         self.claims.unreserve(name)
         devices: Devices = {r: list(i) for r, i in state.devices.items()}
         others = self.claims.held_by_others(name, node, devices)
@@ -721,6 +734,7 @@ class GroupScheduler:
             return None
         self.claims.unreserve(name)
         self._refused.pop(name, None)
+        self._holder_since.pop(name, None)
         holder = self.holders.of(name)
         if holder is not None:
             # Out of the kubelet's books first: if this fails, the finalizer stays.
