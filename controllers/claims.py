@@ -88,6 +88,8 @@ class ClaimBook:
         self.family = family
         #: Called with a node's name whenever its mirrored holdings change (metrics).
         self.on_change = on_change
+        #: A book of listed objects (``from_objects``): it never writes, and logs quietly.
+        self.read_only = False
         self.client = client
         self.namespace = namespace
         #: Per node, every held ID under a holder name ``<group>@<node>`` (or a blocker).
@@ -129,6 +131,33 @@ class ClaimBook:
         self._pool_nodes: dict[tuple[str, str], set[str]] = {}
         self._node_pools: dict[str, set[tuple[str, str]]] = {}
 
+    def _complain(self, message: str, *args: object) -> None:
+        """Log what is wrong in the books (an error in the manager; a read-only book, the
+        CLI's, shows it in its own output instead)."""
+        log.log(logging.DEBUG if self.read_only else logging.ERROR, message, *args)
+
+    @classmethod
+    def from_objects(
+        cls,
+        *,
+        configmaps: Iterable[Mapping[str, Any]] = (),
+        groups: Iterable[Mapping[str, Any]] = (),
+        namespace: str = "",
+    ) -> ClaimBook:
+        """A read-only book of listed objects (the CLI's view, tests): what the manager's
+        book would hold after its informers delivered them. It has no client: it cannot
+        write."""
+        configmaps = list(configmaps)
+        if not namespace and configmaps:
+            namespace = str((configmaps[0].get("metadata") or {}).get("namespace") or "")
+        book = cls(None, namespace)  # type: ignore[arg-type]  # never writes
+        book.read_only = True
+        for cm in configmaps:
+            book.observe(cm)
+        for group in groups:
+            book.observe_group(group)
+        return book
+
     # --- mirroring: records ------------------------------------------------------------
     @property
     def broken(self) -> dict[str, str]:
@@ -149,7 +178,7 @@ class ClaimBook:
         node, named = nodes_named_by(cm)
         touched = self._drop_observation(name) | named
         self._seen[name] = (version, named)
-        ref = f"claim record {self.namespace}/{name}"
+        ref = f"claim record {self.namespace}/{name}" if self.namespace else f"claim record {name}"
         if node is None:
             why = (
                 f"ConfigMap {self.namespace}/{name} is labelled "
@@ -157,7 +186,7 @@ class ClaimBook:
                 f"names (records are named {RECORD_PREFIX}<node> and name that node in "
                 f"data.{DATA_NODE}); delete it"
             )
-            log.error("%s", why)
+            self._complain("%s", why)
             for n in named:
                 self._malformed.setdefault(n, {})[name] = why
             for n in touched:
@@ -166,7 +195,7 @@ class ClaimBook:
         try:
             claims, uids, versions = decode_record(cm)
         except ValueError as err:
-            log.error("%s is malformed: %s", ref, err)
+            self._complain("%s is malformed: %s", ref, err)
             self._malformed.setdefault(node, {})[name] = f"{ref}: {err}"
             claims, uids, versions = {}, {}, {}
         self._set_record(node, Record(node, claims, dict(cm), uids, versions))
@@ -475,7 +504,7 @@ class ClaimBook:
             self._mirrored[node] = keys
         if disputes:
             self.conflicts[node] = disputes
-            log.error("node %s: devices claimed twice: %s", node, "; ".join(disputes))
+            self._complain("node %s: devices claimed twice: %s", node, "; ".join(disputes))
         else:
             self.conflicts.pop(node, None)
         if self.on_change is not None:

@@ -42,6 +42,7 @@ from api.v1alpha1 import (
     pods_truncated,
     selected_devices,
 )
+from controllers.claims import ClaimBook
 from controllers.inventory import (
     SOURCE_ANNOTATION,
     SOURCE_COUNT,
@@ -58,8 +59,7 @@ from controllers.placement import (
     unaddressable_devices,
 )
 from controllers.podfit import pod_fits_node
-from controllers.records import DATA_CLAIMS, DATA_NODE, record_name
-from controllers.tracker import Devices, decode_claims
+from controllers.tracker import Devices
 
 Obj = Mapping[str, Any]
 
@@ -165,21 +165,16 @@ class ClaimView:
 
 
 def claim_view(groups: Iterable[Obj], configmaps: Iterable[Obj]) -> ClaimView:
+    """Records and Bound statuses as the manager's claim book reads them (the one reader
+    of the record format: a decoy or a record naming another node reads the same here as
+    in the manager, and blocks the nodes it names)."""
+    book = ClaimBook.from_objects(configmaps=configmaps, groups=groups)
     view = ClaimView()
-    for cm in sorted(configmaps, key=lambda c: (c.get("metadata") or {}).get("name") or ""):
-        data = cm.get("data") or {}
-        node = data.get(DATA_NODE)
-        name = (cm.get("metadata") or {}).get("name") or record_name(str(node))
-        if not node:
-            view.warnings.append(f"claim record {name}: names no node (data.{DATA_NODE})")
-            continue
-        try:
-            claims = decode_claims(data.get(DATA_CLAIMS, ""))
-        except ValueError as err:
-            view.warnings.append(f"claim record {name}: malformed: {err}")
-            continue
-        view.records[node] = claims
-        for claimant, devices in claims.items():
+    for node, why in sorted(book.broken.items()):
+        view.warnings.append(f"node {node}: {why}")
+    for node, record in sorted(book.records.items()):
+        view.records[node] = {g: dict(d) for g, d in record.claims.items()}
+        for claimant, devices in record.claims.items():
             for res, ids in devices.items():
                 for i in ids:
                     view.holders[(node, res, i)][claimant].add("record")
@@ -187,12 +182,11 @@ def claim_view(groups: Iterable[Obj], configmaps: Iterable[Obj]) -> ClaimView:
         if not is_bound(group):
             continue
         name = group_name(group)
-        try:
-            devices = selected_devices(group)
-        except ValueError as err:
-            view.warnings.append(f"group {name}: status.selectedDevices is malformed: {err}")
+        held = book.statuses.get(name)
+        if held is None:
+            view.warnings.append(f"group {name}: status.selectedDevices is malformed")
             continue
-        node = str(group_node(group))
+        node, devices = held
         view.statuses[name] = (node, devices)
         for res, ids in devices.items():
             for i in ids:

@@ -283,8 +283,8 @@ Inventory:
   gpu-small nvidia.com/gpu: 1 device(s), counted in status.allocatable: IDs are guessed
 
 Warnings:
-  claim record sdg-claims.broken: malformed: claim record is not JSON: Expecting property \
-name enclosed in double quotes: line 1 column 2 (char 1)
+  node broken: claim record deviceshare-system/sdg-claims.broken: claim record is not \
+JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)
   node gone-1: not found, but devices are recorded on it
   node gpu-b: cordoned (spec.unschedulable)
   node gpu-c: not Ready (NodeStatusUnknown)
@@ -755,3 +755,28 @@ def test_the_default_namespace_is_the_kubeconfig_contexts(tmp_path: Path) -> Non
     assert cli._context_namespace(str(config), "bare") == "default"
     assert cli._context_namespace(str(config), "unknown") == "default"
     assert cli._context_namespace(str(tmp_path / "missing"), None) == "default"
+
+
+def test_a_decoy_record_reads_the_same_in_the_cli_as_in_the_manager() -> None:
+    """One reader of the record format (the claim book): a labelled ConfigMap under another
+    name that names node n0 is no record of it, for `sdg devices` as for placement."""
+    from controllers.claims import ClaimBook
+    from controllers.cliviews import claim_view
+
+    def record(name: str, claims: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "namespace": "deviceshare-system", "resourceVersion": "1"},
+            "data": {"node": "n0", "claims": json.dumps(claims)},
+        }
+
+    cms = [record("sdg-claims.n0", {"a": {GPU: "0"}}), record("decoy", {"b": {GPU: "1"}})]
+    view = claim_view([], cms)
+    manager = ClaimBook(None, "deviceshare-system")  # type: ignore[arg-type]
+    for cm in cms:
+        manager.observe(cm)
+    assert (
+        view.records
+        == {"n0": {"a": {GPU: [0]}}}
+        == {n: r.claims for n, r in manager.records.items()}
+    )
+    assert [w for w in view.warnings if "decoy" in w] == [f"node n0: {manager.broken['n0']}"]

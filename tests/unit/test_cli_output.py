@@ -161,7 +161,9 @@ Cells:  x missing or unhealthy  ! conflict (two groups)
         ? only the claim record or only the status holds it"""
     )
     assert pending.startswith("Pending groups")
-    assert warnings.startswith("Warnings:\n  claim record sdg-claims.broken: malformed")
+    assert warnings.startswith(
+        "Warnings:\n  node broken: claim record deviceshare-system/sdg-claims.broken:"
+    )
     assert "\033" not in text
 
 
