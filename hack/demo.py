@@ -76,19 +76,31 @@ DRA_GPUS += [(2, "GPU-6f1c0d2e-0002", True), (3, "GPU-6f1c0d2e-0003", True)]
 
 
 def dra_slice(node: str) -> dict[str, Any]:
-    """The ResourceSlice NVIDIA's DRA driver would publish for ``node`` (4 GPUs)."""
+    """The ResourceSlice NVIDIA's DRA driver (v25.12) would publish for ``node`` (4 GPUs):
+    devices ``gpu-<minor>`` with no ``index`` (gone since v25.8), their IDs the PCI bus
+    order of ``resource.kubernetes.io/pciBusID`` (NVML's), as hack/node/gpusim publishes
+    them; the unhealthy GPU carries the taint the driver's main branch sets for XID 79."""
     devices = []
-    for index, uuid, healthy in DRA_GPUS:
+    for minor, uuid, healthy in DRA_GPUS:
         device: dict[str, Any] = {
-            "name": f"gpu-{index}",
+            "name": f"gpu-{minor}",
             "attributes": {
-                "index": {"int": index},
-                "uuid": {"string": uuid},
                 "type": {"string": "gpu"},
+                "uuid": {"string": uuid},
+                "productName": {"string": "NVIDIA A100-SXM4-40GB"},
+                "brand": {"string": "Nvidia"},
+                "architecture": {"string": "Ampere"},
+                "cudaComputeCapability": {"version": "8.0.0"},
+                "driverVersion": {"version": "550.54.15"},
+                "cudaDriverVersion": {"version": "12.4.0"},
+                "resource.kubernetes.io/pciBusID": {"string": f"0000:{0x07 + 8 * minor:02x}:00.0"},
             },
+            "capacity": {"memory": {"value": "40Gi"}},
         }
         if not healthy:
-            device["taints"] = [{"key": "gpu.nvidia.com/unhealthy", "effect": "NoSchedule"}]
+            device["taints"] = [
+                {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+            ]
         devices.append(device)
     return {
         "apiVersion": "resource.k8s.io/v1",

@@ -33,7 +33,8 @@ def test_demo_runs_end_to_end() -> None:
         "$ kubectl get sdg",
         "my-gpu-group Bound True gpu-node-3 nvidia.com/gpu=0,1 2",
         "inference-gpus Bound True gpu-node-1 nvidia.com/gpu=0,1 3",
-        # Devices from a DRA ResourceSlice: real indices (GPU 1 is unhealthy), UUIDs.
+        # Devices from a DRA ResourceSlice (v25.12, no index): IDs in PCI bus order (GPU 1
+        # is unhealthy), UUIDs.
         "dra-gpus Bound True dra-node-1 nvidia.com/gpu=0,2 1",
         "Group dra-gpus holds physical devices nvidia.com/gpu: GPU-6f1c0d2e-0000,GPU-6f1c0d2e-0002",
         "dra-node-1 nvidia.com/gpu: 4 device(s), 1 unhealthy, from DRA ResourceSlices",
