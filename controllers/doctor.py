@@ -100,6 +100,9 @@ MAX_FOREIGN_SHOWN: Final = 5
 MAX_NAMES_SHOWN: Final = 10
 
 DEPLOYMENTS: Final = Kind("apps", "v1", "Deployment", "deployments", namespaced=True)
+PRIORITYCLASSES: Final = Kind(
+    "scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", namespaced=False
+)
 RUNTIMECLASSES: Final = Kind("node.k8s.io", "v1", "RuntimeClass", "runtimeclasses", False)
 POLICY_KIND: Final = Kind(
     "admissionregistration.k8s.io",
@@ -184,6 +187,8 @@ class ManagerConfig:
     env_table: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ENV_TABLE))
     dra_drivers: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_DRA_DRIVERS))
     resource_slices: str = "auto"
+    holders: str = "auto"
+    holder_priority_class: str = "deviceshare-holder"
     #: Where these came from, for the detail lines ("Deployment ns/name", "defaults").
     source: str = "defaults"
     delivery_source: str = "defaults"
@@ -211,6 +216,8 @@ class Facts:
     #: Shared node -> the pods bound to it.
     pods: dict[str, list[Obj] | Unreadable] = field(default_factory=dict)
     runtime_class: Fetched = None  # read only when some delivery needs it
+    #: The holder pods' PriorityClass (read when holders are on and name one).
+    priority_class: Fetched = None
     deployment: Fetched = None
     lease: Fetched = None
     config: ManagerConfig = field(default_factory=ManagerConfig)
@@ -382,6 +389,8 @@ def manager_config(
         env_table=env_table,
         dra_drivers=_driver_table(str(flags.get("dra_drivers") or "")),
         resource_slices=str(flags.get("resource_slices") or "auto"),
+        holders=str(flags.get("holders") or "auto"),
+        holder_priority_class=str(flags.get("holder_priority_class", "deviceshare-holder")),
         source=source,
         delivery_source="sdg doctor --delivery" if delivery else source,
     )
@@ -678,11 +687,13 @@ def has_shared_taint(node: Obj) -> bool:
     )
 
 
-def judge_taint(node: Obj) -> Check:
+def judge_taint(node: Obj, holders: bool = False) -> Check:
     """A shared node is tainted so that pods outside any group stay off it: they would use
     its devices without SDG knowing which. Group pods get the toleration from the webhook
     (for every effect: NoSchedule keeps others off, NoExecute also evicts them); another
-    value of the key would keep group pods off too."""
+    value of the key would keep group pods off too. With holder pods (``holders``) the
+    taint is optional: the kubelet counts the groups' devices, so plain pods asking the
+    device plugin get only others."""
     node_name = _name(node)
     name = f"node {node_name}: taint"
     add = f"kubectl taint node {node_name} {_taint_text()}"
@@ -700,6 +711,13 @@ def judge_taint(node: Obj) -> Check:
             f"tainted {', '.join(others)}, not {_taint_text()}: group pods tolerate only "
             f"{SHARED_TAINT_KEY}={SHARED_TAINT_VALUE}",
             f"kubectl taint node {node_name} {SHARED_TAINT_KEY}-\n{add}",
+        )
+    if holders:
+        return Check(
+            name,
+            True,
+            f"not tainted (optional with holder pods: plain pods asking the device plugin get "
+            f"only GPUs no group holds; {add} keeps every other pod off)",
         )
     return Check(
         name,
@@ -857,6 +875,61 @@ def runtime_class_users(config: ManagerConfig, nodes: Sequence[Obj] | Unreadable
         if labelled:
             users.append(f"node(s) {_names(labelled)} ({DELIVERY_LABEL}={DELIVERY_RUNTIMECLASS})")
     return users
+
+
+#: The first Kubernetes minor whose kubelets report a pod's devices in its status
+#: (``allocatedResourcesStatus``, feature ResourceHealthStatus beta and on since 1.36):
+#: how SDG reads back which devices a holder pod was given.
+HOLDER_MIN_KUBELET = (1, 36)
+
+
+def _kubelet_minor(node: Obj) -> tuple[int, int] | None:
+    version = str(((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") or "")
+    parts = version.lstrip("v").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def judge_holders(
+    config: ManagerConfig, nodes: Sequence[Obj] | Unreadable, priority_class: Fetched
+) -> Check:
+    """Holder pods (``--holders auto``) need their PriorityClass, and kubelets that report
+    which devices they gave a pod (1.36+); on an older kubelet a group stays Pending."""
+    name = "holder pods"
+    if config.holders != "auto":
+        return Check(
+            name,
+            True,
+            f"off ({config.source}): keep shared nodes tainted so only groups use them",
+        )
+    pc = config.holder_priority_class
+    if pc and isinstance(priority_class, Unreadable):
+        return Check(name, None, _unreadable(f"PriorityClass {pc}", priority_class))
+    if pc and priority_class is None:
+        return Check(
+            name,
+            False,
+            f"PriorityClass {pc} is missing: no holder pod can be created, so groups on "
+            "device-plugin nodes stay Pending",
+            "kubectl apply -k config/holders   (or helm upgrade: the chart ships it)",
+        )
+    old = []
+    for node in [] if isinstance(nodes, Unreadable) else nodes:
+        minor = _kubelet_minor(node)
+        if is_shared(node) and minor is not None and minor < HOLDER_MIN_KUBELET:
+            old.append(f"{_name(node)} (kubelet {minor[0]}.{minor[1]})")
+    if old:
+        return Check(
+            name,
+            None,
+            f"kubelets older than 1.{HOLDER_MIN_KUBELET[1]} do not report which devices they "
+            f"gave a pod, so groups on their device-plugin GPUs stay Pending: {', '.join(old)}",
+            "upgrade those kubelets, enable feature gate ResourceHealthStatus on them, or run "
+            "the manager with --holders off and taint those nodes",
+        )
+    return Check(name, True, f"on: PriorityClass {pc or '(none)'}; shared nodes' kubelets report")
 
 
 def judge_runtime_class(
@@ -1036,7 +1109,7 @@ def judge(facts: Facts) -> list[Check]:
     nodes = [] if isinstance(facts.nodes, Unreadable) else facts.nodes
     for node in sorted((n for n in nodes if is_shared(n)), key=_name):
         node_name = _name(node)
-        checks.append(judge_taint(node))
+        checks.append(judge_taint(node, holders=config.holders == "auto"))
         checks.append(judge_devices(node, slices_by_node.get(node_name, ()), config.dra_drivers))
         checks.append(
             judge_foreign(
@@ -1044,6 +1117,7 @@ def judge(facts: Facts) -> list[Check]:
             )
         )
     checks.append(judge_runtime_class(config, facts.nodes, facts.runtime_class))
+    checks.append(judge_holders(config, facts.nodes, facts.priority_class))
     return checks
 
 
@@ -1168,6 +1242,10 @@ async def collect(
                 node_name = _name(node)
                 pods = await _list(client, PODS, field_selector=f"spec.nodeName={node_name}")
                 facts.pods[node_name] = [] if pods is None else pods
+    if facts.config.holders == "auto" and facts.config.holder_priority_class:
+        facts.priority_class = await _read(
+            client.get(PRIORITYCLASSES, facts.config.holder_priority_class)
+        )
     if runtime_class_users(facts.config, facts.nodes):
         facts.runtime_class = await _read(
             client.get(RUNTIMECLASSES, facts.config.runtime_class_name)

@@ -693,6 +693,7 @@ def healthy_facts() -> Facts:
         deployment=deployment(["--leader-elect"]),
         lease=lease(renewed=NOW - timedelta(seconds=2)),
         config=d.manager_config(deployment(["--leader-elect"]), "deviceshare-system"),
+        priority_class={"metadata": {"name": "deviceshare-holder"}, "value": 1000000000},
     )
 
 
@@ -712,6 +713,7 @@ def test_judge_healthy_cluster() -> None:
         ("node gpu-1: devices", True),
         ("node gpu-1: foreign device pods", True),
         ("RuntimeClass", True),
+        ("holder pods", True),
     ]
     assert d.exit_code(checks) == 0
 
@@ -723,11 +725,14 @@ def test_judge_broken_cluster() -> None:
     facts.nodes = [node("gpu-1", 2)]
     facts.pods = {"gpu-1": [pod("thief", env={"NVIDIA_VISIBLE_DEVICES": "all"})]}
     checks = d.judge(facts)
+    facts.priority_class = None
+    checks = d.judge(facts)
+    # Untainted is fine with holder pods (the default); a missing PriorityClass is not.
     assert {c.name for c in checks if c.ok is False} == {
         "webhook configurations",
         "pod webhook",
-        "node gpu-1: taint",
         "node gpu-1: foreign device pods",
+        "holder pods",
     }
     assert d.exit_code(checks) == 1
     # the foreign pods' fix also taints the node, since it is not
@@ -806,3 +811,26 @@ def test_cli_parses_doctor() -> None:
     assert cli._parser().parse_args(["doctor"]).output == "text"
     with pytest.raises(SystemExit):
         cli._parser().parse_args(["doctor", "-o", "yaml"])
+
+
+def test_holder_pods_need_their_priority_class_and_recent_kubelets() -> None:
+    on = d.manager_config(deployment([]), "deviceshare-system")
+    pc = {"metadata": {"name": "deviceshare-holder"}}
+    missing = d.judge_holders(on, [], None)
+    assert missing.ok is False and "config/holders" in missing.fix
+    old = node("gpu-1", 2)
+    old["status"]["nodeInfo"] = {"kubeletVersion": "v1.35.4"}
+    recent = node("gpu-2", 2)
+    recent["status"]["nodeInfo"] = {"kubeletVersion": "v1.36.0"}
+    check = d.judge_holders(on, [old, recent], pc)
+    assert check.ok is None and "gpu-1 (kubelet 1.35)" in check.detail
+    assert "gpu-2" not in check.detail
+    assert d.judge_holders(on, [recent], pc).ok is True
+    off = d.manager_config(deployment(["--holders=off"]), "deviceshare-system")
+    assert d.judge_holders(off, [old], None).ok is True
+
+
+def test_an_untainted_shared_node_is_fine_only_with_holder_pods() -> None:
+    bare = node("gpu-1", 2)
+    assert d.judge_taint(bare, holders=True).ok is True
+    assert d.judge_taint(bare, holders=False).ok is False
