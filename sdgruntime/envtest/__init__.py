@@ -1,7 +1,8 @@
 """A real local Kubernetes control plane (etcd + kube-apiserver) for tests and demos.
 
-Like controller-runtime's envtest, but the binaries are built here from the Kubernetes
-Go modules in ``hack/controlplane`` (there is nowhere to download them from).
+Like controller-runtime's envtest, but the binaries are built once per machine from the
+Go module shipped in this package (there is nowhere to download them from); see
+:mod:`sdgruntime.envtest.build` for where else they may come from.
 """
 
 from __future__ import annotations

@@ -1,18 +1,21 @@
 """Build (once per machine) and locate the Go binaries the local clusters run.
 
-Each Go module under hack/ (:class:`GoModule`) has its commands built into a cache folder
-outside the repository, keyed by the version it builds and a hash of the module's files,
-so a warm start costs nothing and a dependency bump rebuilds:
+Each Go module (:class:`GoModule`) has its commands built into a cache folder outside any
+repository, keyed by the version it builds and a hash of the module's files, so a warm
+start costs nothing and a dependency bump rebuilds:
 
-- ``hack/controlplane`` (:func:`controlplane_module`): etcd, kube-apiserver and
-  kube-scheduler for the control plane (:func:`ensure_binaries`), and, only when asked
+- the control plane module (:func:`controlplane_module`), shipped inside this package
+  (``sdgruntime/envtest/go/controlplane``, so an installed sdgruntime builds it anywhere):
+  etcd, kube-apiserver and kube-scheduler (:func:`ensure_binaries`), and, only when asked
   for, kube-controller-manager and the kubelet of a real node;
-- ``hack/containerd`` (:func:`containerd_module`): containerd, its runc shim and ctr, only
-  for a real node (:func:`ensure_node_binaries`).
+- ``hack/containerd`` of a checkout (:func:`containerd_module`): containerd, its runc shim
+  and ctr, only for a real node (:func:`ensure_node_binaries`).
 
-``KUBEBUILDER_ASSETS`` (a folder with ``etcd`` and ``kube-apiserver``, as controller-runtime's
-setup-envtest installs them) is used instead for the control plane when set, and then
-nothing is built.
+Where the control plane's binaries come from, first match wins (:data:`HOW_TO_GET_BINARIES`
+says it in errors): ``$KUBEBUILDER_ASSETS`` (a folder with ``etcd`` and ``kube-apiserver``,
+as controller-runtime's setup-envtest installs them), ``$SDG_CONTROLPLANE_BIN`` (a folder
+with every binary asked for), else the cache, built from ``$SDG_CONTROLPLANE_SRC`` (another
+copy of the module) or the packaged module, with Go on PATH.
 
 ``python -m sdgruntime.envtest.build`` builds the control plane (saying what and how long)
 and prints the folder; ``--node`` also builds the node binaries and prints their folders.
@@ -29,6 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -61,6 +65,17 @@ _CONTAINERD_MINUTES = {"containerd": 4, "containerd-shim-runc-v2": 1, "ctr": 1}
 # What the headline calls a module's build ("building the local control plane v1.37.2 …").
 _TITLES = {"controlplane": "the local control plane"}
 _REQUIRE = re.compile(r"^\s*(?:require\s+)?([^\s()]+)\s+(v\S+)(?:\s*//.*)?$", re.M)
+#: The control plane's Go module, shipped as package data (a copy of SDG's hack/controlplane).
+PACKAGED_SOURCE = Path(__file__).resolve().parent / "go" / "controlplane"
+#: Every way to get the control plane's binaries, for error messages (docs/testing.md).
+HOW_TO_GET_BINARIES = (
+    "install Go and run `python -m sdgruntime.envtest.build` "
+    "once (it builds from the module shipped in sdgruntime into the cache, "
+    "$XDG_CACHE_HOME/sdg or ~/.cache/sdg); or set KUBEBUILDER_ASSETS to a folder holding "
+    "etcd and kube-apiserver (controller-runtime's setup-envtest installs one); or set "
+    "SDG_CONTROLPLANE_BIN to a folder of prebuilt binaries; or set SDG_CONTROLPLANE_SRC "
+    "to another copy of the Go module to build"
+)
 
 
 class BuildError(RuntimeError):
@@ -79,6 +94,9 @@ class GoModule:
     # First-build estimate per binary on 2 cores, told to the person waiting (default 1).
     minutes: Mapping[str, int] = field(default_factory=dict)
     ldflags: str = "-s -w"
+    # Never write into ``source`` (an installed package): go.mod and go.sum are copied
+    # beside the build and passed with -modfile, so `go build -mod=mod` updates the copy.
+    read_only: bool = False
 
     def version(self) -> str:
         """The version go.mod requires of the module providing the first target that is not
@@ -149,12 +167,13 @@ def _find_module(folder: str, variable: str, hint: str) -> Path:
 
 
 def find_source_dir() -> Path:
-    """The hack/controlplane module: $SDG_CONTROLPLANE_SRC, else next to this checkout."""
-    return _find_module(
-        "controlplane",
-        "SDG_CONTROLPLANE_SRC",
-        "(or SDG_CONTROLPLANE_BIN to a folder with prebuilt binaries)",
-    )
+    """The control plane's Go module: $SDG_CONTROLPLANE_SRC, else the packaged one."""
+    env = os.environ.get("SDG_CONTROLPLANE_SRC")
+    source = Path(env) if env else PACKAGED_SOURCE
+    if not (source / "go.mod").is_file():
+        where = f"SDG_CONTROLPLANE_SRC={env}" if env else f"sdgruntime's {source}"
+        raise BuildError(f"{where} has no go.mod. To get the binaries, {HOW_TO_GET_BINARIES}")
+    return source
 
 
 def kubernetes_version(source: Path) -> str:
@@ -166,7 +185,8 @@ def kubernetes_version(source: Path) -> str:
 
 
 def controlplane_module(source: Path | None = None) -> GoModule:
-    """hack/controlplane: the control plane, kube-controller-manager and the kubelet."""
+    """The control plane, kube-controller-manager and the kubelet, from ``source`` (by
+    default :func:`find_source_dir`)."""
     source = source or find_source_dir()
     kubernetes = "k8s.io/kubernetes/cmd"
     return GoModule(
@@ -181,6 +201,7 @@ def controlplane_module(source: Path | None = None) -> GoModule:
         },
         minutes=_CONTROLPLANE_MINUTES,
         ldflags=_ldflags(kubernetes_version(source)),
+        read_only=source.resolve() == PACKAGED_SOURCE,
     )
 
 
@@ -250,15 +271,15 @@ def _prebuilt(variable: str, folder: Path, binaries: Sequence[str]) -> Path:
         raise BuildError(
             f"{variable}={folder} lacks {' and '.join(missing)} (an executable file each): "
             f"it must hold {' and '.join(binaries)}; unset {variable} to build them from "
-            "hack/controlplane instead"
+            "sdgruntime's Go module instead (`python -m sdgruntime.envtest.build`)"
         )
     log.info("using %s from %s=%s; nothing is built", ", ".join(binaries), variable, folder)
     return folder
 
 
 def ensure_binaries(names: Sequence[str] = BINARIES) -> Path:
-    """A folder holding ``names`` of hack/controlplane's binaries (by default the control
-    plane: etcd and kube-apiserver and, when built here, kube-scheduler).
+    """A folder holding ``names`` of the control plane module's binaries (by default the
+    control plane: etcd and kube-apiserver and, when built here, kube-scheduler).
 
     $KUBEBUILDER_ASSETS when every name is one of :data:`BINARIES` (it must hold etcd and
     kube-apiserver, all an envtest folder has; it is not consulted for
@@ -291,7 +312,12 @@ def _build(module: GoModule, out: Path, names: Sequence[str]) -> None:
     """``go build`` each of ``names`` that ``out`` lacks, saying what and how long."""
     go = shutil.which("go")
     if go is None:
-        raise BuildError(f"Go is not installed; {', '.join(names)} are built from source")
+        needs = re.search(r"^go\s+(\S+)", (module.source / "go.mod").read_text(), re.M)
+        hint = HOW_TO_GET_BINARIES if module.name == "controlplane" else "install Go"
+        raise BuildError(
+            f"Go is not on PATH: {', '.join(names)} are built from {module.source}, which "
+            f"needs Go {needs.group(1) if needs else ''} or later. To get them, {hint}"
+        )
     version = module.version()
     env = {
         **os.environ,
@@ -299,7 +325,7 @@ def _build(module: GoModule, out: Path, names: Sequence[str]) -> None:
         "GOFLAGS": "-mod=mod -buildvcs=false",
     }
     env.setdefault("GOTOOLCHAIN", "local")
-    tags = ["-tags", ",".join(module.tags)] if module.tags else []
+    flags = ["-tags", ",".join(module.tags)] if module.tags else []
     todo = [name for name in names if not (out / name).is_file()]
     minutes = {name: module.minutes.get(name, 1) for name in todo}
     log.info(
@@ -313,24 +339,30 @@ def _build(module: GoModule, out: Path, names: Sequence[str]) -> None:
         _minutes(sum(minutes.values())),
     )
     started = time.monotonic()
-    for i, name in enumerate(todo, 1):
-        log.info(
-            "building %s %s (%d of %d; first run on this machine: about %s on 2 cores)…",
-            name,
-            version,
-            i,
-            len(todo),
-            _minutes(minutes[name]),
-        )
-        began = time.monotonic()
-        tmp = out / f".{name}.tmp"
-        package = module.targets[name]
-        cmd = [go, "build", *tags, "-ldflags", module.ldflags, "-o", str(tmp), package]
-        proc = subprocess.run(cmd, cwd=module.source, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BuildError(f"go build {package} failed:\n{proc.stderr[-4000:]}")
-        tmp.rename(out / name)
-        log.info("… %s done in %s", name, _elapsed(time.monotonic() - began))
+    with tempfile.TemporaryDirectory(dir=out, prefix=".mod-") as scratch:
+        if module.read_only:
+            for name in ("go.mod", "go.sum"):
+                if (module.source / name).is_file():
+                    shutil.copyfile(module.source / name, Path(scratch) / name)
+            flags += ["-modfile", str(Path(scratch) / "go.mod")]
+        for i, name in enumerate(todo, 1):
+            log.info(
+                "building %s %s (%d of %d; first run on this machine: about %s on 2 cores)…",
+                name,
+                version,
+                i,
+                len(todo),
+                _minutes(minutes[name]),
+            )
+            began = time.monotonic()
+            tmp = out / f".{name}.tmp"
+            package = module.targets[name]
+            cmd = [go, "build", *flags, "-ldflags", module.ldflags, "-o", str(tmp), package]
+            proc = subprocess.run(cmd, cwd=module.source, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise BuildError(f"go build {package} failed:\n{proc.stderr[-4000:]}")
+            tmp.rename(out / name)
+            log.info("… %s done in %s", name, _elapsed(time.monotonic() - began))
     log.info("%s built in %s: %s", ", ".join(todo), _elapsed(time.monotonic() - started), out)
 
 

@@ -2,8 +2,9 @@
 sdgruntime/ folder alone (copied elsewhere, so nothing else of the repository can leak in;
 ``pip wheel`` with build isolation, as any user would), holds exactly the package, and,
 installed into a fresh venv with only its own dependencies (from the package index), it
-imports whole, without api, controllers or webhooks anywhere, and its own unit tests
-(tests/runtime/unit) pass there.
+imports whole, without api, controllers or webhooks anywhere, its own unit tests
+(tests/runtime/unit) pass there, and, run from a folder outside the repository, envtest
+finds its binaries (built from the Go module the wheel ships) and starts a control plane.
 
 Needs the package index (the build backend, the dependencies), like test_dockerfile.py.
 """
@@ -76,14 +77,16 @@ def test_the_wheel_holds_the_package_and_its_metadata_only(wheel: Path) -> None:
         f"sdgruntime/{p.relative_to(PACKAGE).as_posix()}"
         for p in PACKAGE.rglob("*")
         if p.is_file()
-        and (p.suffix == ".py" or p.name == "py.typed")
+        and (p.suffix in (".py", ".go") or p.name in ("py.typed", "go.mod", "go.sum"))
         and not {"build", "__pycache__"} & set(p.relative_to(PACKAGE).parts)
         and not any(part.endswith(".egg-info") for part in p.relative_to(PACKAGE).parts)
     }
     dist_info = {
         n for n in names if n.startswith(f"sdgruntime-{sdgruntime.__version__}.dist-info/")
     }
-    assert names - dist_info == expected  # every module, and no pyproject.toml or README.md
+    # every module and envtest's Go module, and no pyproject.toml or README.md
+    assert names - dist_info == expected
+    assert "sdgruntime/envtest/go/controlplane/go.mod" in names
 
 
 def test_the_wheel_declares_the_projects_requirements(wheel: Path) -> None:
@@ -144,3 +147,50 @@ def test_sdgruntimes_unit_tests_pass_without_sdg(fresh_venv: Path, tmp_path: Pat
     )
     out = run(fresh_venv, "-m", "pytest", "-q", "tests/runtime/unit", cwd=tmp_path)
     assert " passed" in out.splitlines()[-1] and "failed" not in out.splitlines()[-1], out
+
+
+# A project of one's own: a folder outside this repository, the installed wheel only, no
+# variable set. A go that fails stands first on PATH, so nothing is ever built here: the
+# binaries must come from the cache that `make controlplane` (or any project's
+# `python -m sdgruntime.envtest.build`) filled, found by the packaged module's key.
+ENVTEST_ELSEWHERE = """
+from sdgruntime.envtest import ControlPlane
+from sdgruntime.envtest.build import PACKAGED_SOURCE, ensure_binaries
+print(PACKAGED_SOURCE)
+print(ensure_binaries())
+with ControlPlane() as cp:
+    print(cp.http.get("/version").json()["gitVersion"])
+"""
+
+
+@pytest.mark.integration
+def test_envtest_finds_its_binaries_from_any_project(fresh_venv: Path, tmp_path: Path) -> None:
+    from sdgruntime.envtest.build import BINARIES, PACKAGED_SOURCE, controlplane_module
+
+    cached = controlplane_module(PACKAGED_SOURCE).cache_dir()
+    if not all((cached / b).is_file() for b in BINARIES):
+        pytest.skip(f"the control plane is not built yet ({cached}): make controlplane")
+    project = tmp_path / "my-operator"
+    (project / "bin").mkdir(parents=True)
+    (project / "bin" / "go").write_text("#!/bin/sh\necho go was called >&2\nexit 99\n")
+    (project / "bin" / "go").chmod(0o755)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("KUBEBUILDER_ASSETS", "SDG_", "PYTHONPATH", "VIRTUAL_ENV"))
+    }
+    env["PATH"] = f"{project / 'bin'}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(
+        [fresh_venv, "-c", ENVTEST_ELSEWHERE],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    source, binaries, version = proc.stdout.splitlines()
+    assert Path(source).is_relative_to(fresh_venv.parents[1])  # the wheel's copy of the module
+    assert Path(binaries) == cached
+    assert version.startswith("v1.") and "go was called" not in proc.stderr

@@ -1,7 +1,8 @@
 """sdgruntime is a library of its own: nothing in it, and nothing in its tests, imports
 Shared Device Group (api, controllers, webhooks); its distribution (sdgruntime/pyproject.toml)
-declares exactly the third-party packages it imports, lists every subpackage, and takes its
-version from ``sdgruntime.__version__``.
+declares exactly the third-party packages it imports, lists every subpackage, takes its
+version from ``sdgruntime.__version__``, and ships envtest's Go module (the same files as
+SDG's hack/controlplane).
 
 Static (AST) checks, so a lazy import inside a function is caught as well as a top-level
 one. test_distribution.py proves the same from the outside: the built wheel, alone in a
@@ -22,9 +23,12 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 import sdgruntime
+from sdgruntime.envtest.build import PACKAGED_SOURCE, controlplane_module
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sdgruntime"
+ENVTEST = PACKAGE / "envtest"
+HACK_CONTROLPLANE = ROOT / "hack" / "controlplane"
 RUNTIME_TESTS = ROOT / "tests" / "runtime"
 PROJECT = tomllib.loads((PACKAGE / "pyproject.toml").read_text())
 SDG_PACKAGES = frozenset({"api", "controllers", "webhooks"})
@@ -195,8 +199,28 @@ def test_every_subpackage_is_listed_and_typed() -> None:
     )
     assert sorted(setuptools["packages"]) == found
     assert setuptools["include-package-data"] is False  # never pyproject.toml or README.md
-    assert PROJECT["tool"]["setuptools"]["package-data"] == {"sdgruntime": ["py.typed"]}
+    data = PROJECT["tool"]["setuptools"]["package-data"]
+    assert data["sdgruntime"] == ["py.typed"]
     assert (PACKAGE / "py.typed").is_file()
+    # and envtest's Go module, whole: every file GoModule.sources() hashes and builds
+    assert set(data) == {"sdgruntime", "sdgruntime.envtest"}
+    matched = {p for pattern in data["sdgruntime.envtest"] for p in ENVTEST.glob(pattern)}
+    assert matched == set(controlplane_module(PACKAGED_SOURCE).sources())
+
+
+def test_the_packaged_go_module_is_sdgs_hack_controlplane() -> None:
+    """The same files, so both share one cache folder: a build for SDG's tests serves any
+    project's envtest on the machine, and a bump of one without the other fails here."""
+    ours, sdgs = controlplane_module(PACKAGED_SOURCE), controlplane_module(HACK_CONTROLPLANE)
+    files = [p.relative_to(PACKAGED_SOURCE) for p in ours.sources()]
+    assert files == [p.relative_to(HACK_CONTROLPLANE) for p in sdgs.sources()]
+    changed = [
+        str(f)
+        for f in files
+        if (PACKAGED_SOURCE / f).read_bytes() != (HACK_CONTROLPLANE / f).read_bytes()
+    ]
+    assert changed == [], "copy hack/controlplane to sdgruntime/envtest/go/controlplane"
+    assert ours.cache_dir() == sdgs.cache_dir()
 
 
 def test_the_version_is_sdgruntime_dunder_version() -> None:

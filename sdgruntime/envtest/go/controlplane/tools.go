@@ -1,0 +1,12 @@
+//go:build tools
+
+// Package tools pins the Kubernetes commands this module builds: the control plane, and
+// the kubelet and controller-manager of a real node (built only when one is asked for).
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
