@@ -16,6 +16,7 @@ from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.kinds import EVENTS, PODS
 from tests.e2e.harness import GPU, add_node, env_of, eventually, group, pod, run_sdg, wait_bound
+from tests.unit.test_inventory import nvidia_v25_3_gpu
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -23,20 +24,17 @@ DRIVER = "gpu.nvidia.com"
 
 
 def gpu(index: int, *, unhealthy: bool = False) -> dict[str, Any]:
-    device: dict[str, Any] = {
-        "name": f"gpu-{index}",
-        "attributes": {
-            "index": {"int": index},
-            "uuid": {"string": f"GPU-{index:04d}-aaaa"},
-            "type": {"string": "gpu"},
-        },
-    }
+    """GPU ``index`` in the shape NVIDIA's DRA driver published before v25.8, with its
+    ``index`` attribute (tests/unit/test_inventory.py ``nvidia_v25_3_gpu``: v25.3.2
+    deviceinfo.go); tainted as main's driver taints a GPU with a critical XID."""
+    device = nvidia_v25_3_gpu(index, index, f"0000:{0x07 + 8 * index:02x}:00.0")
+    device["attributes"]["uuid"] = {"string": f"GPU-{index:04d}-aaaa"}
     if unhealthy:
-        device["taints"] = [{"key": "gpu.nvidia.com/unhealthy", "effect": "NoSchedule"}]
+        device["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
     return device
 
 
-def resource_slice(node: str, devices: list[dict[str, Any]], generation: int = 1) -> dict:
+def resource_slice(node: str, devices: list[dict[str, Any]], generation: int = 1) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -55,7 +53,9 @@ async def slices(client: Client) -> Any:
     """ResourceSlices the test publishes for its fake nodes (removed afterwards)."""
     made: list[str] = []
 
-    async def publish(node: str, devices: list[dict[str, Any]], generation: int = 1) -> dict:
+    async def publish(
+        node: str, devices: list[dict[str, Any]], generation: int = 1
+    ) -> dict[str, Any]:
         body = resource_slice(node, devices, generation)
         name = body["metadata"]["name"]
         try:
