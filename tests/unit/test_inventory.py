@@ -30,7 +30,7 @@ def node(gpus: int = 0, annotations: dict[str, str] | None = None) -> dict[str, 
     }
 
 
-def device(name: str, index: int | None = None, uuid: str = "", **extra: Any) -> dict:
+def device(name: str, index: int | None = None, uuid: str = "", **extra: Any) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     if index is not None:
         attrs["index"] = {"int": index}
@@ -39,7 +39,9 @@ def device(name: str, index: int | None = None, uuid: str = "", **extra: Any) ->
     return {"name": name, "attributes": attrs, **extra}
 
 
-def rslice(devices: list[dict], generation: int = 1, driver: str = "gpu.nvidia.com") -> dict:
+def rslice(
+    devices: list[dict[str, Any]], generation: int = 1, driver: str = "gpu.nvidia.com"
+) -> dict[str, Any]:
     return {
         "metadata": {"name": f"s{generation}"},
         "spec": {
@@ -107,7 +109,9 @@ def test_only_the_newest_pool_generation_counts_and_unknown_drivers_are_ignored(
     assert list(offers) == [GPU] and offers[GPU].usable() == [0]
 
 
-def pool_slice(name: str, generation: int, count: int, devices: list[dict]) -> dict:
+def pool_slice(
+    name: str, generation: int, count: int, devices: list[dict[str, Any]]
+) -> dict[str, Any]:
     s = rslice(devices, generation)
     s["metadata"]["name"] = name
     s["spec"]["pool"]["resourceSliceCount"] = count
@@ -533,7 +537,7 @@ def test_device_taint_rules_make_the_devices_they_select_unhealthy() -> None:
 
 
 def test_the_mirror_follows_taint_rules() -> None:
-    changes: list[tuple[str, dict]] = []
+    changes: list[tuple[str, dict[str, Any]]] = []
     inv = Inventory(on_change=lambda n, o: changes.append((n, o)))
     inv.observe_node(node(0))
     inv.observe_slice(rslice([nvidia_gpu(m, bus) for _, m, bus in TWELVE[:2]]))
@@ -551,7 +555,7 @@ def test_the_mirror_follows_taint_rules() -> None:
 
 
 def test_the_mirror_tells_only_real_changes_and_the_claim_book_blocks_holes() -> None:
-    changes: list[tuple[str, dict]] = []
+    changes: list[tuple[str, dict[str, Any]]] = []
     inv = Inventory(on_change=lambda n, o: changes.append((n, o)))
     inv.observe_node(node(0))
     inv.observe_node(node(0))  # a heartbeat: nothing new
