@@ -51,6 +51,15 @@ _EXPORTS: dict[str, str] = {
     "remove_finalizer": "sdgruntime.controllerutil",
     "set_controller_reference": "sdgruntime.controllerutil",
     "set_owner_reference": "sdgruntime.controllerutil",
+    # status conditions
+    "find_status_condition": "sdgruntime.conditions",
+    "is_status_condition_false": "sdgruntime.conditions",
+    "is_status_condition_true": "sdgruntime.conditions",
+    "remove_status_condition": "sdgruntime.conditions",
+    "set_status_condition": "sdgruntime.conditions",
+    # logging
+    "from_context": "sdgruntime.log",
+    "setup_logging": "sdgruntime.log",
     # manager, leader election, tracing
     "Manager": "sdgruntime.manager",
     "ManagerOptions": "sdgruntime.manager",
@@ -104,11 +113,18 @@ __all__ = [
     "contains_finalizer",
     "create_or_patch",
     "create_or_update",
+    "find_status_condition",
+    "from_context",
     "is_controlled_by",
+    "is_status_condition_false",
+    "is_status_condition_true",
     "label_selector_predicate",
     "remove_finalizer",
+    "remove_status_condition",
     "set_controller_reference",
     "set_owner_reference",
+    "set_status_condition",
+    "setup_logging",
     "setup_tracing",
 ]
 assert set(__all__) == set(_EXPORTS)
@@ -131,6 +147,13 @@ if TYPE_CHECKING:
     from sdgruntime.builder import Builder
     from sdgruntime.cache import Cache
     from sdgruntime.client import Client
+    from sdgruntime.conditions import (
+        find_status_condition,
+        is_status_condition_false,
+        is_status_condition_true,
+        remove_status_condition,
+        set_status_condition,
+    )
     from sdgruntime.controller import Controller
     from sdgruntime.controllerutil import (
         AlreadyOwnedError,
@@ -153,6 +176,7 @@ if TYPE_CHECKING:
     )
     from sdgruntime.kinds import Kind
     from sdgruntime.leaderelection import LeaderElectionLost, LeaderElector
+    from sdgruntime.log import from_context, setup_logging
     from sdgruntime.manager import Manager, ManagerOptions
     from sdgruntime.predicate import (
         And,

@@ -20,9 +20,11 @@ returns anything else      as raising ``TypeError``                    error
 =========================  ==========================================  ===============
 
 An exception never kills a worker. Whatever a handler makes that is not a ``Request`` is
-logged and dropped. Handlers are registered when the controller starts
-(the informer replays the objects it already has as creates); workers start only once the
-cache has synced, so a reconciler never acts on a partial view.
+logged and dropped. Each reconcile runs inside :func:`sdgruntime.log.reconciling`, so its
+records carry the controller, the request and a reconcile id (:mod:`sdgruntime.log`).
+Handlers are registered when the controller starts (the informer replays the objects it
+already has as creates); workers start only once the cache has synced, so a reconciler
+never acts on a partial view.
 
 Stop is cancellation. A graceful stop stops handing out requests, lets in-flight
 reconciles finish for up to ``graceful_shutdown_timeout`` (they run in shielded scopes)
@@ -48,6 +50,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from sdgruntime import errors, metrics, tracing
 from sdgruntime.handler import EnqueueRequestForObject, EventHandler
 from sdgruntime.kinds import Kind
+from sdgruntime.log import reconciling
 from sdgruntime.predicate import Predicate
 from sdgruntime.ratelimiter import RateLimiter
 from sdgruntime.reconcile import Reconciler, Request, Result, TerminalError, check_reconciler
@@ -340,6 +343,10 @@ class Controller:
                 log.info("controller %s: reconcile of %s cancelled", self.name, request)
 
     async def _process(self, request: Request) -> None:
+        with reconciling(self.name, request):  # for sdgruntime.log.from_context()
+            await self._traced(request)
+
+    async def _traced(self, request: Request) -> None:
         tracer = self._tracer
         start = time.perf_counter()
         if tracer is None:
