@@ -11,9 +11,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sdgruntime.envtest.admission import admission_review
     from sdgruntime.envtest.build import BuildError, ensure_binaries
     from sdgruntime.envtest.certs import CertificateAuthority, KeyPair
-    from sdgruntime.envtest.controlplane import ControlPlane, ControlPlaneError, load_manifests
+    from sdgruntime.envtest.controlplane import (
+        ControlPlane,
+        ControlPlaneError,
+        free_port,
+        load_manifests,
+    )
+    from sdgruntime.envtest.eventually import eventually
 
 __all__ = [
     "BuildError",
@@ -21,7 +28,10 @@ __all__ = [
     "ControlPlane",
     "ControlPlaneError",
     "KeyPair",
+    "admission_review",
     "ensure_binaries",
+    "eventually",
+    "free_port",
     "load_manifests",
 ]
 
@@ -36,6 +46,9 @@ _HOME = {
     "ControlPlane": "controlplane",
     "ControlPlaneError": "controlplane",
     "load_manifests": "controlplane",
+    "free_port": "controlplane",
+    "eventually": "eventually",
+    "admission_review": "admission",
 }
 
 

@@ -23,7 +23,7 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -364,6 +364,27 @@ class ControlPlane:
         path = self.work_dir / "users" / f"{safe}.kubeconfig"
         return self._write_kubeconfig(path, self.ca.client(user, list(groups)), user)
 
+    def bind_cluster_role(
+        self, user: str, cluster_role: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Grant ``user`` the ClusterRole ``cluster_role``: in ``namespace`` with a
+        RoleBinding, else cluster-wide with a ClusterRoleBinding (``<role>-<user>`` either
+        way). Returns the binding as stored."""
+        binding: dict[str, Any] = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding" if namespace else "ClusterRoleBinding",
+            "metadata": {"name": f"{cluster_role}-{user}"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": cluster_role,
+            },
+            "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
+        }
+        if namespace:
+            binding["metadata"]["namespace"] = namespace
+        return self.apply(binding)
+
     # --- installing things -----------------------------------------------------------
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply one object as the admin (field manager ``envtest``)."""
@@ -441,13 +462,20 @@ class ControlPlane:
         return target
 
     def webhook_configurations(
-        self, paths_or_objects: Iterable[str | Path | dict[str, Any]], port: int
+        self,
+        paths_or_objects: Iterable[str | Path | dict[str, Any]],
+        port: int,
+        namespace: str | None = None,
     ) -> list[dict[str, Any]]:
         """Webhook configurations rewritten to call ``https://127.0.0.1:<port><path>``.
 
         A service reference or a URL becomes a URL on loopback with this CA as caBundle,
         so the real API server calls a webhook server running in the test process over
         TLS. The path is kept: the service's ``path``, or the path of the ``url``.
+
+        With ``namespace``, each configuration is named ``<name>-<namespace>`` and its
+        webhooks get a ``namespaceSelector`` for that namespace alone (replacing theirs):
+        tests sharing the control plane then never call each other's webhooks.
         """
         objs: list[dict[str, Any]] = []
         for item in paths_or_objects:
@@ -461,7 +489,12 @@ class ControlPlane:
             ):
                 continue
             obj = copy.deepcopy(obj)
+            if namespace:
+                obj["metadata"]["name"] = f"{obj['metadata']['name']}-{namespace}"
             for hook in obj.get("webhooks", []):
+                if namespace:
+                    only = {"kubernetes.io/metadata.name": namespace}
+                    hook["namespaceSelector"] = {"matchLabels": only}
                 cfg = hook.get("clientConfig") or {}
                 if cfg.get("url"):
                     path = urlsplit(cfg["url"]).path or "/"
@@ -475,11 +508,30 @@ class ControlPlane:
         return out
 
     def install_webhooks(
-        self, paths_or_objects: Iterable[str | Path | dict[str, Any]], port: int
+        self,
+        paths_or_objects: Iterable[str | Path | dict[str, Any]],
+        port: int,
+        namespace: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Apply the rewritten webhook configurations; returns what was applied."""
-        objs = self.webhook_configurations(paths_or_objects, port)
+        """Apply the rewritten webhook configurations (:meth:`webhook_configurations`);
+        returns what was applied."""
+        objs = self.webhook_configurations(paths_or_objects, port, namespace)
         return [self.apply(o) for o in objs]
+
+    @contextlib.contextmanager
+    def webhooks(
+        self,
+        paths_or_objects: Iterable[str | Path | dict[str, Any]],
+        port: int,
+        namespace: str | None = None,
+    ) -> Iterator[list[dict[str, Any]]]:
+        """:meth:`install_webhooks` for the ``with`` block; deleted again when it ends."""
+        installed = self.install_webhooks(paths_or_objects, port, namespace)
+        try:
+            yield installed
+        finally:
+            for obj in installed:
+                self.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
 
 def pid_alive(pid: int) -> bool:

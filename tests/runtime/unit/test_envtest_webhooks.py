@@ -47,3 +47,14 @@ def test_service_paths_and_url_paths_are_kept(cp: ControlPlane) -> None:
     ]
     # The input is not modified (it may be a manifest shared by tests).
     assert original["webhooks"][1]["clientConfig"]["url"].startswith("https://operator.")
+
+
+def test_scoped_to_a_namespace_they_are_named_apart_and_see_only_it(cp: ControlPlane) -> None:
+    original = config({"service": {"name": "op", "namespace": "ops", "path": "/v"}})
+    original["webhooks"][0]["namespaceSelector"] = {"matchLabels": {"team": "a"}}
+    [scoped] = cp.webhook_configurations([original], 9443, namespace="t-1")
+    assert scoped["metadata"]["name"] == "v-t-1"
+    assert scoped["webhooks"][0]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "t-1"}
+    }
+    assert original["metadata"]["name"] == "v"  # the manifest itself is left alone
