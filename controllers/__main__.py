@@ -39,9 +39,10 @@ def setup_logging(settings: Settings) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-async def resource_slices_served(settings: Settings) -> bool:
-    """Whether the API server serves DRA ResourceSlices (resource.k8s.io/v1, 1.34+): an
-    informer for a kind that is not served would keep the manager from starting."""
+async def resource_kinds_served(settings: Settings) -> set[str]:
+    """The resources the API server serves in resource.k8s.io/v1 (ResourceSlices and
+    ResourceClaims since 1.34, DeviceTaintRules since 1.37): an informer for a kind that is
+    not served would keep the manager from starting."""
     from sdgruntime import errors
     from sdgruntime.client import Client
 
@@ -49,19 +50,26 @@ async def resource_slices_served(settings: Settings) -> bool:
         try:
             listing = await client.request("GET", "/apis/resource.k8s.io/v1")
         except errors.NotFound:
-            return False
-    return any(r.get("name") == "resourceslices" for r in listing.get("resources") or [])
+            return set()
+    return {str(r.get("name")) for r in listing.get("resources") or []}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse(argv)
     setup_logging(settings)
-    if settings.resource_slices == "auto":
-        served = anyio.run(resource_slices_served, settings)
-        logging.getLogger(__name__).info(
-            "device inventory from DRA ResourceSlices: %s", "on" if served else "off (not served)"
-        )
-        settings = settings.model_copy(update={"resource_slices": "on" if served else "off"})
+    if "auto" in (settings.resource_slices, settings.device_taint_rules):
+        kinds = anyio.run(resource_kinds_served, settings)
+        update = {}
+        for field, kind in (
+            ("resource_slices", "resourceslices"),
+            ("device_taint_rules", "devicetaintrules"),
+        ):
+            if getattr(settings, field) == "auto":
+                update[field] = "on" if kind in kinds else "off"
+                logging.getLogger(__name__).info(
+                    "DRA %s: %s", kind, "on" if kind in kinds else "off (not served)"
+                )
+        settings = settings.model_copy(update=update)
     from controllers.app import SDG
     from sdgruntime.tracing import setup_tracing
 

@@ -34,7 +34,13 @@ from controllers.draclaims import RESOURCECLAIMS, DraAllocations, DraPublisher, 
 from controllers.foreign import ForeignDevices, ForeignPodReporter, is_shared
 from controllers.groupscheduler import GroupScheduler
 from controllers.holders import Holders, kubelet_hold
-from controllers.inventory import RESOURCESLICES, SOURCE_SLICE, Inventory, Offer
+from controllers.inventory import (
+    DEVICETAINTRULES,
+    RESOURCESLICES,
+    SOURCE_SLICE,
+    Inventory,
+    Offer,
+)
 from controllers.podscheduler import PodScheduler
 from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.settings import Settings
@@ -172,6 +178,7 @@ class SDG:
             self.group_scheduler,
             workers=settings.group_workers,
             resource_slices=settings.resource_slices != "off",
+            taint_rules=settings.resource_slices != "off" and settings.device_taint_rules != "off",
         )
         self.status_controller = StatusController(
             mgr.client, cache, mgr.event_recorder("deviceshare-controller")
@@ -246,6 +253,12 @@ class SDG:
                 on_update=lambda _o, s: inventory.observe_slice(s),
                 on_delete=inventory.forget_slice,
             )
+            if self.settings.device_taint_rules != "off":
+                informers.informer(DEVICETAINTRULES).add_handler(
+                    on_add=inventory.observe_taint_rule,
+                    on_update=lambda _o, r: inventory.observe_taint_rule(r),
+                    on_delete=inventory.forget_taint_rule,
+                )
             # DRA's books, served beside the slices (resource.k8s.io/v1): every claim's
             # allocation, in every namespace.
             assert self.dra is not None

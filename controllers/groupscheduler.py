@@ -79,7 +79,7 @@ from controllers.holders import (
     read_holder,
     requested,
 )
-from controllers.inventory import RESOURCESLICES, SOURCE_SLICE, node_of_slice
+from controllers.inventory import DEVICETAINTRULES, RESOURCESLICES, SOURCE_SLICE, node_of_slice
 from controllers.placement import filter_node, place
 from controllers.records import nodes_named_by
 from controllers.recovery import Recovery, restore_record
@@ -759,7 +759,12 @@ class GroupScheduler:
 
 
 def setup(
-    mgr: Manager, scheduler: GroupScheduler, *, workers: int = 1, resource_slices: bool = True
+    mgr: Manager,
+    scheduler: GroupScheduler,
+    *,
+    workers: int = 1,
+    resource_slices: bool = True,
+    taint_rules: bool = False,
 ) -> None:
     """Register the group scheduler with everything that can change a group's decision."""
     cache, claims, table = mgr.cache, scheduler.claims, scheduler.env_table
@@ -814,10 +819,23 @@ def setup(
         nodes = {n for p in claim_pools(claim) for n in claims.nodes_of_pool(p)}
         yield from groups_bound_on(cache, sorted(nodes))
 
+    def for_taint_rule(rule: Mapping[str, Any]) -> Iterator[Request]:
+        """A DeviceTaintRule changed: devices it matches may be (un)healthy now."""
+        yield from pending_groups(cache)
+        selector = (rule.get("spec") or {}).get("deviceSelector") or {}
+        pool = selector.get("pool")
+        if selector.get("driver") and pool:
+            nodes = claims.nodes_of_pool((str(selector["driver"]), str(pool)))
+        else:
+            nodes = set(claims.offers)
+        yield from groups_bound_on(cache, sorted(nodes))
+
     builder = mgr.controller("group-scheduler").for_(SDG_KIND, [group_changed])
     if resource_slices:
         builder = builder.watches(RESOURCESLICES, MapTo(for_slice))
         builder = builder.watches(RESOURCECLAIMS, MapTo(for_claim), [allocation_changed()])
+    if taint_rules:
+        builder = builder.watches(DEVICETAINTRULES, MapTo(for_taint_rule))
     (
         builder.watches(NODES, MapTo(for_node), [node_changed])
         .watches(CONFIGMAPS, MapTo(for_record))

@@ -138,6 +138,13 @@ class Settings(BaseModel):
             "resource.k8s.io/v1 (Kubernetes 1.34+), or on/off"
         ),
     )
+    device_taint_rules: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description=(
+            "read DRA DeviceTaintRules (a matched device with a NoSchedule/NoExecute taint is "
+            "unhealthy): auto when the API server serves them in resource.k8s.io/v1 (1.37+)"
+        ),
+    )
     dra_drivers: str = Field(
         "",
         description="more DRIVER=RESOURCE pairs, comma-separated, on top of the known DRA "

@@ -13,7 +13,7 @@ import pytest
 
 from api.constants import SDG_KIND
 from controllers.draclaims import RESOURCECLAIMS, allocated_devices, group_claim_name
-from controllers.inventory import RESOURCESLICES
+from controllers.inventory import DEVICETAINTRULES, RESOURCESLICES
 from hack.node.simulators import DRA_DRIVER
 from sdgruntime import errors
 from sdgruntime.client import Client
@@ -225,3 +225,58 @@ async def test_a_claim_given_a_groups_device_behind_the_books_is_reported(
         assert f"ResourceClaim {ns}/sneaky" in ready["message"]
         await admin.delete(RESOURCECLAIMS, "sneaky", ns)
         await delete_group(admin, "held")
+
+
+async def test_device_taint_rules_keep_their_devices_from_groups(
+    dra_cp: ControlPlane, admin: Client, ns: str
+) -> None:
+    """DeviceTaintRules (resource.k8s.io/v1, 1.37) tainting a free GPU and a held one
+    NoSchedule: no group is given the free one, and the group holding the other is told
+    its device is unhealthy."""
+
+    def rule(name: str, device: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": name},
+            "spec": {
+                "deviceSelector": {"driver": DRA_DRIVER, "pool": NODE, "device": device},
+                "taint": {"key": "example.com/broken", "effect": "NoSchedule"},
+            },
+        }
+
+    async with run_sdg(dra_cp, webhooks=False):
+        await admin.create(SDG_KIND, group("early", {GPU: 1}))
+        (held,) = group_devices(await wait_bound(admin, "early"))
+        free = next(f"gpu-{i}" for i in range(GPUS) if f"gpu-{i}" != held)
+        rules = [f"held-{ns}", f"free-{ns}"]
+        await admin.create(DEVICETAINTRULES, rule(rules[0], held))
+        await admin.create(DEVICETAINTRULES, rule(rules[1], free))
+        try:
+
+            async def unhealthy() -> dict[str, Any] | None:
+                live = await admin.get(SDG_KIND, "early")
+                conds = {c["type"]: c for c in live["status"]["conditions"]}
+                node = conds.get("NodeHealthy", {})
+                return node if node.get("reason") == "DevicesMissing" else None
+
+            await eventually(unhealthy, what="the tainted device reported on its group")
+            # 7 GPUs are not held, but one of them is tainted: 7 do not fit, 6 do.
+            await admin.create(SDG_KIND, group("seven", {GPU: GPUS - 1}))
+
+            async def seven_pending() -> str | None:
+                live = await admin.get(SDG_KIND, "seven")
+                conds = {c["type"]: c for c in (live.get("status") or {}).get("conditions") or []}
+                message = conds.get("Scheduled", {}).get("message")
+                return message if message and "free" in message else None
+
+            await eventually(seven_pending, what="'seven' Pending")
+            await delete_group(admin, "seven")
+            await admin.create(SDG_KIND, group("six", {GPU: GPUS - 2}))
+            six = group_devices(await wait_bound(admin, "six"))
+            assert free not in six and held not in six
+            await delete_group(admin, "six")
+        finally:
+            for name in rules:
+                await admin.delete(DEVICETAINTRULES, name)
+            await delete_group(admin, "early")
