@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 import anyio
 
@@ -20,13 +20,33 @@ __all__ = ["eventually"]
 T = TypeVar("T")
 
 
+@overload
+async def eventually(  # an async check is awaited: its result is returned
+    check: Callable[[], Awaitable[T | None]],
+    what: str = ...,
+    *,
+    within: float = ...,
+    interval: float = ...,
+) -> T: ...
+
+
+@overload
 async def eventually(
-    check: Callable[[], Awaitable[T] | T],
+    check: Callable[[], T | None],
+    what: str = ...,
+    *,
+    within: float = ...,
+    interval: float = ...,
+) -> T: ...
+
+
+async def eventually(
+    check: Callable[[], Any],
     what: str = "the check",
     *,
     within: float = 20.0,
     interval: float = 0.05,
-) -> T:
+) -> Any:
     """Call ``check()`` (sync or async) until it returns something truthy, and return that.
 
     ``errors.NotFound`` and ``AssertionError`` from the check count as "not yet" (so a

@@ -92,7 +92,7 @@ async def test_the_controller_marks_each_reconcile(records: Records) -> None:
             log.info("reconciling")
             seen.append((log.extra, current()))
             if request.name == "bad":
-                raise errors.Conflict(409, "Conflict", "stale")
+                raise errors.Conflict("stale")
 
     name = unique("logging")
     cache = FakeCache()
@@ -105,12 +105,13 @@ async def test_the_controller_marks_each_reconcile(records: Records) -> None:
         await settle()
         tg.cancel_scope.cancel()
     (extra, info), _ = seen
-    assert extra == info.fields()  # type: ignore[union-attr]
-    assert (info.controller, info.request) == (name, Request("app", "ns"))  # type: ignore[union-attr]
+    assert info is not None and extra == info.fields()
+    assert (info.controller, info.request) == (name, Request("app", "ns"))
     mine = [r for r in records.records if r.name == __name__]
     assert [fields(r) for r in mine] == [(name, Request("app", "ns")), (name, Request("bad", "ns"))]
     (failed,) = [r for r in records.records if "failed" in r.getMessage()]
     assert failed.name == "sdgruntime.controller"  # the controller's own record, too
+    assert failed.getMessage().endswith("failed: Conflict: stale")
     assert fields(failed) == (name, Request("bad", "ns"))
 
 
