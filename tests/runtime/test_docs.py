@@ -11,6 +11,11 @@ says it to readers):
     tests/, or an example file with the test that runs it (EXERCISED_BY). The block must
     appear in PATH verbatim, line for line (indentation may differ as a whole); a line
     ``...`` on its own stands for lines left out.
+  - ``<!-- example: project:PATH -->``: the file PATH of the page's project (a tutorial
+    that builds one, as custom-resources.md does), in any language; the blocks of one
+    PATH are joined in page order. The page's files are written into an empty folder
+    outside the repository and its tests run there with pytest (which starts a control
+    plane: integration), so every file such a page shows is the whole of its file.
 
 * A ```python block without a marker fails here; so does a marker on anything but a code
   block. Other languages may carry a marker too (a ```yaml excerpt of a manifest is
@@ -85,7 +90,11 @@ def blocks(page: Path) -> list[Block]:
 
 ALL = [b for page in PAGES for b in blocks(page)]
 RUNNABLE = [b for b in ALL if b.marker == "run"]
-EXCERPTS = [b for b in ALL if b.marker not in (None, "run")]
+PROJECT = "project:"
+EXCERPTS = [
+    b for b in ALL if b.marker not in (None, "run") and not (b.marker or "").startswith(PROJECT)
+]
+PROJECT_PAGES = sorted({b.page for b in ALL if (b.marker or "").startswith(PROJECT)})
 
 
 def test_the_docs_have_examples_of_both_kinds() -> None:
@@ -116,14 +125,9 @@ def test_every_marker_is_on_a_code_block() -> None:
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.where for b in RUNNABLE])
 def test_runnable_example_runs(block: Block) -> None:
     assert block.lang == "python", f"{block.where}: only python blocks can be run"
-    tree = ast.parse(block.code, block.where)
-    imports = {
-        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Import | ast.ImportFrom) and not getattr(n, "level", 0)
-        for a in n.names
-    }
-    assert not imports & SDG_PACKAGES, f"{block.where} imports Shared Device Group"
+    assert not top_imports(block.code, block.where) & SDG_PACKAGES, (
+        f"{block.where} imports Shared Device Group"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "OTEL_"))}
     proc = subprocess.run(
         [sys.executable, "-c", block.code],
@@ -135,6 +139,65 @@ def test_runnable_example_runs(block: Block) -> None:
         check=False,
     )
     assert proc.returncode == 0, f"{block.where}\n{proc.stdout}\n{proc.stderr}"
+
+
+def top_imports(code: str, where: str) -> set[str]:
+    tree = ast.parse(code, where)
+    return {
+        ((n.module or "") if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom) and not getattr(n, "level", 0)
+        for a in n.names
+    }
+
+
+# --- a page's project -------------------------------------------------------------------------
+
+
+def project_files(page: Path) -> dict[str, str]:
+    """PATH -> text of the page's ``project:PATH`` blocks, joined in page order (by two
+    blank lines, or one before a block that goes on indented: a class's next method)."""
+    files: dict[str, str] = {}
+    for b in blocks(page):
+        if b.marker and b.marker.startswith(PROJECT):
+            path = b.marker.removeprefix(PROJECT)
+            if path in files:
+                files[path] += "\n" if b.code.startswith(" ") else "\n\n"
+            files[path] = files.get(path, "") + b.code + "\n"
+    return files
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("page", PROJECT_PAGES, ids=[p.name for p in PROJECT_PAGES])
+def test_a_pages_project_passes_its_own_tests(page: Path, tmp_path: Path) -> None:
+    """Written into an empty folder outside the repository, with sdgruntime as installed
+    here and nothing else of this repository (no PYTHONPATH, not its conftest)."""
+    files = project_files(page)
+    assert any(path.startswith("tests/test_") for path in files), f"{page.name}: no tests"
+    project = tmp_path / "project"
+    for path, text in files.items():
+        target = project / path
+        assert target.resolve().is_relative_to(project), path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        if path.endswith(".py"):
+            assert not top_imports(text, path) & SDG_PACKAGES, f"{path} imports SDG"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("KUBECONFIG", "OTEL_", "PYTHONPATH", "PYTEST_"))
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{page.name}\n{proc.stdout}\n{proc.stderr}"
+    assert " passed" in proc.stdout.splitlines()[-1], proc.stdout
 
 
 # --- excerpts -------------------------------------------------------------------------------
@@ -231,3 +294,24 @@ def test_readme_links_stay_in_the_repository(page: str) -> None:
         if not resolved.is_relative_to(ROOT) or not resolved.exists():
             broken.append(target)
     assert broken == []
+
+
+# --- the logger names on the reference page ---------------------------------------------------
+
+
+def test_the_reference_names_every_logger_of_sdgruntime() -> None:
+    """reference.md's Logging table lists exactly the modules that log (``log =
+    logging.getLogger(__name__)``) and from_context's default logger."""
+    text = (ROOT / "docs" / "reference.md").read_text()
+    section = text[text.index("## Logging") :]
+    section = section[: section.index("\n## ")]
+    table = [line for line in section.splitlines() if line.startswith("| `sdgruntime.")]
+    documented = {name for line in table for name in re.findall(r"`(sdgruntime\.[\w.]+)`", line)}
+    package = ROOT / "sdgruntime"
+    logging_modules = {
+        ".".join(("sdgruntime", *path.relative_to(package).with_suffix("").parts))
+        for path in package.rglob("*.py")
+        if "build" not in path.relative_to(package).parts
+        and re.search(r"^log = logging\.getLogger\(__name__\)$", path.read_text(), re.M)
+    }
+    assert documented == logging_modules | {"sdgruntime.reconcile"}
