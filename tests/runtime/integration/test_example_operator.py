@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,8 +20,7 @@ import pytest
 
 from sdgruntime import errors
 from sdgruntime.client import Client
-from sdgruntime.envtest import ControlPlane, load_manifests
-from sdgruntime.envtest.controlplane import free_port
+from sdgruntime.envtest import ControlPlane, eventually, load_manifests
 from sdgruntime.kinds import CONFIGMAPS, EVENTS, SECRETS
 from sdgruntime.manager import ManagerOptions
 
@@ -41,19 +40,6 @@ def load_example() -> ModuleType:
 mirror = load_example()
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, within: float = 20.0) -> Any:
-    """Poll ``check()`` until it returns something truthy; a hang guard, not a timing test."""
-    with anyio.fail_after(within):
-        while True:
-            try:
-                if result := await check():
-                    return result
-            except errors.NotFound:
-                pass
-            await anyio.sleep(0.05)
-    raise AssertionError(f"never: {what}")  # pragma: no cover - fail_after raises first
-
-
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
@@ -65,17 +51,6 @@ def configmap(name: str, labelled: bool = True, **data: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
 
-def webhook_configurations(namespace: str) -> list[dict[str, Any]]:
-    """The shipped configurations, limited to the test's namespace (the control plane is
-    shared by the session) and named apart."""
-    objs = load_manifests([EXAMPLE / "webhooks.yaml"])
-    for obj in objs:
-        obj["metadata"]["name"] += f"-{namespace}"
-        for hook in obj["webhooks"]:
-            hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    return objs
-
-
 @pytest.fixture
 async def operator(
     control_plane: ControlPlane, namespace: str, tmp_path: Path
@@ -83,42 +58,26 @@ async def operator(
     """The example's manager, as a user with only the example's ClusterRole (bound in the
     test's namespace), serving its webhooks to the API server."""
     for obj in load_manifests([EXAMPLE / "rbac.yaml"]):
-        control_plane.apply(obj)
+        control_plane.apply(obj)  # the ClusterRole configmap-mirror
     user = f"configmap-mirror-{uuid.uuid4().hex[:6]}"
-    control_plane.apply(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "configmap-mirror", "namespace": namespace},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "configmap-mirror",
-            },
-            "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
-        }
-    )
-    port = free_port()
+    control_plane.bind_cluster_role(user, "configmap-mirror", namespace)  # a RoleBinding
     options = ManagerOptions(
         kubeconfig=str(control_plane.user_kubeconfig(user)),
         metrics_bind_address="0",
         health_probe_bind_address="0",
         webhook_host="127.0.0.1",
-        webhook_port=port,
+        webhook_port=0,  # any free port: mgr.webhook_server.port once it runs
         webhook_cert_dir=str(control_plane.webhook_cert_dir(tmp_path / "certs")),
         cache_by_kind=mirror.cache_options(namespace),
     )
     mgr = mirror.build(options)
-    configs = webhook_configurations(namespace)
     async with anyio.create_task_group() as tg:
         await tg.start(mgr.run_until_cancelled)
-        control_plane.install_webhooks(configs, port)
-        try:
+        port = mgr.webhook_server.port
+        # Named apart and scoped to the test's namespace: the control plane is shared.
+        with control_plane.webhooks([EXAMPLE / "webhooks.yaml"], port, namespace):
             yield
-        finally:
-            for obj in configs:
-                control_plane.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
-            tg.cancel_scope.cancel()
+        tg.cancel_scope.cancel()
 
 
 async def test_a_labelled_configmap_is_mirrored_kept_in_sync_and_cleaned_up(
