@@ -130,6 +130,9 @@ class ClaimBook:
         self.dra: DraAllocations | None = None
         self._pool_nodes: dict[tuple[str, str], set[str]] = {}
         self._node_pools: dict[str, set[tuple[str, str]]] = {}
+        #: Nodes whose genuine record was seen deleted and not written since (bounded by
+        #: the nodes): their next record write is a create on nothing to fence.
+        self._deleted_records: set[str] = set()
 
     def _complain(self, message: str, *args: object) -> None:
         """Log what is wrong in the books (an error in the manager; a read-only book, the
@@ -217,6 +220,7 @@ class ClaimBook:
             record = self.records.get(node)
             if record is not None and record.obj is not None and record_name(node) == name:
                 self._set_record(node, None)
+                self._deleted_records.add(node)
                 gone = node
         for node in touched:
             self._mirror(node)
@@ -614,10 +618,12 @@ class ClaimBook:
         versions = dict(record.versions)
         outcomes: list[BaseException | None] = []
         # Bound statuses hold devices too (a record deleted by hand must not free them):
-        # known ones always; on a create (no record to fence on), read live, so a view
-        # that lags another manager's bind cannot create a record that overlaps it.
+        # known ones always; on re-creating a record that was deleted (nothing to fence
+        # on), read live, so a view that lags another manager's bind cannot create a
+        # record that overlaps it. (A node's first record needs no such read: a bind
+        # writes the record before the status, so no group is Bound there without one.)
         bound = {g: self.statuses[g][1] for g in self._status_on.get(node, ())}
-        if record.obj is None and any(c.devices for c in changes):
+        if record.obj is None and node in self._deleted_records and any(c.devices for c in changes):
             try:
                 bound.update(await self._bound_live(node))
             except errors.ApiError as err:
@@ -664,6 +670,7 @@ class ClaimBook:
         if claims != record.claims or uids != record.uids or versions != record.versions:
             try:
                 self.observe(await self._put(node, record, claims, uids, versions))
+                self._deleted_records.discard(node)
             except (errors.Conflict, errors.AlreadyExists) as err:
                 await self.refresh(node)
                 conflict = errors.Conflict(

@@ -284,7 +284,7 @@ async def test_a_release_decided_on_a_claim_renewed_since_fails() -> None:
 
 async def test_a_record_created_anew_never_overlaps_a_live_bound_group() -> None:
     """The node's record was deleted by hand and this book has not seen another manager's
-    bind of 'a' on GPUs 0,1 yet: the create reads the groups live and refuses the overlap
+    bind of 'a' on GPUs 0,1: the re-create reads the groups live and refuses the overlap
     (a create cannot fence on a resourceVersion, so it must not decide on a stale view)."""
     api = Records()
     api.groups = [
@@ -294,6 +294,12 @@ async def test_a_record_created_anew_never_overlaps_a_live_bound_group() -> None
         }
     ]
     b = book(api, "n1")
+    deleted = {
+        "metadata": {"name": record_name("n1"), "resourceVersion": "1"},
+        "data": {"node": "n1", "claims": json.dumps({"a": {GPU: "0,1"}})},
+    }
+    b.observe(deleted)
+    b.forget(deleted)  # deleted by hand: the next write is a create on nothing to fence
     out: dict[str, object] = {}
     await write(b, out, "n1", "b", [1, 2])
     assert isinstance(out["b"], errors.Conflict), out
