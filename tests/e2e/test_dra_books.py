@@ -87,16 +87,20 @@ def nvidia_gpu(minor: int) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def books_cp() -> Iterator[ControlPlane]:
+@contextlib.contextmanager
+def dra_cluster(
+    labels: dict[str, str] | None = None, kcm_flags: tuple[str, ...] = ()
+) -> Iterator[ControlPlane]:
     """kube-apiserver, kube-controller-manager and kube-scheduler; SDG's CRD and RBAC; one
-    node with 8 GPUs in a ResourceSlice, and the DeviceClass ``gpu.nvidia.com``."""
+    node ``NODE`` (``labels``) with 8 GPUs in a ResourceSlice, and the DeviceClass
+    ``gpu.nvidia.com``."""
     with ControlPlane(
         crd_paths=[ROOT / "config" / "crd"],
         components=("kube-controller-manager", "kube-scheduler"),
+        component_flags={"kube-controller-manager": list(kcm_flags)} if kcm_flags else None,
     ) as cp:
         install_rbac(cp)
-        node = make_node(NODE)
+        node = make_node(NODE, labels=labels)
         r = cp.http.post("/api/v1/nodes", json=node)
         assert r.status_code == 201, r.text
         r = cp.http.patch(
@@ -128,6 +132,12 @@ def books_cp() -> Iterator[ControlPlane]:
                 },
             }
         )
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def books_cp() -> Iterator[ControlPlane]:
+    with dra_cluster() as cp:
         yield cp
 
 

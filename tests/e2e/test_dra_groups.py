@@ -13,75 +13,40 @@ import pytest
 
 from api.constants import SDG_KIND
 from controllers.draclaims import RESOURCECLAIMS, allocated_devices, group_claim_name
-from controllers.inventory import DEVICETAINTRULES, RESOURCESLICES
+from controllers.inventory import DEVICETAINTRULES
 from hack.node.simulators import DRA_DRIVER
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
-from sdgruntime.envtest.fakes import make_node
 from sdgruntime.kinds import PODS
 from tests.e2e.harness import (
     GPU,
     MANAGER_NS,
-    ROOT,
     SHARED,
     eventually,
     group,
-    install_rbac,
     run_sdg,
     wait_bound,
 )
-from tests.e2e.test_dra_books import allocation, bound, nvidia_gpu, plain_claim, unschedulable
+from tests.e2e.test_dra_books import (
+    NODE,
+    allocation,
+    bound,
+    dra_cluster,
+    plain_claim,
+    unschedulable,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-NODE = "dra-node"  # the pool name NVIDIA's driver gives a node's GPUs is the node's name
 GPUS = 8
 
 
 @pytest.fixture(scope="module")
 def dra_cp() -> Iterator[ControlPlane]:
-    """kube-apiserver, kube-scheduler and kube-controller-manager (without the node
-    lifecycle controller: the fake node sends no heartbeats); SDG's CRD and RBAC; one
-    shared node with 8 GPUs in a ResourceSlice, and the DeviceClass ``gpu.nvidia.com``."""
-    with ControlPlane(
-        crd_paths=[ROOT / "config" / "crd"],
-        components=("kube-controller-manager", "kube-scheduler"),
-        component_flags={"kube-controller-manager": ["--controllers=*,-node-lifecycle-controller"]},
-    ) as cp:
-        install_rbac(cp)
-        node = make_node(NODE, labels=SHARED)
-        r = cp.http.post("/api/v1/nodes", json=node)
-        assert r.status_code == 201, r.text
-        r = cp.http.patch(
-            f"/api/v1/nodes/{NODE}/status",
-            json={"status": node["status"]},
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-        assert r.status_code == 200, r.text
-        cp.apply(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": DRA_DRIVER},
-                "spec": {
-                    "selectors": [{"cel": {"expression": f"device.driver == '{DRA_DRIVER}'"}}]
-                },
-            }
-        )
-        cp.apply(
-            {
-                "apiVersion": RESOURCESLICES.api_version,
-                "kind": RESOURCESLICES.kind,
-                "metadata": {"name": f"{NODE}-{DRA_DRIVER}"},
-                "spec": {
-                    "driver": DRA_DRIVER,
-                    "nodeName": NODE,
-                    "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
-                    "devices": [nvidia_gpu(i) for i in range(GPUS)],
-                },
-            }
-        )
+    """test_dra_books' cluster with its node labelled shared, and kube-controller-manager
+    without the node lifecycle controller (the fake node sends no heartbeats)."""
+    with dra_cluster(SHARED, ("--controllers=*,-node-lifecycle-controller",)) as cp:
         yield cp
 
 
