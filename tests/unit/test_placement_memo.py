@@ -299,8 +299,9 @@ def test_memoised_placement_decides_as_the_reference_through_edits(data: st.Data
         elif op == "claim":
             name = node["metadata"]["name"]
             res = data.draw(st.sampled_from((GPU, NPU)))
-            if tracker.free(name, res) > 0:
-                tracker.allocate(f"g{next(group_ids)}", name, {res: 1})
+            if tracker.free(name, res) > 0:  # the lowest free ID, as the claim book picks
+                ids = tracker.lowest_free(name, res, 1)
+                assert tracker.add_claim(f"g{next(group_ids)}", name, {res: ids}) == []
         elif op == "release":
             if tracker.groups():
                 tracker.release(data.draw(st.sampled_from(tracker.groups())))
@@ -390,7 +391,7 @@ def test_a_tracker_with_stranded_holdings_is_not_trusted_past_its_capacity() -> 
     placement.clear_memo()
     node = shared_node("a", gpus="4")
     t = fresh_tracker([node])
-    t.allocate("g", "a", {GPU: 4})
+    assert t.add_claim("g", "a", {GPU: [0, 1, 2, 3]}) == []
     t.set_capacity("a", GPU, 0)
     assert place(SPEC, [node], t).reasons == {"a": (f"have no {GPU}",)}
     t.set_capacity("a", GPU, 8)

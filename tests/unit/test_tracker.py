@@ -1,4 +1,5 @@
-"""Device tracker: allocation, release, capacity changes, rebuild, and the claim codec."""
+"""Device tracker: claims recorded (the lowest free IDs, or given ones) and released,
+capacity changes, and the claim codec."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from api.constants import MAX_DEVICES_PER_RESOURCE
 from controllers.tracker import (
@@ -35,56 +36,47 @@ def tracker(**caps: dict[str, int]) -> DeviceTracker:
     return t
 
 
-def test_allocate_takes_lowest_free_ids_and_is_deterministic() -> None:
+def test_the_lowest_free_ids_recorded_and_released() -> None:
+    # What the claim book does: pick with lowest_free, record with add_claim.
     t = tracker(n1={GPU: 4})
-    assert t.allocate("a", "n1", {GPU: 2}) == {GPU: [0, 1]}
-    assert t.allocate("b", "n1", {GPU: 1}) == {GPU: [2]}
+    assert t.lowest_free("n1", GPU, 2) == [0, 1]
+    assert t.add_claim("a", "n1", {GPU: t.lowest_free("n1", GPU, 2)}) == []
+    assert t.lowest_free("n1", GPU, 1) == [2]
+    assert t.add_claim("b", "n1", {GPU: t.lowest_free("n1", GPU, 1)}) == []
     t.release("a")
-    assert t.allocate("c", "n1", {GPU: 1}) == {GPU: [0]}
+    assert t.lowest_free("n1", GPU, 1) == [0]
+    assert t.add_claim("c", "n1", {GPU: [0]}) == []
     assert t.free("n1", GPU) == 2
     assert t.free_ids("n1", GPU) == [1, 3]
     assert t.holder("n1", GPU, 2) == "b" and t.holder("n1", GPU, 1) is None
     t.check_invariants()
 
 
-def test_allocate_is_all_or_nothing_across_resources() -> None:
+def test_add_claim_is_all_or_nothing_across_resources() -> None:
     t = tracker(n1={GPU: 2, NPU: 1})
-    with pytest.raises(InsufficientDevices) as err:
-        t.allocate("a", "n1", {GPU: 1, NPU: 2})
-    assert str(err.value) == f"node n1 has 1 free {NPU} (need 2)"
-    assert (err.value.free, err.value.need) == (1, 2)
-    assert t.free("n1", GPU) == 2 and t.claims_of("a") is None
-    assert t.allocate("a", "n1", {GPU: 1, NPU: 1}) == {NPU: [0], GPU: [0]}
+    assert t.add_claim("a", "n1", {NPU: [0]}) == []
+    assert t.add_claim("b", "n1", {GPU: [0], NPU: [0]}) == [Conflict("b", "n1", NPU, 0, "a")]
+    assert t.free("n1", GPU) == 2 and t.claims_of("b") is None
+    assert t.lowest_free("n1", NPU, 2) == []  # fewer than asked: the caller says so
     t.check_invariants()
 
 
-def test_allocate_is_idempotent_for_the_same_request_only() -> None:
-    t = tracker(n1={GPU: 4}, n2={GPU: 4})
-    first = t.allocate("a", "n1", {GPU: 2})
-    assert t.allocate("a", "n1", {GPU: 2}) == first
-    with pytest.raises(AllocationError, match=r"already holds nvidia\.com/gpu 0,1 on node n1"):
-        t.allocate("a", "n2", {GPU: 2})
-    with pytest.raises(AllocationError):
-        t.allocate("a", "n1", {GPU: 3})
-    assert t.free("n1", GPU) == 2 and t.free("n2", GPU) == 4
-
-
-@pytest.mark.parametrize("request_", [{}, {GPU: 0}, {GPU: -1}, {GPU: True}])
-def test_allocate_rejects_bad_requests(request_: dict) -> None:
-    with pytest.raises(AllocationError):
-        tracker(n1={GPU: 4}).allocate("a", "n1", request_)
+def test_insufficient_devices_says_what_is_short() -> None:
+    err = InsufficientDevices("n1", NPU, 1, 2)
+    assert str(err) == f"node n1 has 1 free {NPU} (need 2)"
+    assert (err.node, err.resource, err.free, err.need) == ("n1", NPU, 1, 2)
+    assert isinstance(err, AllocationError)
 
 
 def test_unknown_node_or_resource_has_nothing_free() -> None:
     t = DeviceTracker()
     assert t.free("nope", GPU) == 0 and t.capacity("nope", GPU) == 0
-    with pytest.raises(InsufficientDevices, match="has 0 free"):
-        t.allocate("a", "nope", {GPU: 1})
+    assert t.lowest_free("nope", GPU, 1) == [] and t.free_ids("nope", GPU) == []
 
 
 def test_release_returns_the_claim_and_is_idempotent() -> None:
     t = tracker(n1={GPU: 2})
-    t.allocate("a", "n1", {GPU: 2})
+    t.add_claim("a", "n1", {GPU: [0, 1]})
     claim = t.release("a")
     assert claim == Claim("n1", {GPU: (0, 1)})
     assert t.release("a") is None
@@ -94,8 +86,8 @@ def test_release_returns_the_claim_and_is_idempotent() -> None:
 
 def test_shrinking_capacity_keeps_holdings_and_reports_them() -> None:
     t = tracker(n1={GPU: 4})
-    t.allocate("a", "n1", {GPU: 2})
-    t.allocate("b", "n1", {GPU: 2})
+    t.add_claim("a", "n1", {GPU: [0, 1]})
+    t.add_claim("b", "n1", {GPU: [2, 3]})
     stranded = t.set_capacity("n1", GPU, 3)
     assert stranded == [Holding("n1", GPU, 3, "b")]
     assert str(stranded[0]) == "nvidia.com/gpu 3 on node n1 held by group b"
@@ -108,7 +100,7 @@ def test_shrinking_capacity_keeps_holdings_and_reports_them() -> None:
 
 def test_removing_a_node_strands_its_holdings() -> None:
     t = tracker(n1={GPU: 2, NPU: 2}, n2={GPU: 1})
-    t.allocate("a", "n1", {GPU: 1, NPU: 1})
+    t.add_claim("a", "n1", {GPU: [0], NPU: [0]})
     assert t.remove_node("n1") == [Holding("n1", NPU, 0, "a"), Holding("n1", GPU, 0, "a")]
     assert t.nodes() == ["n1", "n2"]  # n1 still listed: it has holdings
     t.release("a")
@@ -148,30 +140,10 @@ def test_add_claim_records_exact_devices_or_reports_conflicts() -> None:
     t.check_invariants()
 
 
-def test_rebuild_reports_conflicts_and_earlier_claims_win() -> None:
-    t = tracker(n1={GPU: 4})
-    t.allocate("old", "n1", {GPU: 4})
-    conflicts = t.rebuild(
-        [
-            ("a", "n1", {GPU: [0, 1]}),
-            ("b", "n1", {GPU: [1, 2]}),  # overlaps a on 1: rejected whole
-            ("c", "n1", {GPU: "3"}),
-            ("a", "n2", {GPU: [0]}),  # a again, elsewhere: rejected
-            ("a", "n1", {GPU: [0, 1]}),  # a again, same: fine
-        ]
-    )
-    assert conflicts == [Conflict("b", "n1", GPU, 1, "a"), Conflict("a", "n2", None, None, "a")]
-    assert t.groups() == ["a", "c"]
-    assert t.claims_of("old") is None
-    assert t.capacity("n1", GPU) == 4  # capacities survive a rebuild
-    assert t.free_ids("n1", GPU) == [2]
-    assert t.claims_on("n1") == {"a": {GPU: [0, 1]}, "c": {GPU: [3]}}
-    t.check_invariants()
-
-
-def test_rebuild_accepts_claims_beyond_known_capacity() -> None:
+def test_add_claim_accepts_claims_beyond_known_capacity() -> None:
+    # Records and statuses are mirrored before (or without) the node's inventory.
     t = DeviceTracker()
-    assert t.rebuild([("a", "n1", {GPU: [5]})]) == []
+    assert t.add_claim("a", "n1", {GPU: [5]}) == []
     assert t.stranded() == [Holding("n1", GPU, 5, "a")]
     t.set_capacity("n1", GPU, 8)
     assert t.stranded() == [] and t.free("n1", GPU) == 7
@@ -201,10 +173,9 @@ def test_capacity_above_the_cap_is_refused_and_changes_nothing() -> None:
 
 def test_a_full_1024_device_node() -> None:
     t = tracker(n1={GPU: MAX_DEVICES_PER_RESOURCE})
-    assert t.allocate("all", "n1", {GPU: 1024}) == {GPU: list(range(1024))}
+    assert t.add_claim("all", "n1", {GPU: t.lowest_free("n1", GPU, 1024)}) == []
+    assert t.claims_of("all") == Claim("n1", {GPU: tuple(range(1024))})
     assert t.free("n1", GPU) == 0 and t.lowest_free("n1", GPU, 5) == []
-    with pytest.raises(InsufficientDevices, match="has 0 free"):
-        t.allocate("more", "n1", {GPU: 1})
     t.release("all")
     for i in range(0, 1024, 2):  # every even ID held by its own group
         assert t.add_claim(f"g{i}", "n1", {GPU: [i]}) == []
@@ -212,17 +183,17 @@ def test_a_full_1024_device_node() -> None:
     assert t.lowest_free("n1", GPU, 3) == [1, 3, 5]
     assert t.free_ids("n1", GPU, limit=2) == [1, 3]
     assert t.free_ids("n1", GPU) == list(range(1, 1024, 2))
-    assert t.allocate("odd", "n1", {GPU: 512})[GPU] == list(range(1, 1024, 2))
+    assert t.lowest_free("n1", GPU, 512) == list(range(1, 1024, 2))
+    assert t.add_claim("odd", "n1", {GPU: t.lowest_free("n1", GPU, 512)}) == []
+    assert t.free("n1", GPU) == 0
     t.check_invariants()
 
 
-def test_a_huge_request_fails_fast_and_changes_nothing() -> None:
+def test_a_huge_request_is_bounded_by_the_capacity() -> None:
     t = tracker(n1={GPU: 1024, NPU: 8})
-    with pytest.raises(InsufficientDevices) as err:
-        t.allocate("a", "n1", {NPU: 1, GPU: 10**9})
-    assert (err.value.free, err.value.need) == (1024, 10**9)
-    assert t.free_ids("n1", GPU, limit=10**9) == list(range(1024))  # bounded by capacity
-    assert t.claims_of("a") is None and t.free("n1", NPU) == 8
+    assert t.lowest_free("n1", GPU, 10**9) == list(range(1024))
+    assert t.free_ids("n1", GPU, limit=10**9) == list(range(1024))
+    assert t.free("n1", GPU) == 1024 and t.free("n1", NPU) == 8
 
 
 def test_lowest_free_costs_need_plus_held_not_capacity() -> None:
@@ -259,11 +230,9 @@ def test_tracker_free_search_agrees_with_its_counts(cap: int, held: list[int], n
     assert t.free("n1", GPU) == len(free)
     assert t.free_ids("n1", GPU) == free
     assert t.lowest_free("n1", GPU, need) == free[:need]
-    if len(free) >= need:
-        assert t.allocate("new", "n1", {GPU: need}) == {GPU: free[:need]}
-    else:
-        with pytest.raises(InsufficientDevices):
-            t.allocate("new", "n1", {GPU: need})
+    if free:
+        assert t.add_claim("new", "n1", {GPU: t.lowest_free("n1", GPU, need)}) == []
+        assert t.free("n1", GPU) == max(0, len(free) - need)
     t.check_invariants()
 
 
@@ -336,7 +305,8 @@ GROUPS = [f"g{i}" for i in range(8)]
 
 
 class TrackerMachine(RuleBasedStateMachine):
-    """Random allocate/release/capacity/rebuild sequences against a simple model."""
+    """Random capacity/claim/release sequences, as the claim book makes them, against a
+    simple model."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -353,33 +323,74 @@ class TrackerMachine(RuleBasedStateMachine):
             (i, g) for (n, r, i), g in held_before.items() if (n, r) == (node, res) and i >= total
         }
 
+    @rule(node=st.sampled_from(NODES))
+    def remove_node(self, node: str) -> None:
+        held_before = self._held()
+        stranded = self.t.remove_node(node)
+        for res in RESOURCES:
+            self.caps[(node, res)] = 0
+        assert self._held() == held_before
+        assert {(h.resource, h.device, h.group) for h in stranded} == {
+            (r, i, g) for (n, r, i), g in held_before.items() if n == node
+        }
+
     @rule(
         group=st.sampled_from(GROUPS),
         node=st.sampled_from(NODES),
         request=st.dictionaries(st.sampled_from(RESOURCES), st.integers(1, 3), min_size=1),
     )
-    def allocate(self, group: str, node: str, request: dict[str, int]) -> None:
+    def claim_lowest_free(self, group: str, node: str, request: dict[str, int]) -> None:
+        """What ``ClaimBook.reserve`` does: the lowest free IDs of each resource, recorded
+        only if every resource has enough."""
         before = self._held()
-        expected = {res: self.t.free_ids(node, res)[: request[res]] for res in request}
+        picked = {res: self.t.lowest_free(node, res, n) for res, n in request.items()}
+        for res, ids in picked.items():
+            free = [i for i in range(self.caps.get((node, res), 0)) if (node, res, i) not in before]
+            assert ids == free[: request[res]]  # lowest free IDs first, below capacity
+        if any(len(ids) < request[res] for res, ids in picked.items()):
+            return
         existing = self.t.claims_of(group)
-        try:
-            got = self.t.allocate(group, node, request)
-        except InsufficientDevices as err:
-            assert existing is None
-            assert len(self.t.free_ids(node, err.resource)) < request[err.resource]
-            assert self._held() == before
-            return
-        except AllocationError:
-            assert existing is not None
-            assert self._held() == before
-            return
+        conflicts = self.t.add_claim(group, node, picked)
         if existing is None:
-            assert got == expected  # lowest free IDs first
-            for res, ids in got.items():
-                assert all(before.get((node, res, i)) is None for i in ids)
-                assert all(i < self.caps.get((node, res), 0) for i in ids)
+            assert conflicts == []
+            assert self._held() == {
+                **before,
+                **{(node, r, i): group for r, ids in picked.items() for i in ids},
+            }
         else:
-            assert got == existing.as_dict() and self._held() == before
+            assert conflicts == [Conflict(group, node, None, None, group)]
+            assert self._held() == before
+
+    @rule(group=st.sampled_from(GROUPS), node=st.sampled_from(NODES), devices=st.data())
+    def add_claim(self, group: str, node: str, devices: st.DataObject) -> None:
+        """Specific devices (a record or a status), maybe overlapping others: all or
+        nothing, and every overlap reported."""
+        claim = devices.draw(
+            st.dictionaries(
+                st.sampled_from(RESOURCES),
+                st.lists(st.integers(0, 7), min_size=1, max_size=3, unique=True).map(sorted),
+                min_size=1,
+            )
+        )
+        before = self._held()
+        existing = self.t.claims_of(group)
+        conflicts = self.t.add_claim(group, node, claim)
+        if existing is not None:
+            same = existing.node == node and existing.as_dict() == claim
+            assert conflicts == ([] if same else [Conflict(group, node, None, None, group)])
+            assert self._held() == before
+            return
+        taken = [
+            Conflict(group, node, r, i, before[(node, r, i)])
+            for r, ids in sorted(claim.items())
+            for i in ids
+            if (node, r, i) in before
+        ]
+        assert conflicts == taken
+        if taken:
+            assert self._held() == before
+        else:
+            assert self.t.claims_of(group) == Claim(node, {r: tuple(i) for r, i in claim.items()})
 
     @rule(group=st.sampled_from(GROUPS))
     def release(self, group: str) -> None:
@@ -387,38 +398,6 @@ class TrackerMachine(RuleBasedStateMachine):
         assert self.t.release(group) == had
         assert self.t.claims_of(group) is None
         assert group not in set(self._held().values())
-
-    @precondition(lambda self: bool(self.t.groups()))
-    @rule(data=st.data())
-    def rebuild_with_noise(self, data: st.DataObject) -> None:
-        claims = [(g, c.node, c.as_dict()) for g in self.t.groups() if (c := self.t.claims_of(g))]
-        claims = data.draw(st.permutations(claims))
-        extra_group = data.draw(st.sampled_from(GROUPS))
-        extra = (
-            extra_group,
-            data.draw(st.sampled_from(NODES)),
-            data.draw(st.dictionaries(st.sampled_from(RESOURCES), id_lists, min_size=1)),
-        )
-        position = data.draw(st.integers(0, len(claims)))
-        claims.insert(position, extra)
-        before = self._held()
-        conflicts = self.t.rebuild(claims)
-        after = self._held()
-        # Every accepted claim is recorded exactly; every rejected one is reported.
-        rejected = {c.group for c in conflicts}
-        for group, node, devices in claims:
-            recorded = self.t.claims_of(group)
-            if (
-                recorded is not None
-                and recorded.node == node
-                and recorded.as_dict() == {r: sorted(i) for r, i in devices.items()}
-            ):
-                continue
-            assert group in rejected
-        # Without the extra claim the state would be identical: existing claims survive
-        # unless the extra one came first and took their devices (then they are reported).
-        for key, group in before.items():
-            assert after.get(key) == group or group in rejected
 
     @invariant()
     def consistent(self) -> None:
@@ -430,6 +409,11 @@ class TrackerMachine(RuleBasedStateMachine):
                 in_range = sum(1 for (n, r, i) in held if (n, r) == (node, res) and i < cap)
                 assert self.t.free(node, res) == cap - in_range
                 assert len(self.t.free_ids(node, res)) == cap - in_range
+            assert {
+                (node, r, i): g
+                for r, ids in self.t.holders_on(node).items()
+                for i, g in ids.items()
+            } == {k: g for k, g in held.items() if k[0] == node}
 
     def _held(self) -> dict[tuple[str, str, int], str]:
         out = {}
@@ -449,9 +433,9 @@ TestTrackerMachine.settings = settings(max_examples=150, stateful_step_count=30,
 
 def test_holders_on_a_node_agree_with_its_claims_and_follow_releases() -> None:
     t = tracker(n1={GPU: 4, NPU: 2}, n2={GPU: 4})
-    t.allocate("a", "n1", {GPU: 2})
-    t.allocate("b", "n1", {GPU: 1, NPU: 1})
-    t.allocate("c", "n2", {GPU: 1})
+    t.add_claim("a", "n1", {GPU: [0, 1]})
+    t.add_claim("b", "n1", {GPU: [2], NPU: [0]})
+    t.add_claim("c", "n2", {GPU: [0]})
     expected: dict[str, dict[int, str]] = {}
     for group, devices in t.claims_on("n1").items():
         for res, ids in devices.items():
