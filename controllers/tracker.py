@@ -3,12 +3,14 @@
 Pure and synchronous. ``controllers.claims.ClaimBook`` owns the manager's tracker: it
 mirrors into it, node by node, everything that holds a device (the fenced per-node claim
 records, whose text format is ``encode_claims``/``decode_claims`` here, bound groups'
-statuses and reservations in flight), and placement reads free counts and capacity
-from it.
+statuses, reservations in flight, DRA's and the kubelet's books), one ``add_claim`` per
+holder after a ``release`` of what it put there before; a reservation picks its IDs with
+``lowest_free``. Placement reads free counts and capacity from it.
 
-Invariant (checked by ``check_invariants`` and the property tests): every (node, resource,
-device ID) is held by at most one group, and each group holds devices on exactly one
-node. Every public method either keeps it or raises/returns without changing anything;
+Invariant (checked by ``check_invariants``, by tests/unit/test_tracker.py and, through the
+claim book, by tests/unit/test_claimbook_properties.py): every (node, resource, device
+ID) is held by at most one holder, and each holder holds devices on exactly one node.
+Every public method either keeps it or raises/returns without changing anything;
 conflicting inputs are reported, never merged.
 """
 
@@ -264,36 +266,6 @@ class DeviceTracker:
 
     # --- changes -----------------------------------------------------------------------
 
-    def allocate(self, group: str, node: str, request: Mapping[str, int]) -> Devices:
-        """Give ``group`` the lowest free IDs on ``node``: all resources or none.
-
-        Idempotent: a group that already holds exactly this request on this node gets its
-        devices back. Raises InsufficientDevices (nothing changed) when any resource is
-        short, AllocationError when the group holds a different claim.
-        """
-        if not request:
-            raise AllocationError("empty request: a group requests at least one resource")
-        for res, count in request.items():
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise AllocationError(f"request for {res} must be a positive integer")
-        existing = self._claims.get(group)
-        if existing is not None:
-            if existing.node == node and existing.counts() == dict(request):
-                return existing.as_dict()
-            raise AllocationError(
-                f"group {group} already holds {_describe(existing.as_dict())} "
-                f"on node {existing.node}; release it first"
-            )
-        picked: dict[str, tuple[int, ...]] = {}
-        for res in sorted(request):
-            need = request[res]
-            free = self.free(node, res)
-            if free < need:  # checked first: a huge request must not walk the IDs
-                raise InsufficientDevices(node, res, free, need)
-            picked[res] = tuple(self.lowest_free(node, res, need))
-        self._record(group, node, picked)
-        return {res: list(ids) for res, ids in picked.items()}
-
     def add_claim(
         self, group: str, node: str, devices: Mapping[str, Iterable[int] | str]
     ) -> list[Conflict]:
@@ -335,22 +307,6 @@ class DeviceTracker:
             del self._held[claim.node]
         return claim
 
-    def rebuild(
-        self, claims: Iterable[tuple[str, str, Mapping[str, Iterable[int] | str]]]
-    ) -> list[Conflict]:
-        """Forget all holdings and record ``(group, node, devices)`` claims in order.
-
-        Capacities are kept. Earlier claims win: pass the fenced node records before
-        group statuses. A claim overlapping an earlier one is rejected whole and returned,
-        for the caller to resolve (e.g. by the pods' injected env), never merged.
-        """
-        self._held.clear()
-        self._claims.clear()
-        conflicts: list[Conflict] = []
-        for group, node, devices in claims:
-            conflicts.extend(self.add_claim(group, node, devices))
-        return conflicts
-
     def _record(self, group: str, node: str, devices: Mapping[str, tuple[int, ...]]) -> None:
         per_node = self._held.setdefault(node, {})
         for res, ids in devices.items():
@@ -380,10 +336,6 @@ class DeviceTracker:
         assert all(self._held.values()) and all(
             ids for per_res in self._held.values() for ids in per_res.values()
         ), "empty index entries left behind"
-
-
-def _describe(devices: Mapping[str, Iterable[int]]) -> str:
-    return ", ".join(f"{res} {format_ids(ids)}" for res, ids in sorted(devices.items()))
 
 
 # --- the per-node claim record codec ----------------------------------------------------

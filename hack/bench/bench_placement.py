@@ -1,4 +1,4 @@
-"""In-memory placement benchmark: ``place()`` and ``DeviceTracker.allocate`` at 1000 nodes.
+"""In-memory placement benchmark: ``place()`` and the tracker's reservation at 1000 nodes.
 
 No API server: this is the pure decision the group scheduler makes for every group, on a
 realistic fleet (decoded Node dicts as the informer cache holds them, a tracker with about
@@ -102,7 +102,7 @@ def build_fleet(n: int, seed: int = 42) -> Fleet:
         target = rng.choice((cap // 2, (cap + 1) // 2))  # half, rounding either way
         while tracker.capacity(name, GPU) - tracker.free(name, GPU) < target:
             want = min(rng.choice((1, 1, 2, 4)), target - (cap - tracker.free(name, GPU)))
-            tracker.allocate(f"seed-{g}", name, {GPU: want})
+            tracker.add_claim(f"seed-{g}", name, {GPU: tracker.lowest_free(name, GPU, want)})
             g += 1
             claimed += want
     tracker.check_invariants()
@@ -224,8 +224,9 @@ def run(n_nodes: int, iterations: int, warmup: int, seed: int) -> dict[str, Any]
     )
 
     # What the group scheduler does in memory around place(): span attributes (sorted
-    # reasons and scores, first 50 each), then allocate; release undoes it untimed-ish
-    # (it is cheap and keeps the fleet identical across iterations).
+    # reasons and scores, first 50 each), then the claim book's reserve (the lowest free
+    # IDs, recorded); release undoes it untimed-ish (it is cheap and keeps the fleet
+    # identical across iterations).
     spec = specs["place binpack 1 GPU"]
 
     def scheduler_path() -> None:
@@ -233,26 +234,29 @@ def run(n_nodes: int, iterations: int, warmup: int, seed: int) -> dict[str, Any]
         attrs = {f"sdg.filter.{n}": "; ".join(w) for n, w in sorted(d.reasons.items())[:50]}
         attrs.update({f"sdg.score.{n}": s for n, s in sorted(d.scores.items())[:50]})
         assert d.node is not None
-        tracker.allocate("bench-group", d.node, spec["resources"])
+        picked = {r: tracker.lowest_free(d.node, r, n) for r, n in spec["resources"].items()}
+        tracker.add_claim("bench-group", d.node, picked)
         tracker.release("bench-group")
 
     results.append(
         measure(
-            "scheduler in-memory path (place + span attrs + allocate + release)",
+            "scheduler in-memory path (place + span attrs + reserve + release)",
             scheduler_path,
             iterations,
             warmup,
         )
     )
 
-    # tracker.allocate alone: a fresh group on a node with free devices; each sample
-    # allocates, the release after it is outside the timed region.
+    # A reservation alone (lowest_free + add_claim, as ClaimBook.reserve records one): a
+    # fresh group on a node with free devices; the release after it is not timed.
     free_nodes = [
         n["metadata"]["name"] for n in nodes if tracker.free(n["metadata"]["name"], GPU) >= 2
     ]
     alloc_ns: list[int] = []
     for _ in range(warmup):
-        tracker.allocate("bench-alloc", free_nodes[0], {GPU: 2})
+        tracker.add_claim(
+            "bench-alloc", free_nodes[0], {GPU: tracker.lowest_free(free_nodes[0], GPU, 2)}
+        )
         tracker.release("bench-alloc")
     gc.collect()
     gc.disable()
@@ -261,12 +265,12 @@ def run(n_nodes: int, iterations: int, warmup: int, seed: int) -> dict[str, Any]
         for i in range(iterations * 10):
             node = free_nodes[i % len(free_nodes)]
             t0 = clock()
-            tracker.allocate("bench-alloc", node, {GPU: 2})
+            tracker.add_claim("bench-alloc", node, {GPU: tracker.lowest_free(node, GPU, 2)})
             alloc_ns.append(clock() - t0)
             tracker.release("bench-alloc")
     finally:
         gc.enable()
-    results.append(stats("tracker.allocate 2 GPU (lowest free IDs)", alloc_ns))
+    results.append(stats("tracker lowest_free + add_claim 2 GPU", alloc_ns))
 
     # Components, as evidence for where place() spends its time.
     results.append(

@@ -100,7 +100,7 @@ def test_node_device_capacity_keeps_only_extended_integer_resources() -> None:
 def test_binpack_prefers_fewest_free_devices_left() -> None:
     nodes = [node("a"), node("b"), node("c", allocatable={GPU: "8"})]
     t = tracker_for(nodes)
-    t.allocate("other", "b", {GPU: 1})
+    t.add_claim("other", "b", {GPU: [0]})
     d = place(spec(), nodes, t)
     assert d.node == "b"
     assert d.free_after == {"a": 2, "b": 1, "c": 6}
@@ -193,8 +193,8 @@ def test_device_filter_names_every_short_resource() -> None:
 def test_held_devices_are_not_free() -> None:
     nodes = [node("a"), node("b")]
     t = tracker_for(nodes)
-    t.allocate("g1", "a", {GPU: 3})
-    t.allocate("g2", "b", {GPU: 4})
+    t.add_claim("g1", "a", {GPU: [0, 1, 2]})
+    t.add_claim("g2", "b", {GPU: [0, 1, 2, 3]})
     d = place(spec(), nodes, t)
     assert d.node is None
     assert (
@@ -266,7 +266,7 @@ def test_choice_is_feasible_and_best_scored(
     t = tracker_for(nodes)
     for i, (_shared, cap, held) in enumerate(shapes):
         if min(held, cap) > 0:
-            t.allocate(f"g{i}", f"n{i}", {GPU: min(held, cap)})
+            t.add_claim(f"g{i}", f"n{i}", {GPU: list(range(min(held, cap)))})
     d = place({"resources": {GPU: need}, "schedulingStrategy": strategy}, nodes, t)
     assert set(d.reasons) | set(d.scores) == {n["metadata"]["name"] for n in nodes}
     assert not set(d.reasons) & set(d.scores)
@@ -394,7 +394,7 @@ def test_a_blocked_resource_filters_the_node_with_the_callers_reason() -> None:
 def test_blocked_comes_before_the_free_count_and_after_the_node_checks() -> None:
     full = node("full", allocatable={GPU: "2", NPU: "2"})
     t = tracker_for([full])
-    t.allocate("other", "full", {GPU: 2})
+    t.add_claim("other", "full", {GPU: [0, 1]})
     s = {"resources": {GPU: 1, NPU: 4}}
     blocked = {"full": {GPU: FOREIGN}}
     # Blocked replaces "0 free" for that resource; other resources are still checked.
@@ -429,7 +429,7 @@ def test_blocking_only_removes_the_blocked_nodes(
     t = tracker_for(nodes)
     for i, (cap, held, _) in enumerate(shapes):
         if min(held, cap) > 0:
-            t.allocate(f"g{i}", f"n{i}", {GPU: min(held, cap)})
+            t.add_claim(f"g{i}", f"n{i}", {GPU: list(range(min(held, cap)))})
     blocked = {f"n{i}": {GPU: FOREIGN} for i, (_, _, b) in enumerate(shapes) if b}
     s = {"resources": {GPU: need}, "schedulingStrategy": strategy}
     free, held_back = place(s, nodes, t), place(s, nodes, t, blocked)
