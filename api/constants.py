@@ -131,20 +131,40 @@ DEVICES_ANNOTATION: Final = "deviceshare.io/devices"
 
 #: Node label overriding the manager's delivery mode for the pods of groups on that node.
 DELIVERY_LABEL: Final = "deviceshare.io/delivery"
-#: How a group pod is given its devices (the ``--delivery`` flag and the node label):
+#: How a group pod is given its devices (the node label's values, and ``--delivery``):
 #: ``env`` vendor env vars; ``runtimeclass`` the same plus ``spec.runtimeClassName``;
 #: ``cdi`` per-container CDI device annotations, with the vendor env var set empty.
 DELIVERY_ENV: Final = "env"
 DELIVERY_RUNTIMECLASS: Final = "runtimeclass"
 DELIVERY_CDI: Final = "cdi"
 DELIVERY_MODES: Final = (DELIVERY_ENV, DELIVERY_RUNTIMECLASS, DELIVERY_CDI)
+#: ``--delivery auto`` (the default): per node, from what the cluster says of its runtime
+#: (``webhooks.delivery.choose_delivery``).
+DELIVERY_AUTO: Final = "auto"
+DELIVERY_SETTINGS: Final = (DELIVERY_AUTO, *DELIVERY_MODES)
+#: Node label naming the vendor whose runtime is the node's default container runtime
+#: (``nvidia``: NVIDIA Container Runtime set as containerd's/CRI-O's default): under
+#: ``--delivery auto`` the env var alone then verifiably reaches it. Neither the GPU
+#: Operator nor NFD labels nodes with this, so SDG has its own. The value ``<vendor>``
+#: covers the resources whose variable is ``<VENDOR>_VISIBLE_DEVICES``.
+DEFAULT_RUNTIME_LABEL: Final = "deviceshare.io/default-runtime"
+#: Event reason on a group whose pods get env delivery nothing on the node confirms.
+REASON_DELIVERY_UNVERIFIED: Final = "DeliveryUnverified"
 
-#: How devices are named to the runtime (``--device-ids``): ``index`` the IDs placement
-#: booked (what nvidia-smi numbers them); ``uuid`` the group's ``status.physicalDevices``
-#: where known, else the IDs.
+#: How devices are named to the runtime (``--device-ids``): ``auto`` (the default) UUIDs
+#: where the group's ``status.physicalDevices`` has them and the vendor's runtime takes
+#: them (``UUID_ENV_VARS``), else the IDs; ``index`` the IDs placement booked (what
+#: nvidia-smi numbers them); ``uuid`` the group's ``status.physicalDevices`` where known,
+#: for every vendor, else the IDs.
+DEVICE_IDS_AUTO: Final = "auto"
 DEVICE_IDS_INDEX: Final = "index"
 DEVICE_IDS_UUID: Final = "uuid"
-DEVICE_IDS_FORMATS: Final = (DEVICE_IDS_INDEX, DEVICE_IDS_UUID)
+DEVICE_IDS_FORMATS: Final = (DEVICE_IDS_AUTO, DEVICE_IDS_INDEX, DEVICE_IDS_UUID)
+#: Device variables whose runtime takes UUIDs, in the env and as CDI names: NVIDIA's
+#: (``NVIDIA_VISIBLE_DEVICES=GPU-...``; ``nvidia-ctk cdi generate`` names each GPU by
+#: index and by UUID). AMD's CDI names are ``amd.com/gpu=<N>`` only and Ascend's runtime
+#: reads indices, so ``auto`` tells those by index.
+UUID_ENV_VARS: Final = frozenset({"NVIDIA_VISIBLE_DEVICES"})
 
 #: The GPU Operator's RuntimeClass (handler ``nvidia``).
 DEFAULT_RUNTIME_CLASS: Final = "nvidia"

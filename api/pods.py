@@ -270,12 +270,13 @@ _KEPT_NODE_METADATA = (
     "deletionTimestamp",
 )
 _KEPT_NODE_SPEC = ("unschedulable", "taints")
-_KEPT_NODE_STATUS = ("allocatable", "capacity", "conditions")
+_KEPT_NODE_STATUS = ("allocatable", "capacity", "conditions", "runtimeHandlers")
 
 
 def cached_node(node: dict[str, Any]) -> dict[str, Any]:
     """The manager's cache transform for nodes: what placement, fit checks, the inventory
-    and the delivery label read; not images, addresses, nodeInfo or volumes."""
+    and the delivery choice (labels, runtime handlers) read; not images, addresses,
+    nodeInfo or volumes."""
     out: dict[str, Any] = {k: node[k] for k in ("apiVersion", "kind") if k in node}
     for key, fields in (
         ("metadata", _KEPT_NODE_METADATA),

@@ -48,7 +48,7 @@ from controllers.statuscontroller import StatusController
 from sdgruntime import errors
 from sdgruntime.cache import CacheNotSynced, KindOptions, drop_managed_fields, intern_strings
 from sdgruntime.client import Client
-from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
+from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, RUNTIMECLASSES
 from sdgruntime.manager import Manager, ManagerOptions
 from sdgruntime.webhook import WebhookServer
 from webhooks.groupdefaulter import GroupDefaulter
@@ -206,6 +206,9 @@ class SDG:
         )
 
         server = mgr.webhook_server
+        # The pod webhook chooses each node's delivery from its labels and runtime
+        # handlers and the RuntimeClass --runtime-class-name (a handful, cluster-wide).
+        cache.informer(RUNTIMECLASSES)
         server.register(
             POD_WEBHOOK_PATH,
             PodMutator(
@@ -214,6 +217,7 @@ class SDG:
                 self.env_table,
                 scheduler_name=settings.scheduler_name,
                 delivery=settings.delivery_settings(),
+                recorder=mgr.event_recorder("deviceshare-webhook"),
             ),
         )
         server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))

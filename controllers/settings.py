@@ -74,23 +74,28 @@ class Settings(BaseModel):
         SCHEDULER_NAME,
         description="schedulerName of the pods this manager binds (the pod webhook sets it)",
     )
-    delivery: Literal["env", "runtimeclass", "cdi"] = Field(
-        "env",
+    delivery: Literal["auto", "env", "runtimeclass", "cdi"] = Field(
+        "auto",
         description=(
-            "how group pods get their devices, matching the nodes' container runtime: env "
-            "(vendor env vars), runtimeclass (the same, run by --runtime-class-name) or cdi "
+            "how group pods get their devices, per node: auto (runtimeclass where RuntimeClass "
+            "--runtime-class-name exists and the node lists its handler in "
+            "status.runtimeHandlers, env where it is labelled deviceshare.io/default-runtime="
+            "nvidia, else env with a Warning Event: unverified), or one mode for every node: "
+            "env (vendor env vars), runtimeclass (the same, run by --runtime-class-name) or cdi "
             "(CDI device annotations); the node label deviceshare.io/delivery overrides"
         ),
     )
-    device_ids: Literal["index", "uuid"] = Field(
-        "index",
+    device_ids: Literal["auto", "index", "uuid"] = Field(
+        "auto",
         description=(
-            "index: devices named by ID; uuid: by the group's status.physicalDevices where the "
-            "inventory knows them (else by ID)"
+            "auto: NVIDIA devices by UUID where the group's status.physicalDevices has them, "
+            "other vendors' and the rest by ID; index: by ID; uuid: by UUID where known, for "
+            "every vendor"
         ),
     )
     runtime_class_name: str = Field(
-        DEFAULT_RUNTIME_CLASS, description="the RuntimeClass of --delivery runtimeclass"
+        DEFAULT_RUNTIME_CLASS,
+        description="the RuntimeClass of delivery runtimeclass (and that auto looks for)",
     )
     cdi_annotation_prefix: str = Field(
         DEFAULT_CDI_ANNOTATION_PREFIX,

@@ -54,6 +54,7 @@ CONFIGMAPS = Kind("", "v1", "ConfigMap", "configmaps", namespaced=True)
 SECRETS = Kind("", "v1", "Secret", "secrets", namespaced=True)
 SERVICEACCOUNTS = Kind("", "v1", "ServiceAccount", "serviceaccounts", namespaced=True)
 LEASES = Kind("coordination.k8s.io", "v1", "Lease", "leases", namespaced=True)
+RUNTIMECLASSES = Kind("node.k8s.io", "v1", "RuntimeClass", "runtimeclasses", namespaced=False)
 CRDS = Kind(
     "apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False
 )

@@ -1,9 +1,14 @@
 """How a group pod is given its devices: the delivery modes, as pure functions.
 
 A node's container runtime decides how a pod can be handed GPUs, so the mode is chosen
-per node (the manager's ``--delivery``, overridden by the node label
-``deviceshare.io/delivery``). Each mode turns (pod, the group's devices, settings) into
-JSON patch operations (RFC 6902), or a denial that says what to change:
+per node, by one rule (``choose_delivery``, which the pod webhook, ``sdg explain`` and
+``sdg doctor`` share): the node label ``deviceshare.io/delivery`` first; else the
+manager's ``--delivery``; under ``auto`` (the default) what the cluster says of the
+node's runtime (RuntimeClass ``nvidia`` whose handler the node lists in
+``status.runtimeHandlers``: ``runtimeclass``; label ``deviceshare.io/default-runtime``:
+``env``), and where nothing says, ``env``, flagged unverified so the webhook warns on
+the group and doctor on the node. Each mode turns (pod, the group's devices, settings)
+into JSON patch operations (RFC 6902), or a denial that says what to change:
 
 - ``env``: the vendor env var (``NVIDIA_VISIBLE_DEVICES=0,1``, or UUIDs) in every
   container, init container and native sidecar. Needs a runtime hook that reads it from
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -46,11 +51,15 @@ from api.constants import (
     CDI_ANNOTATION_FAMILIES,
     DEFAULT_CDI_ANNOTATION_PREFIX,
     DEFAULT_RUNTIME_CLASS,
+    DEFAULT_RUNTIME_LABEL,
+    DELIVERY_AUTO,
     DELIVERY_CDI,
     DELIVERY_ENV,
     DELIVERY_LABEL,
     DELIVERY_MODES,
     DELIVERY_RUNTIMECLASS,
+    DELIVERY_SETTINGS,
+    DEVICE_IDS_AUTO,
     DEVICE_IDS_FORMATS,
     DEVICE_IDS_INDEX,
     DEVICE_IDS_UUID,
@@ -58,6 +67,7 @@ from api.constants import (
     GROUP,
     GROUP_ANNOTATION,
     NO_DEVICES,
+    UUID_ENV_VARS,
 )
 from api.pods import devices_annotation
 from api.validation import is_dns_subdomain, is_label_key
@@ -66,6 +76,8 @@ Obj = Mapping[str, Any]
 
 #: The resource whose index-named devices get ``CUDA_DEVICE_ORDER``.
 NVIDIA_GPU: Final = "nvidia.com/gpu"
+#: The device variable of NVIDIA's GPUs: what a node is judged for when no group is given.
+NVIDIA_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
 CUDA_DEVICE_ORDER: Final = "CUDA_DEVICE_ORDER"
 PCI_BUS_ID: Final = "PCI_BUS_ID"
 
@@ -81,6 +93,9 @@ class Patch:
     operations: list[dict[str, Any]] = field(default_factory=list)
     allowed: bool = True
     warnings: tuple[str, ...] = ()
+    #: How the devices were delivered, and why (a group pod's patch only); not part of
+    #: what the patch is (two patches with the same operations and warnings are equal).
+    delivery: DeliveryChoice | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,13 +194,33 @@ class ResourceDevices:
     uuids: tuple[str, ...] | None = None
 
     def names(self, device_ids: str) -> list[str]:
-        """How the runtime is told these devices: UUIDs when asked for and known."""
-        if device_ids == DEVICE_IDS_UUID and self.uuids is not None:
+        """How the runtime is told these devices: UUIDs where ``by_uuid``, else the IDs."""
+        if self.uuids is not None and by_uuid(device_ids, self.env_var, known=True):
             return list(self.uuids)
         return [str(i) for i in self.ids]
 
     def by_index(self, device_ids: str) -> bool:
-        return device_ids != DEVICE_IDS_UUID or self.uuids is None
+        return not by_uuid(device_ids, self.env_var, known=self.uuids is not None)
+
+
+def by_uuid(device_ids: str, env_var: str, *, known: bool) -> bool:
+    """Whether devices of ``env_var`` are named by UUID under ``--device-ids device_ids``,
+    when their UUIDs are (``known``) or are not all known: ``uuid`` wherever known;
+    ``auto`` where known and the vendor's runtime takes UUIDs (``UUID_ENV_VARS``)."""
+    if not known or device_ids == DEVICE_IDS_INDEX:
+        return False
+    return device_ids == DEVICE_IDS_UUID or env_var in UUID_ENV_VARS
+
+
+def ids_reason(device_ids: str, env_var: str, *, known: bool) -> str:
+    """Why devices of ``env_var`` are named as they are (``by_uuid``), for ``sdg explain``."""
+    if by_uuid(device_ids, env_var, known=known):
+        return "by UUID, from status.physicalDevices"
+    if device_ids == DEVICE_IDS_INDEX:
+        return "by index (--device-ids index)"
+    if not known:
+        return "by index: the inventory knows no UUID for every one"
+    return f"by index: the runtime reading {env_var} (and its CDI names) takes indices"
 
 
 # --- settings ------------------------------------------------------------------------------
@@ -212,16 +247,19 @@ def cdi_prefix_problem(prefix: str) -> str | None:
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """The manager's delivery settings (``--delivery``, ``--device-ids``,
-    ``--runtime-class-name``, ``--cdi-annotation-prefix``)."""
+    ``--runtime-class-name``, ``--cdi-annotation-prefix``). ``mode`` may be ``auto`` here;
+    the settings ``for_node`` returns name the mode itself."""
 
-    mode: str = DELIVERY_ENV
-    device_ids: str = DEVICE_IDS_INDEX
+    mode: str = DELIVERY_AUTO
+    device_ids: str = DEVICE_IDS_AUTO
     runtime_class_name: str = DEFAULT_RUNTIME_CLASS
     cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
 
     def __post_init__(self) -> None:
-        if self.mode not in DELIVERY_MODES:
-            raise ValueError(f"delivery {self.mode!r}: expected one of {', '.join(DELIVERY_MODES)}")
+        if self.mode not in DELIVERY_SETTINGS:
+            raise ValueError(
+                f"delivery {self.mode!r}: expected one of {', '.join(DELIVERY_SETTINGS)}"
+            )
         if self.device_ids not in DEVICE_IDS_FORMATS:
             raise ValueError(
                 f"device IDs {self.device_ids!r}: expected one of {', '.join(DEVICE_IDS_FORMATS)}"
@@ -232,28 +270,172 @@ class Delivery:
         if problem is not None:
             raise ValueError(f"CDI annotation prefix {problem}")
 
-    def for_node(self, node: Obj | None, group_name: str = "") -> Delivery | Denial:
-        """These settings with the mode the node's ``deviceshare.io/delivery`` label names.
+    def for_node(
+        self,
+        node: Obj | None,
+        group_name: str = "",
+        runtime_classes: Mapping[str, Obj] | None = None,
+        env_vars: Collection[str] = (NVIDIA_ENV,),
+    ) -> tuple[Delivery, DeliveryChoice] | Denial:
+        """These settings with the mode ``choose_delivery`` picks for ``node``, and that
+        choice; or the denial of a node label SDG cannot read."""
+        choice = choose_delivery(node, runtime_classes or {}, self, env_vars, group_name)
+        if isinstance(choice, Denial):
+            return choice
+        return replace(self, mode=choice.mode), choice
 
-        No node (it is gone: the pod scheduler will say so) or no label: the manager's
-        mode. A value SDG does not know is denied rather than guessed: the wrong mode
-        hands the runtime devices in a form it ignores, or every GPU.
-        """
-        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-        value = labels.get(DELIVERY_LABEL)
-        if value is None or value == self.mode:
-            return self
+
+# --- which mode, per node ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryChoice:
+    """The mode for a node, why, and whether anything in the cluster confirms that the
+    node's runtime takes it (``verified`` False: env by default, nothing says it works);
+    ``settle`` says then what would."""
+
+    mode: str
+    reason: str
+    verified: bool = True
+    settle: str = ""
+
+    def describe(self) -> str:
+        """One line: ``runtimeclass (why)``, or ``env, unverified: why``."""
+        if self.verified:
+            return f"{self.mode} ({self.reason})"
+        return f"{self.mode}, unverified: {self.reason}"
+
+
+def _node_name(node: Obj | None) -> str:
+    return str(((node or {}).get("metadata") or {}).get("name") or "")
+
+
+def runtime_handlers(node: Obj | None) -> list[str]:
+    """The runtime handlers the node's kubelet reports (``status.runtimeHandlers``, from
+    the CRI: containerd 2.0+, CRI-O); ``""`` is the default handler."""
+    handlers = ((node or {}).get("status") or {}).get("runtimeHandlers") or ()
+    return [str(h.get("name", "")) for h in handlers if isinstance(h, Mapping)]
+
+
+def _vendors_of(env_vars: Collection[str]) -> set[str]:
+    """``NVIDIA_VISIBLE_DEVICES`` -> ``nvidia``: the vendor whose runtime reads each."""
+    suffix = "_VISIBLE_DEVICES"
+    return {v[: -len(suffix)].lower() if v.endswith(suffix) else v.lower() for v in env_vars}
+
+
+def _settle_text(node: str, settings: Delivery, env_vars: Collection[str]) -> str:
+    rc = settings.runtime_class_name
+    label = f"kubectl label node {node or '<node>'}"
+    if env_vars and set(env_vars) <= {NVIDIA_ENV}:
+        return (
+            f"if NVIDIA's runtime is the node's default runtime, {label} "
+            f"{DEFAULT_RUNTIME_LABEL}=nvidia; if the node's runtime has a handler for it, "
+            f"create RuntimeClass {rc} with that handler (the GPU Operator and k3s do; the "
+            "kubelet lists handlers in status.runtimeHandlers); or name the mode: "
+            f"{label} {DELIVERY_LABEL}=<{'|'.join(DELIVERY_MODES)}>"
+        )
+    vendors = sorted(_vendors_of(env_vars))
+    return (
+        f"label it for CDI where NRI's device-injector runs ({label} {DELIVERY_LABEL}=cdi; "
+        "AMD's CDI names are amd.com/gpu=<N>, from amd-ctk cdi generate), or, if "
+        f"{'/'.join(vendors)}'s runtime is the node's default runtime, {label} "
+        f"{DEFAULT_RUNTIME_LABEL}={vendors[0] if len(vendors) == 1 else '<vendor>'}"
+    )
+
+
+def choose_delivery(
+    node: Obj | None,
+    runtime_classes: Mapping[str, Obj],
+    settings: Delivery,
+    env_vars: Collection[str] = (NVIDIA_ENV,),
+    group_name: str = "",
+) -> DeliveryChoice | Denial:
+    """How pods on ``node`` get devices of the variables ``env_vars`` (a group's; by
+    default NVIDIA's GPUs), and why. The one home of the rule:
+
+    1. the node label ``deviceshare.io/delivery``, whatever the manager says (a value SDG
+       does not know is denied rather than guessed: the wrong mode hands the runtime
+       devices in a form it ignores, or every GPU);
+    2. the manager's ``--delivery`` when it names a mode;
+    3. ``auto``: ``runtimeclass`` when RuntimeClass ``--runtime-class-name`` exists and
+       the node lists its handler in ``status.runtimeHandlers`` (NVIDIA's devices only:
+       the toolkit's runtime turns the variable into devices, in CDI mode too);
+    4. ``auto``: ``env`` when the node is labelled ``deviceshare.io/default-runtime=
+       <vendor>`` for the vendor of every variable;
+    5. else ``env``, unverified: on a node whose default runtime has no GPU hook (GPU
+       Operator 25.10+, k3s; AMD under containerd) pods get no device from it.
+
+    ``runtime_classes`` maps names to RuntimeClasses (those known; others are missing).
+    """
+    name = _node_name(node)
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    value = labels.get(DELIVERY_LABEL)
+    if value is not None:
         if value not in DELIVERY_MODES:
-            name = (node or {}).get("metadata", {}).get("name", "")
             of = f" of SharedDeviceGroup {group_name!r}" if group_name else ""
+            fallback = (
+                f"use the manager's default ({settings.mode})"
+                if settings.mode != DELIVERY_AUTO
+                else "let SDG choose from the node's runtime (--delivery auto)"
+            )
             return Denial(
                 f"node {name}{of} has label {DELIVERY_LABEL}={value!r}, which is not a "
                 f"delivery mode SDG knows ({', '.join(DELIVERY_MODES)}), so it cannot tell "
                 "how that node's runtime takes devices. Fix the label (kubectl label node "
                 f"{name} {DELIVERY_LABEL}=<{'|'.join(DELIVERY_MODES)}> --overwrite) or remove "
-                f"it to use the manager's default ({self.mode})"
+                f"it to {fallback}"
             )
-        return replace(self, mode=value)
+        return DeliveryChoice(value, f"node label {DELIVERY_LABEL}={value}")
+    if settings.mode != DELIVERY_AUTO:
+        return DeliveryChoice(settings.mode, f"the manager's --delivery {settings.mode}")
+    if node is None:
+        return DeliveryChoice(
+            DELIVERY_ENV,
+            "the node is not known, so nothing tells how its runtime takes devices",
+            verified=False,
+            settle=_settle_text(name, settings, env_vars),
+        )
+    rc_name = settings.runtime_class_name
+    rc = runtime_classes.get(rc_name)
+    handler = str((rc or {}).get("handler") or "")
+    handlers = runtime_handlers(node)
+    nvidia_only = bool(env_vars) and set(env_vars) <= {NVIDIA_ENV}
+    if nvidia_only and rc is not None and handler and handler in handlers:
+        return DeliveryChoice(
+            DELIVERY_RUNTIMECLASS,
+            f"RuntimeClass {rc_name} exists and node {name} lists its handler {handler} "
+            "in status.runtimeHandlers",
+        )
+    runtime = labels.get(DEFAULT_RUNTIME_LABEL)
+    if runtime and env_vars and _vendors_of(env_vars) == {str(runtime).lower()}:
+        return DeliveryChoice(
+            DELIVERY_ENV,
+            f"node label {DEFAULT_RUNTIME_LABEL}={runtime}: its default runtime reads "
+            f"{', '.join(sorted(env_vars))}",
+        )
+    seen = []
+    if nvidia_only:
+        if rc is None:
+            seen.append(f"no RuntimeClass {rc_name}")
+        elif not handler or handler not in handlers:
+            listed = ", ".join(repr(h) for h in handlers) or "none"
+            seen.append(
+                f"RuntimeClass {rc_name} has handler {handler or '(none)'}, which node {name} "
+                f"does not list in status.runtimeHandlers (it lists {listed})"
+            )
+    if runtime:
+        seen.append(f"label {DEFAULT_RUNTIME_LABEL}={runtime} is not the runtime of these")
+    else:
+        seen.append(f"no label {DEFAULT_RUNTIME_LABEL}")
+    seen.append(f"no label {DELIVERY_LABEL}")
+    return DeliveryChoice(
+        DELIVERY_ENV,
+        f"nothing tells how node {name}'s runtime takes devices ({'; '.join(seen)}), and "
+        f"{', '.join(sorted(env_vars)) or 'the device variable'} alone works only where the "
+        "vendor's runtime is the node's default",
+        verified=False,
+        settle=_settle_text(name, settings, env_vars),
+    )
 
 
 # --- the modes -------------------------------------------------------------------------------
@@ -425,5 +607,9 @@ MODES: Final = {
 def delivery_ops(
     pod: Obj, devices: Sequence[ResourceDevices], delivery: Delivery
 ) -> list[dict[str, Any]] | Denial:
-    """The patch of ``delivery.mode`` for ``pod``."""
-    return MODES[delivery.mode](pod, devices, delivery)
+    """The patch of ``delivery.mode`` for ``pod`` (a mode: ``Delivery.for_node`` resolves
+    ``auto``)."""
+    mode = MODES.get(delivery.mode)
+    if mode is None:
+        raise ValueError(f"delivery {delivery.mode!r} is not a mode: resolve it with for_node")
+    return mode(pod, devices, delivery)

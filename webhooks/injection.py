@@ -37,7 +37,7 @@ from api.constants import (
     DEFAULT_ENV_TABLE,
     DEFAULT_SCHEDULER_NAME,
     DEVICE_ENV_FLAG,
-    DEVICE_IDS_UUID,
+    DEVICE_IDS_INDEX,
     DEVICE_NODE_ANNOTATION_FAMILIES,
     DEVICES_ANNOTATION,
     GROUP_ANNOTATION,
@@ -379,14 +379,17 @@ def build_injection(
     scheduler_name: str = SCHEDULER_NAME,
     delivery: Delivery = _DEFAULT_DELIVERY,
     node: Obj | None = None,
+    runtime_classes: Mapping[str, Obj] | None = None,
 ) -> Patch | Denial:
     """Decide a pod CREATE: the patch to apply, or why it is denied.
 
     ``group`` is the SharedDeviceGroup the annotation names (None when it does not exist);
-    ``node`` its node (None when unknown), whose ``deviceshare.io/delivery`` label may
-    override ``delivery.mode``. A pod without the annotation and not naming our scheduler
-    gets an empty Patch. The patch is idempotent: applied to its own result it yields no
-    operations (the webhook is reinvoked after other mutating webhooks).
+    ``node`` its node (None when unknown) and ``runtime_classes`` the RuntimeClasses known
+    by name: with the node's labels and runtime handlers they choose the delivery mode
+    (``webhooks.delivery.choose_delivery``; the patch carries that choice). A pod without
+    the annotation and not naming our scheduler gets an empty Patch. The patch is
+    idempotent: applied to its own result it yields no operations (the webhook is
+    reinvoked after other mutating webhooks).
     """
     denial = check_annotation(pod, scheduler_name)
     if denial is not None:
@@ -439,14 +442,15 @@ def build_injection(
             f"pod uses schedulerName {scheduler}, but pods of SharedDeviceGroup {name!r} "
             f"must use {scheduler_name} (or leave it unset) to run on the group's node"
         )
-    devices = _group_devices(group, env_table, uuids_used=delivery.device_ids == DEVICE_IDS_UUID)
+    devices = _group_devices(group, env_table, uuids_used=delivery.device_ids != DEVICE_IDS_INDEX)
     if isinstance(devices, Denial):
         return devices
     if node is not None and (node.get("metadata") or {}).get("name") != status["nodeName"]:
         node = None  # not the group's node: its label says nothing about this pod
-    how = delivery.for_node(node, name)
-    if isinstance(how, Denial):
-        return how
+    chosen = delivery.for_node(node, name, runtime_classes, [d.env_var for d in devices])
+    if isinstance(chosen, Denial):
+        return chosen
+    how, choice = chosen
     delivered = delivery_ops(pod, devices, how)
     if isinstance(delivered, Denial):
         return delivered
@@ -456,7 +460,8 @@ def build_injection(
     if scheduler != scheduler_name:
         op = "add" if scheduler is None else "replace"
         ops.append({"op": op, "path": "/spec/schedulerName", "value": scheduler_name})
-    return Patch(ops, warnings=(_cdi_warning(stripped, name),) if stripped else ())
+    warnings = (_cdi_warning(stripped, name),) if stripped else ()
+    return Patch(ops, warnings=warnings, delivery=choice)
 
 
 def _pod_ref(pod: Obj) -> str:
@@ -669,9 +674,12 @@ def inject_into(
     env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
     delivery: Delivery = _DEFAULT_DELIVERY,
     node: Obj | None = None,
+    runtime_classes: Mapping[str, Obj] | None = None,
 ) -> dict[str, Any] | Denial:
     """``build_injection`` as an edited copy of the pod instead of a patch."""
-    result = build_injection(pod, group, env_table, delivery=delivery, node=node)
+    result = build_injection(
+        pod, group, env_table, delivery=delivery, node=node, runtime_classes=runtime_classes
+    )
     if isinstance(result, Denial):
         return result
     return apply_operations(pod, result.operations)

@@ -4,15 +4,19 @@ Pod CREATE, and UPDATE of ``pods/ephemeralcontainers`` (``kubectl debug``) of a 
 pod. It only reads (cached objects without a copy; nothing here edits them): the group
 from the shared cache (a live GET when the cache has not
 seen it yet), waiting briefly for a group that was just created and is still being bound,
-and the group's node the same way (its ``deviceshare.io/delivery`` label chooses how the
-devices are given). The decisions themselves are pure (``webhooks.injection``,
-``webhooks.delivery``).
+the group's node the same way, and the RuntimeClass of ``--runtime-class-name`` from the
+cache: the node's labels and runtime handlers and that RuntimeClass choose how the
+devices are given. The decisions themselves are pure (``webhooks.injection``,
+``webhooks.delivery``). When nothing confirms the chosen delivery (env on a node that
+says nothing of its runtime), it emits one Warning Event on the group (per group and
+manager replica; not for dry runs).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +26,7 @@ from api.constants import (
     CONDITION_SCHEDULED,
     DEFAULT_ENV_TABLE,
     PHASE_BOUND,
+    REASON_DELIVERY_UNVERIFIED,
     REASON_WAITING_FOR_HOLDER,
     SCHEDULER_NAME,
     SDG_KIND,
@@ -29,11 +34,13 @@ from api.constants import (
 from sdgruntime import errors
 from sdgruntime.cache import Cache, CacheNotSynced
 from sdgruntime.client import Client
-from sdgruntime.kinds import NODES
+from sdgruntime.events import EventRecorder
+from sdgruntime.kinds import NODES, RUNTIMECLASSES
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed, denied, patch_ops
 from webhooks.injection import (
     Delivery,
     Denial,
+    Patch,
     build_ephemeral_injection,
     build_injection,
     check_annotation,
@@ -45,6 +52,8 @@ log = logging.getLogger(__name__)
 #: How long a pod CREATE waits for a group that has not been scheduled yet.
 BINDING_WAIT = 2.0
 _POLL = 0.05
+#: Groups remembered as warned about their unverified delivery (oldest forgotten first).
+MAX_WARNED_GROUPS = 10_000
 
 
 def _still_binding(group: Mapping[str, Any]) -> bool:
@@ -73,6 +82,7 @@ class PodMutator:
         binding_wait: float = BINDING_WAIT,
         scheduler_name: str = SCHEDULER_NAME,
         delivery: Delivery | None = None,
+        recorder: EventRecorder | None = None,
     ) -> None:
         self.scheduler_name = scheduler_name
         self.cache = cache
@@ -80,6 +90,9 @@ class PodMutator:
         self.env_table = env_table
         self.binding_wait = binding_wait
         self.delivery = delivery if delivery is not None else Delivery()
+        self.recorder = recorder
+        #: UIDs of the groups whose unverified delivery has had its Warning Event.
+        self._warned: OrderedDict[str, None] = OrderedDict()
 
     async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = request.object or {}
@@ -96,11 +109,50 @@ class PodMutator:
         group = await self._group(name) if name else None
         node = await self._node(group) if group is not None else None
         result = build_injection(
-            pod, group, self.env_table, self.scheduler_name, delivery=self.delivery, node=node
+            pod,
+            group,
+            self.env_table,
+            self.scheduler_name,
+            delivery=self.delivery,
+            node=node,
+            runtime_classes=self._runtime_classes() if node is not None else None,
         )
         if isinstance(result, Denial):
             return denied(result.message)
+        if group is not None and not request.dry_run:
+            self._warn_unverified(group, result)
         return patch_ops(result.operations, warnings=result.warnings)
+
+    def _runtime_classes(self) -> dict[str, Mapping[str, Any]]:
+        """The RuntimeClass ``--runtime-class-name``, by name, if the cache holds it (a
+        cache not synced yet says nothing: the choice falls back to unverified env)."""
+        name = self.delivery.runtime_class_name
+        try:
+            return {name: self.cache.get(RUNTIMECLASSES, name, copy=False)}
+        except (errors.NotFound, CacheNotSynced):
+            return {}
+
+    def _warn_unverified(self, group: Mapping[str, Any], patch: Patch) -> None:
+        """One Warning Event per group whose pods get a delivery nothing confirms."""
+        choice = patch.delivery
+        if choice is None or choice.verified or self.recorder is None:
+            return
+        meta = group.get("metadata") or {}
+        uid = str(meta.get("uid") or meta.get("name") or "")
+        if uid in self._warned:
+            return
+        self._warned[uid] = None
+        while len(self._warned) > MAX_WARNED_GROUPS:
+            self._warned.popitem(last=False)
+        node = (group.get("status") or {}).get("nodeName")
+        self.recorder.emit(
+            group,
+            "Warning",
+            REASON_DELIVERY_UNVERIFIED,
+            f"pods get their devices by {choice.mode} on node {node}, unverified: "
+            f"{choice.reason}. To settle it: {choice.settle}",
+            action="AdmitPod",
+        )
 
     async def _ephemeral(
         self, pod: Mapping[str, Any], old_pod: Mapping[str, Any]

@@ -828,9 +828,12 @@ def test_env_mode_names_devices_by_uuid_when_asked_and_known() -> None:
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-aaa,GPU-bbb"}
     ]
     assert out["metadata"]["annotations"]["deviceshare.io/devices"] == '{"nvidia.com/gpu":"0,1"}'
-    # index mode ignores the UUIDs; uuid mode without them falls back to the IDs.
-    out = patched(pod(), with_uuids(group()))
+    # index mode ignores the UUIDs; uuid mode without them falls back to the IDs; auto (the
+    # default) names NVIDIA's GPUs by UUID where known.
+    out = patched(pod(), with_uuids(group()), delivery=Delivery(device_ids="index"))
     assert out["spec"]["containers"][0]["env"] == [GPUS, ORDER]
+    out = patched(pod(), with_uuids(group()))
+    assert env_of(out["spec"]["containers"][0]) == {"NVIDIA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}
     out = patched(pod(), group(), delivery=Delivery(device_ids="uuid"))
     assert out["spec"]["containers"][0]["env"] == [GPUS, ORDER]
 
@@ -841,7 +844,8 @@ def test_uuids_that_do_not_match_the_ids_are_denied(uuids: str) -> None:
     assert msg.startswith(f"SharedDeviceGroup 'g' records UUIDs {uuids!r} for nvidia.com/gpu")
     assert "controller inconsistency" in msg
     # Index mode does not use them: nothing to deny.
-    assert isinstance(build_injection(pod(), with_uuids(group(), uuids)), Patch)
+    index = Delivery(device_ids="index")
+    assert isinstance(build_injection(pod(), with_uuids(group(), uuids), delivery=index), Patch)
 
 
 def test_env_mode_reaches_init_containers_and_native_sidecars() -> None:
@@ -1035,7 +1039,7 @@ def test_each_mode_is_a_pure_function_of_pod_devices_and_settings() -> None:
     p = pod()
     before = copy.deepcopy(p)
     for mode in ("env", "runtimeclass", "cdi"):
-        for ids in ("index", "uuid"):
+        for ids in ("auto", "index", "uuid"):
             d = Delivery(mode, device_ids=ids)
             assert delivery_ops(p, devices, d) == delivery_ops(copy.deepcopy(p), devices, d)
     assert p == before
@@ -1088,8 +1092,8 @@ def test_an_unknown_label_value_is_denied_naming_node_and_values() -> None:
         "node n1 of SharedDeviceGroup 'g' has label deviceshare.io/delivery='docker', which is "
         "not a delivery mode SDG knows (env, runtimeclass, cdi), so it cannot tell how that "
         "node's runtime takes devices. Fix the label (kubectl label node n1 "
-        "deviceshare.io/delivery=<env|runtimeclass|cdi> --overwrite) or remove it to use the "
-        "manager's default (env)"
+        "deviceshare.io/delivery=<env|runtimeclass|cdi> --overwrite) or remove it to let SDG "
+        "choose from the node's runtime (--delivery auto)"
     )
 
 

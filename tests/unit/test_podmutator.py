@@ -11,7 +11,7 @@ import pytest
 from api.constants import SDG_KIND
 from sdgruntime import errors
 from sdgruntime.cache import CacheNotSynced
-from sdgruntime.kinds import NODES, Kind
+from sdgruntime.kinds import NODES, RUNTIMECLASSES, Kind
 from sdgruntime.webhook import AdmissionRequest
 from webhooks.delivery import Delivery
 from webhooks.podmutator import PodMutator
@@ -41,7 +41,7 @@ class LiveClient:
 
     async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
         self.gets.append(name if kind == SDG_KIND else f"{kind.kind}/{name}")
-        if name not in self.objects[kind]:
+        if name not in self.objects.get(kind, {}):
             raise errors.NotFound(f"{name} not found")
         return self.objects[kind][name]
 
@@ -71,14 +71,18 @@ class GroupCache:
         self, kind: Kind, name: str, namespace: str | None = None, *, copy: bool = True
     ) -> dict[str, Any]:
         self.gets.append(name if kind == SDG_KIND else f"{kind.kind}/{name}")
-        if name not in self.objects[kind]:
+        if name not in self.objects.get(kind, {}):
             raise errors.NotFound(f"{name} not found")
         obj = self.objects[kind][name]
         return copy_module.deepcopy(obj) if copy else obj  # copy=False: the cache's own
 
 
 def review(
-    operation: str, pod: dict[str, Any], old: dict[str, Any] | None = None, sub: str = ""
+    operation: str,
+    pod: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    sub: str = "",
+    dry_run: bool = False,
 ) -> AdmissionRequest:
     return AdmissionRequest.from_dict(
         {
@@ -91,6 +95,7 @@ def review(
             "name": "p",
             "object": pod,
             "oldObject": old,
+            "dryRun": dry_run,
         }
     )
 
@@ -170,7 +175,8 @@ async def test_the_groups_node_label_chooses_the_delivery() -> None:
     assert annotations_of(response.patch)["cdi-devices.noderesource.dev~1container.app"] == (
         '["nvidia.com/gpu=0"]'
     )
-    assert cache.gets == ["g", "Node/n1"]
+    # The group, its node and the RuntimeClass the choice looks for: all from the cache.
+    assert cache.gets == ["g", "Node/n1", "RuntimeClass/nvidia"]
 
 
 async def test_a_group_pods_own_cdi_annotation_is_removed_with_a_warning() -> None:
@@ -247,3 +253,55 @@ async def test_admission_never_edits_the_cached_group_or_node(mode: str) -> None
     debug["spec"]["ephemeralContainers"] = [{"name": "dbg", "image": "busybox"}]
     await mutator.mutate(review("UPDATE", debug, new_pod(), sub="ephemeralcontainers"))
     assert (group, node) == before
+
+
+class Recorder:
+    """Collects what the webhook emits (the manager's EventRecorder writes it)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, str]] = []
+
+    def emit(self, obj: dict[str, Any], type_: str, reason: str, message: str, **kw: Any) -> None:
+        self.events.append((obj["metadata"]["name"], type_, reason, message))
+
+
+def bound(name: str, uid: str) -> dict[str, Any]:
+    g = copy_module.deepcopy(BOUND)
+    g["metadata"] = {"name": name, "uid": uid}
+    return g
+
+
+async def test_unverified_delivery_warns_once_per_group_and_never_on_a_dry_run() -> None:
+    cache = GroupCache({"g": bound("g", "u1"), "h": bound("h", "u2")}, {"n1": labelled("n1", None)})
+    recorder = Recorder()
+    mutator = PodMutator(cache, LiveClient({}), recorder=recorder)  # type: ignore[arg-type]
+    assert (await mutator.mutate(review("CREATE", new_pod(), dry_run=True))).allowed
+    assert recorder.events == []
+    for _ in range(3):
+        assert (await mutator.mutate(review("CREATE", new_pod()))).allowed
+    other = new_pod()
+    other["metadata"]["annotations"]["deviceshare.io/group"] = "h"
+    assert (await mutator.mutate(review("CREATE", other))).allowed
+    assert [(g, t, r) for g, t, r, _ in recorder.events] == [
+        ("g", "Warning", "DeliveryUnverified"),
+        ("h", "Warning", "DeliveryUnverified"),
+    ]
+    assert recorder.events[0][3].startswith(
+        "pods get their devices by env on node n1, unverified: nothing tells how node n1's"
+    )
+
+
+async def test_a_cached_runtime_class_the_node_runs_chooses_it_without_a_warning() -> None:
+    node = labelled("n1", None)
+    node["status"] = {"runtimeHandlers": [{"name": ""}, {"name": "nvidia"}]}
+    cache = GroupCache({"g": bound("g", "u1")}, {"n1": node})
+    cache.objects[RUNTIMECLASSES] = {
+        "nvidia": {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
+    }
+    recorder = Recorder()
+    mutator = PodMutator(cache, LiveClient({}), recorder=recorder)  # type: ignore[arg-type]
+    response = await mutator.mutate(review("CREATE", new_pod()))
+    assert {"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"} in (
+        response.patch or []
+    )
+    assert recorder.events == []

@@ -70,15 +70,17 @@ def test_bad_values_exit_with_a_message(argv: list[str], capsys: pytest.CaptureF
 
 
 def test_delivery_defaults_and_their_webhook_settings() -> None:
+    """By default the delivery is chosen per node (auto) and devices go by UUID where the
+    inventory knows them (auto); index and uuid, env, runtimeclass and cdi stay choices."""
     s = parse([], environ={})
-    assert (s.delivery, s.device_ids) == ("env", "index")
+    assert (s.delivery, s.device_ids) == ("auto", "auto")
     assert s.runtime_class_name == "nvidia"
     # The device-injector's current family (containerd/nri plugins/device-injector).
     assert s.cdi_annotation_prefix == "cdi-devices.noderesource.dev/container."
     d = s.delivery_settings()
     assert (d.mode, d.device_ids, d.runtime_class_name, d.cdi_annotation_prefix) == (
-        "env",
-        "index",
+        "auto",
+        "auto",
         "nvidia",
         "cdi-devices.noderesource.dev/container.",
     )
@@ -98,6 +100,8 @@ def test_delivery_flags_and_env() -> None:
     assert s.cdi_annotation_prefix == "cdi-devices.nri.io/container."  # the deprecated one
     s = parse(["--delivery", "runtimeclass", "--runtime-class-name", "gpu"], environ=env)
     assert (s.delivery, s.runtime_class_name) == ("runtimeclass", "gpu")
+    s = parse(["--delivery", "env", "--device-ids", "index"], environ={})
+    assert (s.delivery_settings().mode, s.delivery_settings().device_ids) == ("env", "index")
 
 
 @pytest.mark.parametrize(
