@@ -10,7 +10,9 @@
 ``for_`` is the reconciled kind (its events enqueue the object itself); ``owns`` enqueues
 the controlling owner (of the ``for_`` kind) of objects of another kind; ``watches`` takes
 any handler. ``complete`` builds the :class:`~sdgruntime.controller.Controller` and adds it
-to the manager.
+to the manager. As in controller-runtime, it refuses a builder with no ``for_`` and no
+``watches`` (nothing would ever reconcile), ``owns`` without ``for_``, and a controller
+with neither ``for_`` nor a name.
 """
 
 from __future__ import annotations
@@ -99,6 +101,23 @@ class Builder:
         self._options.update(options)
         return self
 
+    def _check_watches(self) -> None:
+        """As controller-runtime's builder: ``owns`` only with ``for_``, and at least one
+        watch, or the controller would never be woken."""
+        where = f"controller {self.name!r}" if self.name else "a controller"
+        if self._for is None and self._owns:
+            raise ValueError(
+                f"{where}: owns() needs for_(): the owner whose reconcile an owned object's "
+                "event triggers is of the for_() kind; call .for_(kind) first"
+            )
+        if self._for is None and not self._watches:
+            raise ValueError(
+                f"{where} has no watches, so nothing would ever reconcile: call "
+                ".for_(kind) with the kind it reconciles (or .watches(kind, handler)) "
+                "before .complete(). A controller fed only by enqueue() is built as "
+                "Controller(name, reconciler, mgr.cache) and mgr.add_controller(controller)"
+            )
+
     def complete(
         self, reconciler: Reconciler | Callable[[Request], Awaitable[Result | None]]
     ) -> Controller:
@@ -115,11 +134,13 @@ class Builder:
                 f"{reconciler!r} is neither a Reconciler (an object with `async def "
                 "reconcile(self, request)`) nor an async function of the request"
             )
-        if self._for is None and self._owns:
-            raise ValueError("owns() needs for_(): the owner is the for_ kind")
+        self._check_watches()
         name = self.name or (self._for.kind.kind.lower() if self._for else None)
         if not name:
-            raise ValueError("a controller without for_() needs a name")
+            raise ValueError(
+                "a controller without for_() needs a name: mgr.controller(name) (a for_() "
+                "controller defaults to its kind's)"
+            )
         mgr = self.manager
         options: dict[str, Any] = {
             "cache_sync_timeout": mgr.options.cache_sync_timeout,

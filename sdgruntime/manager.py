@@ -32,6 +32,7 @@ that the order above holds however the stop is triggered.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -81,6 +82,14 @@ def _pod_namespace() -> str | None:
         return None
 
 
+def _unknown_fields(unknown: list[Any], fields: list[str]) -> str:
+    parts = []
+    for name in unknown:
+        near = difflib.get_close_matches(str(name), fields, n=1)
+        parts.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    return f"ManagerOptions has no field {', '.join(parts)}; its fields are: {', '.join(fields)}"
+
+
 class ManagerOptions(BaseModel):
     """Settings of a :class:`Manager` (defaults as controller-runtime and kubebuilder's
     main.go). Bind addresses are Go-style (``":8080"``, ``"127.0.0.1:0"``); ``"0"``
@@ -116,6 +125,17 @@ class ManagerOptions(BaseModel):
     cache_by_kind: dict[Kind, KindOptions] = Field(default_factory=dict)
     # every controller of this manager may share its name with another (tests, replicas)
     skip_name_validation: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        """A typo names itself, the nearest field and every valid one (pydantic alone says
+        "Extra inputs are not permitted")."""
+        if isinstance(data, dict):
+            unknown = [k for k in data if k not in cls.model_fields]
+            if unknown:
+                raise ValueError(_unknown_fields(unknown, sorted(cls.model_fields)))
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ManagerOptions:

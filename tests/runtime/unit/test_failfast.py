@@ -185,3 +185,44 @@ def test_options_that_could_only_fail_in_run_fail_at_construction(
 ) -> None:
     with pytest.raises(ValidationError, match=message):
         ManagerOptions(leader_election_namespace="ns", **options)
+
+
+def test_a_misspelt_option_names_itself_the_nearest_field_and_all_fields() -> None:
+    with pytest.raises(ValidationError) as typo:
+        ManagerOptions(webhok_port=9443)  # type: ignore[call-arg]
+    message = str(typo.value)
+    assert "ManagerOptions has no field 'webhok_port' (did you mean 'webhook_port'?)" in message
+    assert "Extra inputs are not permitted" not in message
+    fields = message.split("its fields are: ")[1]
+    assert "webhook_cert_dir" in fields and "leader_election_namespace" in fields
+    # From a mapping too (a config file), and with no near field: no guess.
+    with pytest.raises(ValidationError, match=r"no field 'zzz'; its fields are: cache_by_kind"):
+        ManagerOptions.model_validate({"zzz": 1})
+    # Known fields still go through every other check.
+    with pytest.raises(ValidationError, match="webhook_port"):
+        ManagerOptions(webhook_port=70000)
+
+
+# --- the builder: what a controller watches ----------------------------------------------------
+
+
+def test_complete_without_for_or_watches_is_refused_naming_what_to_call() -> None:
+    """controller-runtime's builder refuses it too ("there are no watches configured")."""
+    mgr = manager()
+    with pytest.raises(ValueError, match=r"controller 'a' has no watches.*call \.for_\(kind\)"):
+        mgr.controller("a").complete(AsyncReconciler())
+    with pytest.raises(ValueError, match=r"owns\(\) needs for_\(\).*call \.for_\(kind\) first"):
+        mgr.controller("b").owns(SECRETS).complete(AsyncReconciler())
+    assert mgr.controllers == {}  # nothing half-added
+
+
+def test_a_named_controller_of_watches_alone_is_accepted() -> None:
+    """As controller-runtime's Named(...).Watches(...) without For()."""
+    from sdgruntime.handler import EnqueueRequestsFromMapFunc
+
+    mgr = manager()
+    to_cm = EnqueueRequestsFromMapFunc(lambda obj: [Request("config", "ns")])
+    c = mgr.controller("by-secret").watches(SECRETS, to_cm).complete(AsyncReconciler())
+    assert mgr.controllers == {"by-secret": c} and c.kinds == [SECRETS]
+    with pytest.raises(ValueError, match=r"without for_\(\) needs a name: mgr\.controller\(name"):
+        manager().controller().watches(SECRETS, to_cm).complete(AsyncReconciler())
