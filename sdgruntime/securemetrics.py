@@ -110,7 +110,12 @@ class SecureMetricsServer(MetricsServer):
             context = _self_signed_context()
             provider = lambda: context  # noqa: E731
         else:
-            provider = CertWatcher(Path(cert_dir) / "tls.crt", Path(cert_dir) / "tls.key")
+            provider = CertWatcher(
+                Path(cert_dir) / "tls.crt",
+                Path(cert_dir) / "tls.key",
+                hint="ManagerOptions(metrics_cert_dir=...) names a folder with tls.crt and "
+                "tls.key; leave it None for a self-signed certificate made at start",
+            )
         self.auth = auth
         super().__init__(
             addr,

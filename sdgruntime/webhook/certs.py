@@ -53,12 +53,20 @@ def server_context(
     return context
 
 
+def _describe(err: BaseException | None) -> str:
+    """``No such file or directory: /certs/tls.key``, or the TLS library's reason."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}: {err.filename}" if err.filename else err.strerror
+    return str(err) if err is not None else "the files changed while being read"
+
+
 class CertWatcher:
     """Provides the current ``ssl.SSLContext`` for ``cert_file``/``key_file``.
 
     Call it (``watcher()``) to get the context, re-reading the files if ``min_interval``
     has passed since the last look. The first load happens in the constructor unless
-    ``load=False``; ``current()`` raises until a pair has loaded.
+    ``load=False``; ``current()`` raises until a pair has loaded. ``hint`` ends the error
+    of a first load that fails: where the owner of the watcher sets the folder.
     """
 
     def __init__(
@@ -70,6 +78,7 @@ class CertWatcher:
         load: bool = True,
         context_factory: Callable[[Path, Path], ssl.SSLContext] = server_context,
         clock: Callable[[], float] = time.monotonic,
+        hint: str = "",
     ) -> None:
         self.cert_file = Path(cert_file)
         self.key_file = Path(key_file)
@@ -81,11 +90,13 @@ class CertWatcher:
         self._failed_digest: bytes | None = None
         self._checked_at: float | None = None
         self.not_after: float | None = None  # POSIX time the current certificate expires
+        self._last_error: BaseException | None = None  # why the last load failed
         if load:
             self.refresh()
             if self._context is None:
                 raise RuntimeError(
-                    f"cannot load serving certificate {self.cert_file} / {self.key_file}"
+                    f"cannot load serving certificate {self.cert_file} / {self.key_file}: "
+                    f"{_describe(self._last_error)}" + (f"; {hint}" if hint else "")
                 )
 
     def __call__(self) -> ssl.SSLContext:
@@ -110,6 +121,7 @@ class CertWatcher:
         try:
             digest = self._digest()
         except OSError as exc:
+            self._last_error = exc
             if self._failed_digest != b"unreadable":
                 self._failed_digest = b"unreadable"
                 log.error("cannot read serving certificate files: %s", exc)
@@ -123,6 +135,7 @@ class CertWatcher:
             if self._digest() != digest:
                 return False
         except (OSError, ssl.SSLError, ValueError) as exc:
+            self._last_error = exc
             if self._failed_digest != digest:
                 self._failed_digest = digest
                 log.error(

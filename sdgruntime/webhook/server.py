@@ -173,6 +173,13 @@ class WebhookServer:
                 self.key_file,
                 min_interval=self.cert_check_interval,
                 context_factory=partial(server_context, http2=True),
+                hint=(
+                    f"the webhook server reads {self.cert_file.name} and {self.key_file.name} "
+                    "from ManagerOptions(webhook_cert_dir=...) (WebhookServer(cert_dir=...)), "
+                    f"{DEFAULT_CERT_DIR} by default: mount a kubernetes.io/tls Secret there "
+                    "(e.g. cert-manager's), or in tests write a pair with "
+                    "control_plane.webhook_cert_dir(folder)"
+                ),
             )
         self._http.ssl_context_provider = provider
         await self._http.serve(task_status=task_status)

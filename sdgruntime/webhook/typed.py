@@ -29,7 +29,7 @@ import contextvars
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sdgruntime._checks import is_async_callable, name_of
+from sdgruntime._checks import is_async_callable
 from sdgruntime.kinds import Kind
 from sdgruntime.webhook.admission import (
     AdmissionRequest,
@@ -197,12 +197,12 @@ def _check_methods(target: Any, methods: Sequence[str]) -> None:
         if fn is None:
             problems.append(f"has no {method}()")
         elif not is_async_callable(fn):
-            problems.append(f"{name_of(fn)} is not async")
+            problems.append(f"{method}() is not async")
     if problems:
         hint = "subclass CustomValidator, " if "validate_create" in methods else ""
         raise TypeError(
-            f"{type(target).__qualname__} {'; '.join(problems)}: {hint}define "
-            + ", ".join(f"`async def {m}(...)`" for m in methods)
+            f"{type(target).__qualname__.rsplit('<locals>.', 1)[-1]}: {'; '.join(problems)}: "
+            f"{hint}define " + ", ".join(f"`async def {m}(...)`" for m in methods)
         )
 
 

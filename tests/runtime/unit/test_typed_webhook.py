@@ -197,11 +197,14 @@ def test_wiring_mistakes_are_refused_when_registered() -> None:
             return None
 
     builder = WebhookBuilder(server(), WIDGETS)
-    with pytest.raises(TypeError, match=r"SyncValidate\.validate_update is not async"):
+    # The class once, then the method: "SyncValidate: validate_update() is not async".
+    with pytest.raises(TypeError, match=r"^SyncValidate: validate_update\(\) is not async: "):
         builder.with_validator(SyncValidate())
     with pytest.raises(TypeError, match=r"has no validate_create.*subclass CustomValidator"):
         builder.with_validator(Defaults())
-    with pytest.raises(TypeError, match=r"SyncDefault\.default is not async"):
+    with pytest.raises(
+        TypeError, match=r"^SyncDefault: default\(\) is not async: define `async def default"
+    ):
         builder.with_defaulter(SyncDefault())
     with pytest.raises(TypeError, match="got the class SizeRules; pass an instance"):
         builder.with_validator(SizeRules)
