@@ -51,8 +51,9 @@ from sdgruntime import errors
 from sdgruntime.cache.informer import Informer
 from sdgruntime.cache.sync import CacheSyncError
 from sdgruntime.client import Client
-from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
+from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, RUNTIMECLASSES
 from sdgruntime.rest.kubeconfig import KubeconfigError, read_kubeconfig
+from webhooks.delivery import Delivery
 
 DEFAULT_CLAIMS_NAMESPACE = "deviceshare-system"
 _GROUP_TYPES = frozenset({"sdg", "shareddevicegroup", "shareddevicegroups", "group"})
@@ -174,8 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--delivery",
         default=None,
-        help="how the manager delivers devices (env, runtimeclass, cdi); default: read "
-        "from its Deployment",
+        help="how the manager delivers devices (auto, env, runtimeclass, cdi); default: "
+        "read from its Deployment",
     )
     check.add_argument(
         "--runtime-class-name",
@@ -453,7 +454,10 @@ async def _explanation(client: Client, args: argparse.Namespace) -> tuple[str, d
         records = await _claim_records(client, args.claims_namespace)
         pods = await _list(client, PODS)
         slices = await _resource_slices(client) or []
-        return group_explanation(name, groups, nodes, records, pods, slices)
+        delivery, runtime_classes = await _delivery_settings(client, args.claims_namespace)
+        return group_explanation(
+            name, groups, nodes, records, pods, slices, runtime_classes, delivery
+        )
     namespace = args.namespace or _context_namespace(args.kubeconfig, args.context)
     pod = await _get_or_none(client, PODS, name, namespace)
     if pod is None:
@@ -466,6 +470,25 @@ async def _explanation(client: Client, args: argparse.Namespace) -> tuple[str, d
     target = _group_node(groups, pod)
     others = await _list(client, PODS, field_selector=f"spec.nodeName={target}") if target else []
     return pod_explanation(pod, groups, nodes, others)
+
+
+async def _delivery_settings(
+    client: Client, namespace: str
+) -> tuple[Delivery, dict[str, dict[str, Any]]]:
+    """The manager's delivery settings, from its Deployment's flags as ``sdg doctor``
+    reads them (its defaults where it cannot be read), and its RuntimeClass by name."""
+    try:
+        deployment = await _get_or_none(
+            client, doctor.DEPLOYMENTS, doctor.MANAGER_DEPLOYMENT, namespace
+        )
+    except errors.Forbidden:
+        deployment = None
+    settings = doctor.delivery_settings(doctor.manager_config(deployment, namespace))
+    try:
+        rc = await _get_or_none(client, RUNTIMECLASSES, settings.runtime_class_name)
+    except errors.Forbidden:
+        rc = None
+    return settings, ({settings.runtime_class_name: rc} if rc is not None else {})
 
 
 def _group_node(groups: Sequence[dict[str, Any]], pod: dict[str, Any]) -> str | None:

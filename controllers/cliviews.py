@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from api.conditions import find_condition
 from api.constants import (
+    CDI_ANNOTATION_FAMILIES,
     CONDITION_READY,
     CONDITION_SCHEDULED,
     FINALIZER,
@@ -60,6 +61,14 @@ from controllers.placement import (
 )
 from controllers.podfit import pod_fits_node
 from controllers.tracker import Devices
+from webhooks.delivery import (
+    Delivery,
+    DeliveryChoice,
+    Denial,
+    by_uuid,
+    choose_delivery,
+    ids_reason,
+)
 
 Obj = Mapping[str, Any]
 
@@ -784,13 +793,61 @@ def _conditions_section(obj: Obj, kinds: Sequence[str] | None = None) -> str:
     return "Conditions:\n" + table(["TYPE", "STATUS", "REASON", "MESSAGE"], rows, indent="  ")
 
 
-def _env_text(resources: Iterable[str], devices: Mapping[str, Iterable[int]]) -> str:
+def _env_text(
+    resources: Iterable[str],
+    devices: Mapping[str, Iterable[int]],
+    told: Mapping[str, Sequence[str]] | None = None,
+) -> str:
     parts = []
     for res in sorted(resources):
         var = env_var_for(res)
-        ids = format_ids(devices.get(res, ()))
+        names = (told or {}).get(res)
+        ids = ",".join(names) if names is not None else format_ids(devices.get(res, ()))
         parts.append(f"{var}={ids}" if var else f"{res}: no default env var (--device-env)")
     return ", ".join(parts)
+
+
+def _told(
+    group: Obj, devices: Devices, offers: Mapping[str, Offer], delivery: Delivery
+) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
+    """Per resource, the names the pod webhook gives pods (``--device-ids``: UUIDs from
+    status.physicalDevices, or the IDs) and why, with whether the IDs are guessed."""
+    recorded = (group.get("status") or {}).get("physicalDevices") or {}
+    names: dict[str, list[str]] = {}
+    facts: dict[str, dict[str, Any]] = {}
+    for res, ids in sorted(devices.items()):
+        var = env_var_for(res) or ""
+        uuids = str(recorded.get(res) or "").split(",") if recorded.get(res) else None
+        known = uuids is not None and len(uuids) == len(ids)
+        uuid = by_uuid(delivery.device_ids, var, known=known)
+        names[res] = list(uuids) if uuid and uuids else [str(i) for i in sorted(ids)]
+        offer = offers.get(res)
+        guessed = not uuid and offer is not None and offer.guessed
+        reason = ids_reason(delivery.device_ids, var, known=known)
+        if guessed and offer is not None:
+            reason += f"; {_source_text(offer)}"
+        facts[res] = {
+            "names": names[res],
+            "by": "uuid" if uuid else "index",
+            "reason": reason,
+            "guessed": guessed,
+        }
+    return names, facts
+
+
+def _told_text(facts: Mapping[str, Mapping[str, Any]]) -> str:
+    return "; ".join(f"{res} {f['reason']}" for res, f in sorted(facts.items())) or NONE
+
+
+def _delivery_facts(choice: DeliveryChoice | Denial) -> dict[str, Any]:
+    if isinstance(choice, Denial):
+        return {"mode": None, "reason": choice.message, "verified": False, "settle": None}
+    return {
+        "mode": choice.mode,
+        "reason": choice.reason,
+        "verified": choice.verified,
+        "settle": choice.settle or None,
+    }
 
 
 def _scheduled_message(group: Obj) -> str:
@@ -864,8 +921,15 @@ def group_explanation(
     configmaps: Iterable[Obj],
     pods: Iterable[Obj],
     slices: Iterable[Obj] = (),
+    runtime_classes: Mapping[str, Obj] | None = None,
+    delivery: Delivery | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """:func:`explain_group`'s text and :func:`explain_group_data`'s facts, made together."""
+    """:func:`explain_group`'s text and :func:`explain_group_data`'s facts, made together.
+
+    ``delivery`` is the manager's delivery settings (default: its defaults) and
+    ``runtime_classes`` the RuntimeClasses known by name: with the group's node they say
+    how its pods get their devices (the pod webhook's rule) and by which names."""
+    delivery = delivery if delivery is not None else Delivery()
     groups, nodes = list(groups), list(nodes)
     by_group = {group_name(g): g for g in groups}
     group = by_group.get(name)
@@ -888,16 +952,20 @@ def group_explanation(
     if is_bound(group):
         node, devices = view.statuses.get(name, (str(group_node(group)), {}))
         facts.update(node=node, devices={r: sorted(i) for r, i in sorted(devices.items())})
+        obj = by_node.get(node)
+        offers = node_offers(obj, _slices_of(slices).get(node, ())) if obj is not None else {}
+        told, told_facts = _told(group, devices, offers, delivery)
         info += [
             ("Node", node),
-            ("Devices", f"{_devices_text(devices)} ({_env_text(resources, devices)})"),
+            ("Devices", f"{_devices_text(devices)} ({_env_text(resources, devices, told)})"),
         ]
-        obj = by_node.get(node)
+        env_vars = [v for r in sorted(resources) if (v := env_var_for(r)) is not None]
+        choice = choose_delivery(obj, runtime_classes or {}, delivery, env_vars, name)
+        facts.update(delivery=_delivery_facts(choice), deviceNames=told_facts)
         if obj is None:
             problems.append(f"node {node} does not exist any more; its pods cannot run")
         else:
             problems += [f"node {node} is {p}" for p in node_problems(obj)]
-            offers = node_offers(obj, _slices_of(slices).get(node, ()))
             info.append(("Device UUIDs", _physical_text(group, devices, offers)))
             facts["deviceUUIDs"] = _physical_uuids(group, devices, offers)
             too_many = unaddressable_devices(obj)
@@ -919,6 +987,14 @@ def group_explanation(
                         f"node {node} no longer offers {', '.join(offer.missing(ids))} "
                         f"({_source_text(offer)}); the group holds {res} {format_ids(ids)}"
                     )
+        info.append(("Told by", _told_text(told_facts)))
+        if isinstance(choice, Denial):
+            info.append(("Delivery", "none"))
+            problems.append(choice.message)
+        else:
+            info.append(("Delivery", choice.describe()))
+            if not choice.verified:
+                info.append(("To settle it", choice.settle))
         recorded = view.records.get(node, {}).get(name)
         if recorded is None:
             problems.append(f"the claim record of node {node} does not list the group")
@@ -1241,6 +1317,10 @@ def _env_facts(pod: Obj, group: Obj) -> tuple[list[dict[str, Any]], list[str], l
     rows = []
     warnings = []
     unchecked = sorted(r for r in group_resources(group) if env_var_for(r) is None)
+    # The same devices by UUID (--device-ids), or none under CDI annotations (cdi mode).
+    physical = (group.get("status") or {}).get("physicalDevices") or {}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    by_cdi = any(str(k).startswith(CDI_ANNOTATION_FAMILIES) for k in annotations)
     for kind in ("initContainers", "containers"):
         for c in spec.get(kind) or ():
             env = {e.get("name"): e.get("value") for e in c.get("env") or ()}
@@ -1253,13 +1333,13 @@ def _env_facts(pod: Obj, group: Obj) -> tuple[list[dict[str, Any]], list[str], l
                 rows.append(
                     {"container": c.get("name", ""), "variable": var, "value": got, "want": want}
                 )
-                if got is None:
+                if got is None and not by_cdi:
                     warnings.append(
                         f"container {c.get('name')}: {var} is unset, the group holds {res} "
                         f"{want} (the pod webhook did not inject it: was it installed and "
                         "reachable when the pod was created?)"
                     )
-                elif got != want:
+                elif got != want and got != physical.get(res) and not (by_cdi and not got):
                     warnings.append(
                         f"container {c.get('name')}: {var} is {got}, the group holds {res} {want}"
                     )

@@ -36,7 +36,7 @@ from api.constants import (
     SHARED_TAINT_VALUE,
     VERSION,
 )
-from api.envvars import parse_env_table
+from api.envvars import env_var_for, parse_env_table
 from controllers.foreign import DeviceUse, device_use
 from controllers.inventory import (
     DEFAULT_DRA_DRIVERS,
@@ -56,9 +56,11 @@ from sdgruntime.kinds import (
     MUTATING_WEBHOOKS,
     NODES,
     PODS,
+    RUNTIMECLASSES,
     VALIDATING_WEBHOOKS,
     Kind,
 )
+from webhooks.delivery import NVIDIA_ENV, Delivery, Denial, choose_delivery, runtime_handlers
 
 Obj = Mapping[str, Any]
 
@@ -92,7 +94,8 @@ PROBE_PREFIX: Final = "sdg-doctor-probe-"
 # Device delivery (manager settings ``delivery``/``runtime_class_name``, node label).
 DELIVERY_LABEL: Final = "deviceshare.io/delivery"
 DELIVERY_RUNTIMECLASS: Final = "runtimeclass"
-DEFAULT_DELIVERY: Final = "env"
+DELIVERY_AUTO: Final = "auto"
+DEFAULT_DELIVERY: Final = "auto"
 DEFAULT_RUNTIME_CLASS: Final = "nvidia"
 #: Foreign pods named per node (the count says how many more).
 MAX_FOREIGN_SHOWN: Final = 5
@@ -103,7 +106,6 @@ DEPLOYMENTS: Final = Kind("apps", "v1", "Deployment", "deployments", namespaced=
 PRIORITYCLASSES: Final = Kind(
     "scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", namespaced=False
 )
-RUNTIMECLASSES: Final = Kind("node.k8s.io", "v1", "RuntimeClass", "runtimeclasses", False)
 POLICY_KIND: Final = Kind(
     "admissionregistration.k8s.io",
     "v1",
@@ -181,6 +183,7 @@ class ManagerConfig:
 
     delivery: str = DEFAULT_DELIVERY
     runtime_class_name: str = DEFAULT_RUNTIME_CLASS
+    device_ids: str = "auto"
     leader_elect: bool = True
     lease_name: str = LEASE_NAME
     lease_namespace: str = MANAGER_NAMESPACE
@@ -215,7 +218,7 @@ class Facts:
     slices: list[Obj] | Unreadable | None = field(default_factory=list)
     #: Shared node -> the pods bound to it.
     pods: dict[str, list[Obj] | Unreadable] = field(default_factory=dict)
-    runtime_class: Fetched = None  # read only when some delivery needs it
+    runtime_class: Fetched = None  # read when delivery auto looks for it or some needs it
     #: The holder pods' PriorityClass (read when holders are on and name one).
     priority_class: Fetched = None
     deployment: Fetched = None
@@ -381,6 +384,7 @@ def manager_config(
         delivery=delivery or str(flags.get("delivery") or DEFAULT_DELIVERY),
         runtime_class_name=runtime_class_name
         or str(flags.get("runtime_class_name") or DEFAULT_RUNTIME_CLASS),
+        device_ids=str(flags.get("device_ids") or "auto"),
         # The manager's own default is off, but config/manager turns it on; without a
         # Deployment to read, expect the Lease (a manager elsewhere may run either way).
         leader_elect=bool(flags.get("leader_elect", not isinstance(deployment, Mapping))),
@@ -936,10 +940,39 @@ def judge_runtime_class(
     config: ManagerConfig, nodes: Sequence[Obj] | Unreadable, runtime_class: Fetched
 ) -> Check:
     """The RuntimeClass group pods get exists when any delivery needs it: a pod naming a
-    missing RuntimeClass is refused by the API server."""
+    missing RuntimeClass is refused by the API server. Under ``auto`` it is looked for,
+    not needed: the nodes whose runtime lists its handler get it (see each node's
+    delivery check)."""
     name = "RuntimeClass"
     rc = config.runtime_class_name
     users = runtime_class_users(config, nodes)
+    if not users and config.delivery == DELIVERY_AUTO:
+        if isinstance(runtime_class, Unreadable):
+            return Check(
+                name,
+                None,
+                _unreadable(f"RuntimeClass {rc}", runtime_class)
+                + ": delivery auto cannot tell which nodes take it",
+            )
+        if runtime_class is None:
+            return Check(
+                name,
+                True,
+                f"RuntimeClass {rc} does not exist, so delivery auto chooses it on no node",
+            )
+        handler = str(runtime_class.get("handler") or "")
+        listing = sorted(
+            _name(n)
+            for n in ([] if isinstance(nodes, Unreadable) else nodes)
+            if is_shared(n) and handler and handler in runtime_handlers(n)
+        )
+        where = f"node(s) {_names(listing)}" if listing else "no shared node"
+        return Check(
+            name,
+            True,
+            f"RuntimeClass {rc} (handler {handler or '?'}) exists; delivery auto chooses it "
+            f"where the node lists handler {handler or '?'} in status.runtimeHandlers: {where}",
+        )
     if not users:
         return Check(
             name,
@@ -970,6 +1003,64 @@ def judge_runtime_class(
         )
     handler = runtime_class.get("handler") or "?"
     return Check(name, True, f"RuntimeClass {rc} (handler {handler}) exists, for {who}")
+
+
+def delivery_settings(config: ManagerConfig) -> Delivery:
+    """The manager's delivery settings as ``config`` knows them (its defaults where the
+    Deployment's values are not valid: the manager would not start with them)."""
+    try:
+        return Delivery(config.delivery, config.device_ids, config.runtime_class_name)
+    except ValueError:
+        return Delivery()
+
+
+def node_env_vars(node: Obj, slices: Iterable[Obj], config: ManagerConfig) -> list[str]:
+    """The device variables of what the node offers (NVIDIA's when it offers nothing
+    known): what its delivery is judged for."""
+    offers = node_offers(node, slices, config.dra_drivers)
+    found = {v for r in offers if (v := env_var_for(r, config.env_table)) is not None}
+    return sorted(found) or [NVIDIA_ENV]
+
+
+def judge_delivery(
+    node: Obj,
+    config: ManagerConfig,
+    runtime_class: Fetched,
+    env_vars: Sequence[str] = (NVIDIA_ENV,),
+) -> Check:
+    """How the node's group pods get their devices, by the webhook's own rule
+    (``webhooks.delivery.choose_delivery``), and why: a label SDG cannot read fails; env
+    that nothing on the node confirms is a warning naming what would settle it."""
+    node_name = _name(node)
+    name = f"node {node_name}: delivery"
+    try:
+        settings = Delivery(config.delivery, runtime_class_name=config.runtime_class_name)
+    except ValueError as err:
+        return Check(name, False, f"the manager's settings ({config.delivery_source}): {err}")
+    rc = config.runtime_class_name
+    if isinstance(runtime_class, Unreadable) and config.delivery == DELIVERY_AUTO:
+        return Check(
+            name,
+            None,
+            _unreadable(f"RuntimeClass {rc}", runtime_class) + ": the delivery cannot be told",
+        )
+    known = {rc: runtime_class} if isinstance(runtime_class, Mapping) else {}
+    choice = choose_delivery(node, known, settings, env_vars)
+    if isinstance(choice, Denial):
+        return Check(
+            name,
+            False,
+            choice.message,
+            f"kubectl label node {node_name} {DELIVERY_LABEL}=<env|runtimeclass|cdi> --overwrite",
+        )
+    if not choice.verified:
+        return Check(
+            name,
+            None,
+            f"{choice.mode}, unverified: {choice.reason} (group pods here may see no device)",
+            choice.settle,
+        )
+    return Check(name, True, f"{choice.mode} ({choice.reason})")
 
 
 # --- judges: the manager ---------------------------------------------------------------------
@@ -1116,6 +1207,8 @@ def judge(facts: Facts) -> list[Check]:
                 node, facts.pods.get(node_name, []), config.env_table, facts.manager_namespace
             )
         )
+        env_vars = node_env_vars(node, slices_by_node.get(node_name, ()), config)
+        checks.append(judge_delivery(node, config, facts.runtime_class, env_vars))
     checks.append(judge_runtime_class(config, facts.nodes, facts.runtime_class))
     checks.append(judge_holders(config, facts.nodes, facts.priority_class))
     return checks
@@ -1246,7 +1339,7 @@ async def collect(
         facts.priority_class = await _read(
             client.get(PRIORITYCLASSES, facts.config.holder_priority_class)
         )
-    if runtime_class_users(facts.config, facts.nodes):
+    if facts.config.delivery == DELIVERY_AUTO or runtime_class_users(facts.config, facts.nodes):
         facts.runtime_class = await _read(
             client.get(RUNTIMECLASSES, facts.config.runtime_class_name)
         )

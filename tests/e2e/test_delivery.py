@@ -1,24 +1,32 @@
-"""Delivery that matches the node's runtime, against the real API server: env with
-CUDA_DEVICE_ORDER (and UUIDs from the inventory), a RuntimeClass set by the manager's
-settings, CDI annotations chosen by a node label; and the records they leave on a pod
-(``deviceshare.io/devices``, CDI annotations) cannot change afterwards (config/policy)."""
+"""Delivery that matches the node's runtime, against the real API server: by default
+(``--delivery auto``) RuntimeClass ``nvidia`` where the node lists its handler, env with
+one Warning Event on the group and a ``sdg doctor`` warning where nothing says how the
+node's runtime takes devices; UUIDs where the inventory knows them, indices (which
+``sdg explain`` calls guessed) where it only counts; env with CUDA_DEVICE_ORDER, a
+RuntimeClass set by the manager's settings, CDI annotations chosen by a node label; and
+the records they leave on a pod (``deviceshare.io/devices``, CDI annotations) cannot
+change afterwards (config/policy)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 
 from api.constants import SDG_KIND
+from controllers import cli
 from controllers.inventory import annotation_key
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
-from sdgruntime.kinds import NODES, PODS
+from sdgruntime.kinds import EVENTS, NODES, PODS
 from tests.e2e.harness import (
     GPU,
+    MANAGER_NS,
     add_node,
     env_of,
     eventually,
@@ -87,6 +95,38 @@ async def runtime_class(cp: ControlPlane, name: str) -> AsyncIterator[None]:
         cp.delete("node.k8s.io/v1", "RuntimeClass", name)
 
 
+async def sdg_cli(capsys: pytest.CaptureFixture[str], kubeconfig: str, *args: str) -> str:
+    """``sdg ARGS`` (in a worker thread: it starts its own event loop); its stdout."""
+    argv = ["--kubeconfig", kubeconfig, "--claims-namespace", MANAGER_NS, *args]
+    code = await anyio.to_thread.run_sync(cli.main, argv)
+    out = capsys.readouterr()
+    assert (code, out.err) == (0, "") or args[0] == "doctor", (code, out.err)
+    return out.out
+
+
+async def doctor_checks(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str
+) -> dict[str, dict[str, Any]]:
+    """``sdg doctor -o json``, by check name."""
+    out = await sdg_cli(capsys, kubeconfig, "doctor", "-o", "json")
+    return {c["name"]: c for c in json.loads(out)}
+
+
+async def unverified_events(client: Client, group_name: str) -> list[dict[str, Any]]:
+    """The DeliveryUnverified Warnings on this group (by UID: Events outlive the groups
+    of earlier tests; cluster-scoped objects' Events are in namespace default)."""
+    uid = (await client.get(SDG_KIND, group_name))["metadata"]["uid"]
+    events, _ = await client.list_all(EVENTS, "default")
+    return [
+        e
+        for e in events
+        if e["involvedObject"].get("uid") == uid
+        and e["involvedObject"].get("kind") == "SharedDeviceGroup"
+        and e.get("reason") == "DeliveryUnverified"
+        and e.get("type") == "Warning"
+    ]
+
+
 async def test_env_mode_pods_carry_cuda_order_and_a_devices_record_that_cannot_change(
     cluster: ControlPlane, client: Client, namespace: str
 ) -> None:
@@ -145,12 +185,16 @@ async def test_env_mode_pods_carry_cuda_order_and_a_devices_record_that_cannot_c
 
 
 async def test_uuids_from_the_inventory_reach_the_env_and_the_record_keeps_ids(
-    cluster: ControlPlane, client: Client, namespace: str
+    cluster: ControlPlane,
+    client: Client,
+    namespace: str,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     node = await add_node(client, "n1", 3)
     node["metadata"].setdefault("annotations", {})[annotation_key(GPU)] = "GPU-a,GPU-b,GPU-c"
     await client.update(NODES, node)
-    async with run_sdg(cluster, device_ids="uuid"):
+    async with run_sdg(cluster):  # --device-ids auto: UUIDs where known
         await client.create(SDG_KIND, group("g", {GPU: 2}))
         g = await wait_bound(client, "g")
         assert g["status"]["physicalDevices"] == {GPU: "GPU-a,GPU-b"}
@@ -158,6 +202,130 @@ async def test_uuids_from_the_inventory_reach_the_env_and_the_record_keeps_ids(
         # UUIDs carry no numbering to keep: no CUDA_DEVICE_ORDER.
         assert env_of(created) == {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
         assert annotations(created)[DEVICES] == '{"nvidia.com/gpu":"0,1"}'
+        text = await sdg_cli(capsys, kubeconfig, "explain", "g")
+    assert "Devices:       nvidia.com/gpu 0,1 (NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b)" in text
+    assert "Told by:       nvidia.com/gpu by UUID, from status.physicalDevices" in text
+
+
+async def test_a_count_only_inventory_tells_pods_indices_and_explain_says_guessed(
+    cluster: ControlPlane,
+    client: Client,
+    namespace: str,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await add_node(client, "n1", 3)  # status.allocatable only: IDs 0..2, no UUIDs
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("g", {GPU: 2}))
+        g = await wait_bound(client, "g")
+        assert "physicalDevices" not in g["status"]
+        created = await client.create(PODS, pod("member", "g"), namespace)
+        assert env_of(created) == {
+            "NVIDIA_VISIBLE_DEVICES": "0,1",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        }
+        text = await sdg_cli(capsys, kubeconfig, "explain", "g")
+        facts = json.loads(await sdg_cli(capsys, kubeconfig, "explain", "g", "-o", "json"))
+    assert (
+        "Told by:       nvidia.com/gpu by index: the inventory knows no UUID for every one; "
+        "counted in status.allocatable: IDs are guessed"
+    ) in text
+    assert facts["deviceNames"] == {
+        GPU: {
+            "names": ["0", "1"],
+            "by": "index",
+            "reason": facts["deviceNames"][GPU]["reason"],
+            "guessed": True,
+        }
+    }
+
+
+async def test_a_node_that_runs_runtimeclass_nvidia_gets_it_by_default(
+    cluster: ControlPlane,
+    client: Client,
+    namespace: str,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """k3s, the GPU Operator 25.10+: RuntimeClass nvidia, and a kubelet that lists the
+    nvidia handler beside runc's default; no label. Group pods run under it."""
+    await add_node(client, "n1", 2)
+    await client.patch(
+        NODES,
+        "n1",
+        {"status": {"runtimeHandlers": [{"name": ""}, {"name": "nvidia"}]}},
+        subresource="status",
+    )
+    async with runtime_class(cluster, "nvidia"), run_sdg(cluster):
+        await client.create(SDG_KIND, group("g", {GPU: 1}))
+        await wait_bound(client, "g")
+        created = await client.create(PODS, pod("member", "g"), namespace)
+        assert created["spec"]["runtimeClassName"] == "nvidia"
+        assert env_of(created) == {"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        text = await sdg_cli(capsys, kubeconfig, "explain", "g")
+        checks = await doctor_checks(capsys, kubeconfig)
+        assert not await unverified_events(client, "g")
+    reason = (
+        "RuntimeClass nvidia exists and node n1 lists its handler nvidia in status.runtimeHandlers"
+    )
+    assert f"Delivery:      runtimeclass ({reason})" in text
+    assert checks["node n1: delivery"]["status"] == "ok"
+    assert checks["node n1: delivery"]["detail"] == f"runtimeclass ({reason})"
+    assert (
+        "delivery auto chooses it where the node lists handler nvidia"
+        in (checks["RuntimeClass"]["detail"])
+    )
+
+
+async def test_an_unlabelled_node_gets_env_one_warning_on_the_group_and_a_doctor_warning(
+    cluster: ControlPlane,
+    client: Client,
+    namespace: str,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await add_node(client, "n1", 2)
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("g", {GPU: 1}))
+        await wait_bound(client, "g")
+        for name in ("a", "b", "c"):
+            created = await client.create(PODS, pod(name, "g"), namespace)
+            assert "runtimeClassName" not in created["spec"]
+            assert env_of(created)["NVIDIA_VISIBLE_DEVICES"] == "0"
+        events = await eventually(lambda: unverified_events(client, "g"), what="the Warning")
+        checks = await doctor_checks(capsys, kubeconfig)
+        text = await sdg_cli(capsys, kubeconfig, "explain", "g")
+        await anyio.sleep(1.0)  # the other pods' Events, were there any, are written by now
+        events = await unverified_events(client, "g")
+    (event,) = events
+    assert event.get("count", 1) == 1, event
+    assert event["message"].startswith(
+        "pods get their devices by env on node n1, unverified: nothing tells how node n1's "
+        "runtime takes devices (no RuntimeClass nvidia; no label "
+        "deviceshare.io/default-runtime; no label deviceshare.io/delivery)"
+    )
+    assert "kubectl label node n1 deviceshare.io/default-runtime=nvidia" in event["message"]
+    check = checks["node n1: delivery"]
+    assert check["status"] == "warning"
+    assert check["detail"].startswith("env, unverified: nothing tells how node n1's runtime")
+    assert "kubectl label node n1 deviceshare.io/default-runtime=nvidia" in check["fix"]
+    assert "create RuntimeClass nvidia" in check["fix"]
+    assert "Delivery:      env, unverified: nothing tells how node n1's runtime" in text
+    assert "To settle it:  if NVIDIA's runtime is the node's default runtime, kubectl" in text
+
+    # Labelled as a user would once they know NVIDIA's runtime is the default: settled.
+    node = await client.get(NODES, "n1")
+    node["metadata"]["labels"]["deviceshare.io/default-runtime"] = "nvidia"
+    await client.update(NODES, node)
+    checks = await doctor_checks(capsys, kubeconfig)
+    assert checks["node n1: delivery"] == {
+        "name": "node n1: delivery",
+        "status": "ok",
+        "ok": True,
+        "detail": "env (node label deviceshare.io/default-runtime=nvidia: its default runtime "
+        "reads NVIDIA_VISIBLE_DEVICES)",
+        "fix": "",
+    }
 
 
 async def test_a_node_labelled_cdi_gets_cdi_annotations_and_empty_env(

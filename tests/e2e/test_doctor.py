@@ -224,9 +224,11 @@ async def test_healthy_cluster_passes(
         "node doc-gpu-1: taint": "✓",
         "node doc-gpu-1: devices": "✓",
         "node doc-gpu-1: foreign device pods": "✓",
+        "node doc-gpu-1: delivery": "✓",
         "node doc-gpu-2: taint": "✓",
         "node doc-gpu-2: devices": "!",
         "node doc-gpu-2: foreign device pods": "✓",
+        "node doc-gpu-2: delivery": "✓",
         "RuntimeClass": "✓",
         "holder pods": "✓",
     }
@@ -238,8 +240,11 @@ async def test_healthy_cluster_passes(
         out, "node doc-gpu-2: devices"
     )
     assert f"RuntimeClass {rc} (handler nvidia) exists" in line_of(out, "RuntimeClass")
+    assert "runtimeclass (the manager's --delivery runtimeclass)" in line_of(
+        out, "node doc-gpu-1: delivery"
+    )
     warnings = 1 + (marks(out)["cert-manager"] == "!")
-    assert out.endswith(f"0 problem(s), {warnings} warning(s) in 17 checks\n")
+    assert out.endswith(f"0 problem(s), {warnings} warning(s) in 19 checks\n")
     # the probe was a dry run: no pod of it exists
     pods, _ = await client.list_all(PODS, "default")
     assert not [p for p in pods if p["metadata"]["name"].startswith("sdg-doctor-probe-")]
@@ -303,7 +308,10 @@ async def test_broken_cluster_names_exactly_what_is_wrong(
         f"kubectl delete pod -n {namespace} thief   (or run them on a node that is not shared)"
     ]
     assert marks(out)["cert-manager"] == "!"  # no CRD, or no Certificate: not the cause here
-    assert out.endswith("3 problem(s), 1 warning(s) in 17 checks\n")
+    # Nothing says how either node's runtime takes devices (delivery auto): warned.
+    assert marks(out)["node doc-gpu-1: delivery"] == "!"
+    assert marks(out)["node doc-gpu-2: delivery"] == "!"
+    assert out.endswith("3 problem(s), 3 warning(s) in 19 checks\n")
 
     assert jcode == 1
     by_name = {c["name"]: c for c in json.loads(jout)}

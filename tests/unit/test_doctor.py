@@ -217,7 +217,7 @@ def test_config_manager_runs_with_leader_election() -> None:
         "deviceshare-system",
         "deviceshare-manager",
     )
-    assert config.delivery == "env"
+    assert (config.delivery, config.device_ids) == ("auto", "auto")  # config/ sets neither
     assert config.source == "Deployment deviceshare-system/deviceshare-manager"
 
 
@@ -265,7 +265,7 @@ def test_manager_config_without_deployment_and_doctor_overrides() -> None:
         "sdg-ns",
         "defaults",
     )
-    assert (config.delivery, config.runtime_class_name) == ("env", "nvidia")
+    assert (config.delivery, config.runtime_class_name) == ("auto", "nvidia")
     over = d.manager_config(
         deployment(["--delivery=env"]), "ns", delivery="runtimeclass", runtime_class_name="rc"
     )
@@ -586,11 +586,25 @@ def test_foreign_pods_cut_at_five_and_taint_fix_on_untainted_node() -> None:
 
 def test_runtime_class() -> None:
     nodes = [node("a"), node("b", labels={"deviceshare.io/delivery": "runtimeclass"}, shared=False)]
-    assert d.judge_runtime_class(ManagerConfig(), nodes, None) == Check(
+    assert d.judge_runtime_class(ManagerConfig(delivery="env"), nodes, None) == Check(
         "RuntimeClass",
         True,
         "not needed (delivery env; no shared node labelled deviceshare.io/delivery=runtimeclass)",
     )
+    # auto (the default) looks for it: missing is fine, present names the nodes it is for.
+    assert d.judge_runtime_class(ManagerConfig(), nodes, None) == Check(
+        "RuntimeClass",
+        True,
+        "RuntimeClass nvidia does not exist, so delivery auto chooses it on no node",
+    )
+    runs = [with_handlers(node("a"), "", "nvidia"), node("c")]
+    assert d.judge_runtime_class(ManagerConfig(), runs, {"handler": "nvidia"}) == Check(
+        "RuntimeClass",
+        True,
+        "RuntimeClass nvidia (handler nvidia) exists; delivery auto chooses it where the node "
+        "lists handler nvidia in status.runtimeHandlers: node(s) a",
+    )
+    assert d.judge_runtime_class(ManagerConfig(), runs, Unreadable("403 no")).ok is None
     by_manager = ManagerConfig(
         delivery="runtimeclass", source="Deployment s/m", delivery_source="Deployment s/m"
     )
@@ -611,6 +625,52 @@ def test_runtime_class() -> None:
     assert present.ok is True
     assert present.detail.startswith("RuntimeClass nvidia (handler nvidia) exists, for the manager")
     assert d.judge_runtime_class(by_manager, nodes, Unreadable("403")).ok is False
+
+
+def with_handlers(n: Obj, *handlers: str) -> Obj:
+    n["status"]["runtimeHandlers"] = [{"name": h} for h in handlers]
+    return n
+
+
+def test_delivery_per_node_by_the_webhooks_rule() -> None:
+    """The choice and its reason per shared node; unverified env is a warning naming what
+    settles it, a label SDG cannot read a failure."""
+    config = ManagerConfig()
+    rc = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
+    runs = with_handlers(node("k3s-1", 2), "", "nvidia")
+    assert d.judge_delivery(runs, config, rc) == Check(
+        "node k3s-1: delivery",
+        True,
+        "runtimeclass (RuntimeClass nvidia exists and node k3s-1 lists its handler nvidia in "
+        "status.runtimeHandlers)",
+    )
+    bare = d.judge_delivery(node("gpu-1", 2), config, None)
+    assert bare.ok is None
+    assert bare.detail.startswith(
+        "env, unverified: nothing tells how node gpu-1's runtime takes devices (no "
+        "RuntimeClass nvidia; no label deviceshare.io/default-runtime; no label "
+        "deviceshare.io/delivery)"
+    )
+    assert bare.fix.startswith(
+        "if NVIDIA's runtime is the node's default runtime, kubectl label node gpu-1 "
+        "deviceshare.io/default-runtime=nvidia"
+    )
+    labelled = node("gpu-2", 2, labels={"deviceshare.io/default-runtime": "nvidia"})
+    assert d.judge_delivery(labelled, config, None).ok is True
+    bad = d.judge_delivery(node("x", labels={"deviceshare.io/delivery": "docker"}), config, None)
+    assert bad.ok is False
+    assert "has label deviceshare.io/delivery='docker'" in bad.detail
+    # The manager's own mode is verified by its operator; AMD is judged for AMD.
+    assert d.judge_delivery(node("gpu-1", 2), ManagerConfig(delivery="env"), None).ok is True
+    amd = node("amd-1", labels={})
+    amd["status"]["allocatable"]["amd.com/gpu"] = "2"
+    env_vars = d.node_env_vars(amd, (), config)
+    assert env_vars == ["AMD_VISIBLE_DEVICES"]
+    check = d.judge_delivery(with_handlers(amd, "nvidia"), config, rc, env_vars)
+    assert check.ok is None
+    assert "deviceshare.io/delivery=cdi" in check.fix
+    # A RuntimeClass doctor may not read: the choice cannot be told.
+    assert d.judge_delivery(runs, config, Unreadable("403 no")).ok is None
 
 
 # --- the manager ------------------------------------------------------------------------------
@@ -687,7 +747,11 @@ def healthy_facts() -> Facts:
         probe=REACHED,
         cert_manager_crd={},
         certificate={"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
-        nodes=[node("gpu-1", 2, taints=[TAINT]), node("cpu-1", shared=False)],
+        nodes=[
+            with_handlers(node("gpu-1", 2, taints=[TAINT]), "", "nvidia"),
+            node("cpu-1", shared=False),
+        ],
+        runtime_class={"metadata": {"name": "nvidia"}, "handler": "nvidia"},
         slices=[rslice("gpu-1", 2)],
         pods={"gpu-1": [pod("member", env={"NVIDIA_VISIBLE_DEVICES": "0,1"}, group="g")]},
         deployment=deployment(["--leader-elect"]),
@@ -712,6 +776,7 @@ def test_judge_healthy_cluster() -> None:
         ("node gpu-1: taint", True),
         ("node gpu-1: devices", True),
         ("node gpu-1: foreign device pods", True),
+        ("node gpu-1: delivery", True),
         ("RuntimeClass", True),
         ("holder pods", True),
     ]
