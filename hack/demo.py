@@ -406,7 +406,7 @@ async def demo(keep: bool, node_choice: str) -> int:
                             f"{len(DRA_GPUS)} nvidia.com/gpu in a DRA ResourceSlice, 1 unhealthy"
                         )
                     shared = "shared" if labels.get("deviceshare.io/mode") else "NOT shared"
-                    delivery = labels.get("deviceshare.io/delivery", "env")
+                    delivery = labels.get("deviceshare.io/delivery", "auto")
                     print(f"      {name}: simulated, {gpu_text}, {shared}, delivery {delivery}")
                 await run_demo(cp, client, keep, real, fake)
     print("\nStopped the manager and the control plane.")

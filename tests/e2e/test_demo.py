@@ -41,9 +41,10 @@ def test_demo_runs_end_to_end() -> None:
         # One pod per delivery mode: env (above), a RuntimeClass, CDI names.
         "trainer trainer-gpus gpu-node-2 Running NVIDIA_VISIBLE_DEVICES=0,1 "
         "runtimeClassName=nvidia",
-        # CDI delivery: the vendor variable empty, the names under the current family.
+        # CDI delivery: the vendor variable empty, the names under the current family, by
+        # UUID (the slice publishes them: --device-ids auto).
         "dra-trainer dra-gpus dra-node-1 Running NVIDIA_VISIBLE_DEVICES= "
-        'cdi=["nvidia.com/gpu=0","nvidia.com/gpu=2"]',
+        'cdi=["nvidia.com/gpu=GPU-6f1c0d2e-0000","nvidia.com/gpu=GPU-6f1c0d2e-0002"]',
         "workload-1 my-gpu-group gpu-node-3 Running NVIDIA_VISIBLE_DEVICES=0,1",
         "workload-2 my-gpu-group gpu-node-3 Running NVIDIA_VISIBLE_DEVICES=0,1",
         "inference-demo-2 inference-gpus gpu-node-1 Running NVIDIA_VISIBLE_DEVICES=0,1",
