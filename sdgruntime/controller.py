@@ -16,6 +16,8 @@ Result(requeue_after=s)    ``forget`` + ``add_after(s)``               requeue_a
 Result(requeue=True)       ``add_rate_limited`` (backoff)              requeue
 raises TerminalError       ``forget``; no retry; terminal counter      error
 raises any Exception       ``add_rate_limited``; logged                error
+raises an ExceptionGroup   as TerminalError if every error in it is    error
+                           one, else as any Exception
 returns anything else      as raising ``TypeError``                    error
 =========================  ==========================================  ===============
 
@@ -392,7 +394,10 @@ class Controller:
                 queue.forget(request)
                 outcome = "success"
         except Exception as err:
-            terminal = isinstance(err, TerminalError)
+            # A reconciler running a task group raises an ExceptionGroup: it is terminal
+            # only if every error in it is, and routine only if every one is.
+            leaves = _leaves(err)
+            terminal = all(isinstance(e, TerminalError) for e in leaves)
             if terminal:
                 self._m_terminal.inc()
                 queue.forget(request)  # nothing pending: don't keep its backoff around
@@ -406,18 +411,24 @@ class Controller:
                 span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"))
             # API errors (conflicts, ...) are routine: no traceback. Anything else is a bug.
             log.error(
-                "controller %s: reconcile of %s failed%s: %s: %s",
+                "controller %s: reconcile of %s failed%s: %s",
                 self.name,
                 request,
                 " (terminal, not retried)" if terminal else "",
-                type(err).__name__,
-                err,
-                exc_info=not isinstance(err, errors.ApiError | TerminalError),
+                "; ".join(f"{type(e).__name__}: {e}" for e in leaves),
+                exc_info=not all(isinstance(e, errors.ApiError | TerminalError) for e in leaves),
             )
             return
         self._m_total[outcome].inc()
         if span is not None:
             span.set_attribute("result", outcome)
+
+
+def _leaves(err: BaseException) -> list[BaseException]:
+    """The errors inside (nested) exception groups, or ``[err]``."""
+    if isinstance(err, BaseExceptionGroup):
+        return [leaf for sub in err.exceptions for leaf in _leaves(sub)]
+    return [err]
 
 
 def _short_repr(value: object, limit: int = 80) -> str:

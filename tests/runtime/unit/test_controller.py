@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sdgruntime import tracing
+from sdgruntime import errors, tracing
 from sdgruntime.controller import Controller
 from sdgruntime.handler import (
     EnqueueRequestForObject,
@@ -355,6 +355,82 @@ async def test_terminal_error_is_not_retried(run_controller: Any) -> None:
     run.informer.update(obj("a"), obj("a", rv="2"))  # the next event reconciles again
     await settle()
     assert r.count("a") == 2
+
+
+@dataclass
+class Fanout:
+    """A reconciler that runs its work in a task group, one child per error to raise: anyio
+    then raises an ExceptionGroup of them out of reconcile()."""
+
+    failures: list[Exception]
+    calls: int = 0
+
+    async def reconcile(self, request: Request) -> None:
+        self.calls += 1
+
+        async def fail(err: Exception) -> None:
+            raise err
+
+        async with anyio.create_task_group() as tg:
+            for err in self.failures:
+                tg.start_soon(fail, err)
+
+
+async def failed(run: Running, times: int) -> None:
+    """Settle until the controller has counted ``times`` failed reconciles (a task group's
+    failure takes anyio a few more loop turns: it cancels the siblings first)."""
+    for _ in range(100):
+        await settle()
+        errors_total = "controller_runtime_reconcile_errors_total"
+        if sample(errors_total, controller=run.controller.name) >= times:
+            return
+    raise AssertionError(f"not {times} failed reconciles")
+
+
+async def test_a_task_group_of_terminal_errors_is_terminal(
+    run_controller: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    r = Fanout([TerminalError("no image"), TerminalError("no port")])
+    run = await run_controller(r)
+    run.informer.add(obj("a"))
+    await failed(run, 1)
+    run.clock.advance(10_000)
+    await settle()
+    assert r.calls == 1  # not retried
+    assert run.controller.queue.num_requeues(Request("a", "ns")) == 0
+    name = run.controller.name
+    assert sample("controller_runtime_terminal_reconcile_errors_total", controller=name) == 1
+    (record,) = [rec for rec in caplog.records if "reconcile of ns/a failed" in rec.getMessage()]
+    # each error of the group named; no traceback: terminal errors are not bugs
+    assert record.getMessage().endswith(
+        "failed (terminal, not retried): TerminalError: no image; TerminalError: no port"
+    )
+    assert not record.exc_info
+
+
+async def test_a_task_group_with_one_retriable_error_is_retried(
+    run_controller: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    r = Fanout([TerminalError("no image"), errors.Conflict("object was modified", code=409)])
+    run = await run_controller(r)
+    run.informer.add(obj("a"))
+    await failed(run, 1)
+    assert run.controller.queue.num_requeues(Request("a", "ns")) == 1  # rate limited
+    run.clock.advance(0.005)
+    await failed(run, 2)
+    assert r.calls == 2
+    name = run.controller.name
+    assert sample("controller_runtime_terminal_reconcile_errors_total", controller=name) == 0
+    records = [rec for rec in caplog.records if "reconcile of ns/a failed" in rec.getMessage()]
+    assert "TerminalError: no image; Conflict: object was modified" in records[0].getMessage()
+    assert not records[0].exc_info  # API and terminal errors are routine
+    # a bug inside the group is logged with its traceback
+    r.failures = [ValueError("bug")]
+    run.clock.advance(0.01)
+    await failed(run, 3)
+    assert r.calls == 3
+    last = [rec for rec in caplog.records if "reconcile of ns/a failed" in rec.getMessage()][-1]
+    assert last.getMessage().endswith("failed: ValueError: bug") and last.exc_info
 
 
 async def test_requeue_after_waits_exactly_and_is_not_a_failure(run_controller: Any) -> None:
