@@ -70,6 +70,7 @@ _EXPORTS: dict[str, str] = {
     "Client": "sdgruntime.client",
     "Cache": "sdgruntime.cache",
     "Kind": "sdgruntime.kinds",
+    "discover_kind": "sdgruntime.discovery",
     "EventRecorder": "sdgruntime.events",
     "WorkQueue": "sdgruntime.workqueue",
     "WebhookServer": "sdgruntime.webhook",
@@ -113,6 +114,7 @@ __all__ = [
     "contains_finalizer",
     "create_or_patch",
     "create_or_update",
+    "discover_kind",
     "find_status_condition",
     "from_context",
     "is_controlled_by",
@@ -167,6 +169,7 @@ if TYPE_CHECKING:
         set_controller_reference,
         set_owner_reference,
     )
+    from sdgruntime.discovery import discover_kind
     from sdgruntime.events import EventRecorder
     from sdgruntime.handler import (
         EnqueueRequestForObject,

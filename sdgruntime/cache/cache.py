@@ -20,7 +20,8 @@ from sdgruntime.cache.store import (
     json_copy,
     make_key,
 )
-from sdgruntime.cache.sync import CacheNotSynced, Notifier, wait_synced
+from sdgruntime.cache.sync import CacheNotSynced, CacheSyncError, Notifier, wait_synced
+from sdgruntime.discovery import explain_missing
 from sdgruntime.kinds import Kind
 
 if TYPE_CHECKING:
@@ -172,9 +173,29 @@ class Cache:
 
         Raise :class:`CacheSyncError` naming the kind and the cause as soon as a first list
         fails in a way waiting will not heal (Forbidden, NotFound: CRD missing, a bad
-        selector), or at ``timeout`` with each pending kind's last error.
+        selector), or at ``timeout`` with each pending kind's last error. A 404 is
+        explained by discovery: the group, version, plural or scope that is served.
         """
-        await wait_synced(lambda: list(self._informers.values()), self._changed, timeout)
+        try:
+            await wait_synced(lambda: list(self._informers.values()), self._changed, timeout)
+        except CacheSyncError as exc:
+            hints = await self._explain_not_found(exc)
+            if not hints:
+                raise
+            raise exc.with_hints(hints) from None
+
+    async def _explain_not_found(self, exc: CacheSyncError) -> dict[Kind, str]:
+        """What discovery says of each kind that answered 404 (a wrong plural, version or
+        scope, or a CRD not installed); best effort, within a few seconds."""
+        hints: dict[Kind, str] = {}
+        with anyio.move_on_after(5):
+            for kind, err in exc.failures:
+                if isinstance(err, errors.NotFound):
+                    try:
+                        hints[kind] = await explain_missing(self.client, kind)
+                    except Exception:  # the original error says enough without it
+                        continue
+        return hints
 
 
 def _labels_match(obj: Obj, selector: Mapping[str, Any]) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -32,13 +32,26 @@ class CacheSyncError(RuntimeError):
     """
 
     def __init__(
-        self, failures: Sequence[tuple[Kind, BaseException | None]], *, timeout: float | None
+        self,
+        failures: Sequence[tuple[Kind, BaseException | None]],
+        *,
+        timeout: float | None,
+        hints: Mapping[Kind, str] | None = None,
     ) -> None:
         self.failures = list(failures)
         self.kind, self.cause = self.failures[0]
         self.timed_out = timeout is not None
-        parts = [describe_sync_error(k, e, timeout=timeout) for k, e in self.failures]
+        self.timeout = timeout
+        self.hints = dict(hints or {})
+        parts = [
+            describe_sync_error(k, e, timeout=timeout, hint=self.hints.get(k))
+            for k, e in self.failures
+        ]
         super().__init__("; ".join(parts))
+
+    def with_hints(self, hints: Mapping[Kind, str]) -> CacheSyncError:
+        """The same failures, each kind in ``hints`` explained by its hint."""
+        return CacheSyncError(self.failures, timeout=self.timeout, hints={**self.hints, **hints})
 
 
 class CacheNotSynced(errors.ApiError):
@@ -75,8 +88,13 @@ def _crd_kind(kind: Kind) -> bool:
     return "." in kind.group and not kind.group.endswith(".k8s.io")
 
 
-def describe_sync_error(kind: Kind, err: BaseException | None, *, timeout: float | None) -> str:
-    """``pods: forbidden: User "x" cannot list ...``, ``sdgs.x.io: ... (CRD not installed?)``."""
+def describe_sync_error(
+    kind: Kind, err: BaseException | None, *, timeout: float | None, hint: str | None = None
+) -> str:
+    """``pods: forbidden: User "x" cannot list ...``, ``sdgs.x.io: ... (CRD not installed?)``.
+
+    ``hint`` (what discovery says of a 404: :func:`sdgruntime.discovery.explain_missing`)
+    replaces the guess."""
     if err is None:
         return f"{kind.name}: not synced within {timeout:g}s (still listing, no error yet)"
     if isinstance(err, errors.Forbidden):
@@ -85,8 +103,10 @@ def describe_sync_error(kind: Kind, err: BaseException | None, *, timeout: float
         # An unknown API group answers a plain-text "404 page not found", an unknown
         # resource in a known group a Status; say the same for both.
         cause = err.message.strip() if err.status else "the server could not find the resource"
-        if _crd_kind(kind):
-            cause += " (CRD not installed?)"
+        if hint:
+            cause += f": {hint}"
+        elif _crd_kind(kind):
+            cause += " (CRD not installed, or the Kind's version or plural not the served one?)"
     elif isinstance(err, errors.ApiError):
         cause = err.message.strip()
     else:

@@ -72,7 +72,12 @@ def test_sync_error_messages_name_the_kind_and_the_cause() -> None:
     no_group = errors.NotFound("404 page not found\n")  # plain text: no Status body
     assert describe_sync_error(SDGS, no_group, timeout=None) == (
         "shareddevicegroups.deviceshare.io: the server could not find the resource"
-        " (CRD not installed?)"
+        " (CRD not installed, or the Kind's version or plural not the served one?)"
+    )
+    # What discovery found out (the cache asks it on a 404) replaces the guess.
+    hint = "deviceshare.io/v1alpha1 serves SharedDeviceGroup as 'sdgs', not ..."
+    assert describe_sync_error(SDGS, no_group, timeout=None, hint=hint) == (
+        f"shareddevicegroups.deviceshare.io: the server could not find the resource: {hint}"
     )
     status = {"kind": "Status", "reason": "NotFound"}
     no_resource = errors.NotFound("the server could not find the requested resource", status=status)
