@@ -59,11 +59,13 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
-    """A new venv with the wheel and its test extra (pytest, hypothesis, pytest-timeout)."""
+    """A new venv with the wheel, its test extra (pytest, pytest-timeout) and its dev extra
+    (hypothesis, which sdgruntime's own unit tests import)."""
     where = tmp_path_factory.mktemp("venv") / "venv"
     venv.create(where, with_pip=True)
     python = where / "bin" / "python"
-    run(python, "-m", "pip", "install", "-q", f"sdgruntime[test] @ {wheel.as_uri()}", cwd=where)
+    spec = f"sdgruntime[test,dev] @ {wheel.as_uri()}"
+    run(python, "-m", "pip", "install", "-q", spec, cwd=where)
     return python
 
 

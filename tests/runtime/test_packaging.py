@@ -189,6 +189,23 @@ def test_dependencies_are_exactly_what_sdgruntime_imports() -> None:
     assert set(imported) == declared(project["dependencies"])
 
 
+def test_the_test_extra_is_what_an_operators_tests_need() -> None:
+    """An operator installing sdgruntime[test] gets pytest (the envtest plugin) and
+    pytest-timeout, not sdgruntime's own tools: hypothesis (its property tests) and mypy
+    are in `dev`, and nothing shipped imports them."""
+    project = PROJECT["project"]
+    extras = {name: declared(reqs) for name, reqs in project["optional-dependencies"].items()}
+    assert extras["test"] == {"pytest", "pytest-timeout"}
+    assert {"hypothesis", "mypy"} <= extras["dev"] and not extras["dev"] & extras["test"]
+    assert not set(third_party_imports([PACKAGE], {"sdgruntime"})) & extras["dev"]
+    # sdgruntime's unit tests (test_distribution.py runs them in a venv of [test,dev]) need
+    # nothing more, and do need dev: they import hypothesis.
+    unit = third_party_imports([RUNTIME_TESTS / "unit"], {"sdgruntime", "tests"})
+    provided = declared(project["dependencies"]) | extras["test"] | extras["dev"]
+    assert sorted(set(unit) - provided) == []
+    assert "hypothesis" in unit
+
+
 def test_every_subpackage_is_listed_and_typed() -> None:
     setuptools = PROJECT["tool"]["setuptools"]
     assert setuptools["package-dir"] == {"sdgruntime": "."}
