@@ -90,7 +90,10 @@ async def test_resource_slice_devices_drive_placement_and_reach_the_pod(
         assert g["status"]["selectedDevices"] == {GPU: "0,1,3"}  # never the unhealthy one
         assert g["status"]["physicalDevices"] == {GPU: "GPU-0000-aaaa,GPU-0001-aaaa,GPU-0003-aaaa"}
         created = await client.create(PODS, pod("worker", "trio"), namespace)
-        assert env_of(created)["NVIDIA_VISIBLE_DEVICES"] == "0,1,3"
+        # Told by UUID, the slice's (--device-ids auto).
+        assert env_of(created)["NVIDIA_VISIBLE_DEVICES"] == (
+            "GPU-0000-aaaa,GPU-0001-aaaa,GPU-0003-aaaa"
+        )
         # Nothing else is free: the unhealthy device is not handed out.
         await client.create(SDG_KIND, group("one-more", {GPU: 1}))
 
@@ -152,4 +155,4 @@ async def test_node_annotation_names_devices_with_holes(
         assert g["status"]["selectedDevices"] == {GPU: "0,2"}
         assert g["status"]["physicalDevices"] == {GPU: "GPU-a,GPU-c"}
         created = await client.create(PODS, pod("p", "pair"), namespace)
-        assert env_of(created)["NVIDIA_VISIBLE_DEVICES"] == "0,2"
+        assert env_of(created)["NVIDIA_VISIBLE_DEVICES"] == "GPU-a,GPU-c"  # --device-ids auto

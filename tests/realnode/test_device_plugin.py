@@ -184,7 +184,8 @@ async def test_a_group_and_plain_pods_share_the_node_without_sharing_a_gpu(
         got = set(small.env["NVIDIA_VISIBLE_DEVICES"].split(","))
         assert len(got) == 2 and not got & held, (got, held)
         member = await container_report(real_cp, rclient, rns, "member")
-        assert member.env["NVIDIA_VISIBLE_DEVICES"] == g["status"]["selectedDevices"][GPU]
+        # By UUID: the kubelet's report names them (--device-ids auto).
+        assert member.env["NVIDIA_VISIBLE_DEVICES"] == g["status"]["physicalDevices"][GPU]
         await gone(rclient, rns, "small")
         await rclient.create(PODS, plain_gpu_pod("whole", 4), rns)
 
