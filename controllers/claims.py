@@ -66,6 +66,10 @@ from sdgruntime.kinds import CONFIGMAPS
 log = logging.getLogger(__name__)
 
 
+#: How many resource sets ``ClaimBook._siblings`` remembers (a fleet has a handful).
+_SIBLING_MEMO_SIZE = 64
+
+
 class ClaimRecordBroken(Exception):
     """A node's claim record cannot be parsed: nothing on that node is given out until a
     human repairs (or deletes) the ConfigMap."""
@@ -133,6 +137,8 @@ class ClaimBook:
         #: Nodes whose genuine record was seen deleted and not written since (bounded by
         #: the nodes): their next record write is a create on nothing to fence.
         self._deleted_records: set[str] = set()
+        #: ``_siblings`` per set of resource names (``family`` is pure).
+        self._sibling_memo: dict[frozenset[str], dict[str, list[str]]] = {}
 
     def _complain(self, message: str, *args: object) -> None:
         """Log what is wrong in the books (an error in the manager; a read-only book, the
@@ -325,22 +331,31 @@ class ClaimBook:
         self.tracker.set_node_capacity(node, {r: o.capacity for r, o in offers.items()})
         self._mirror(node)
 
-    def _siblings(self, node: str) -> dict[str, list[str]]:
-        """Resource -> the other resources of ``node`` that name the same physical devices
-        (``family``: the same device env var), for nodes that offer two or more of them."""
+    def _siblings(self, resources: Iterable[str]) -> dict[str, list[str]]:
+        """Resource -> the others of ``resources`` that name the same physical devices
+        (``family``: the same device env var); only resources with such siblings."""
         if self.family is None:
             return {}
+        key = frozenset(resources)
+        known = self._sibling_memo.get(key)
+        if known is not None:
+            return known
         by_family: dict[str, list[str]] = {}
-        for res in sorted(self.tracker.capacities(node)):
+        for res in sorted(key):
             fam = self.family(res)
             if fam:
                 by_family.setdefault(fam, []).append(res)
-        return {
+        found = {
             r: [o for o in members if o != r]
             for members in by_family.values()
             if len(members) > 1
             for r in members
         }
+        if len(self._sibling_memo) >= _SIBLING_MEMO_SIZE:
+            # Bounded: the resource sets of a fleet are few; anything else starts over.
+            self._sibling_memo.clear()
+        self._sibling_memo[key] = found
+        return found
 
     def nodes_of_pool(self, pool: tuple[str, str]) -> set[str]:
         """The nodes whose offers list devices of ``pool`` (driver, pool name)."""
@@ -387,20 +402,25 @@ class ClaimBook:
             if len(free) < request[res]:
                 raise InsufficientDevices(node, res, len(free), request[res])
             picked[res] = free
-        self.reserved[group] = (node, picked)
-        self._mirror(node)
+        self._set_reserved(group, (node, picked))
         return picked
 
     def hold(self, group: str, node: str, devices: Devices) -> None:
         """Hold ``devices`` for ``group`` in memory only (a restore whose record write
         failed): nobody else is given them until ``unreserve``."""
-        self.reserved[group] = (node, {r: list(i) for r, i in devices.items()})
-        self._mirror(node)
+        self._set_reserved(group, (node, {r: list(i) for r, i in devices.items()}))
 
     def unreserve(self, group: str) -> None:
+        self._set_reserved(group, None)
+
+    def _set_reserved(self, group: str, held: tuple[str, Devices] | None) -> None:
+        """Replace ``group``'s decision in flight; every node it left or entered is
+        mirrored again (a reservation moved to another node frees the first)."""
         old = self.reserved.pop(group, None)
-        if old is not None:
-            self._mirror(old[0])
+        if held is not None:
+            self.reserved[group] = held
+        for node in sorted(_nodes_of(old, held)):
+            self._mirror(node)
 
     def _mirror(self, node: str) -> None:
         """Rebuild ``node``'s holdings in the tracker from every source (module doc)."""
@@ -440,32 +460,34 @@ class ClaimBook:
                         if holder.startswith(CLAIM_HOLDER_PREFIX):
                             claim = holder.removeprefix(CLAIM_HOLDER_PREFIX)
                             hold(f"!claim:{claim}", {res: [d.id]}, lasting=False)
+        caps = self.tracker.capacities(node)
+        # Resources held but not offered now count too: a record's Ascend910 IDs still
+        # block Ascend910-2c while the node lists only the latter.
+        siblings = self._siblings({*caps, *(r for r, _ in owners)})
+        unreported: list[tuple[str, str, int]] = []
         for pod, kept in sorted(self._kubelet_held.get(node, {}).items()):
-            # Devices the kubelet reported, by SDG's IDs; any it has not reported yet
-            # are counted on the lowest IDs nobody else holds (placement counts them;
-            # which ones the kubelet picks is its own business on such a node).
+            # Devices the kubelet reported, by SDG's IDs, first: every pod's, before any
+            # count is placed on the IDs left.
             for res, n in kept.wants.items():
                 offer = offers.get(res)
                 if offer is None or offer.source == SOURCE_SLICE:
                     continue
                 ids = [i for d in kept.given.get(res, ()) if (i := sdg_id(offer, d)) is not None]
-                if len(ids) < n:
-                    ids += [i for i in offer.usable() if (res, i) not in owners and i not in ids][
-                        : n - len(ids)
-                    ]
                 hold(f"!pod:{pod}", {res: ids}, lasting=False)
-        for res, siblings in self._siblings(node).items():
-            # One physical device, two resource names (the same device env var, e.g.
-            # huawei.com/Ascend910 and huawei.com/Ascend910-2c): ID i of one is ID i of
-            # the other, so whoever holds it under one name blocks it under the others.
-            for (held_res, i), groups in list(owners.items()):
-                if held_res != res:
-                    continue
-                for other in siblings:
-                    if i < self.tracker.capacity(node, other):
-                        owners.setdefault((other, i), set()).update(
-                            f"!same-device:{g}" for g in groups if not g.startswith("!same-device:")
-                        )
+                if len(ids) < n:
+                    unreported.append((pod, res, n - len(ids)))
+        _link_siblings(owners, siblings, caps)
+        for pod, res, missing in unreported:
+            # Devices the kubelet has not reported yet are counted on the lowest IDs
+            # nobody holds under any name (placement counts them; which ones the
+            # kubelet picks is its own business on such a node).
+            family = (res, *siblings.get(res, ()))
+            ids = [i for i in offers[res].usable() if all((r, i) not in owners for r in family)][
+                :missing
+            ]
+            hold(f"!pod:{pod}", {res: ids}, lasting=False)
+        if unreported:
+            _link_siblings(owners, siblings, caps)
         holders: dict[str, dict[str, list[int]]] = {}
         disputes: list[str] = []
         for (res, i), groups in sorted(owners.items()):
@@ -773,6 +795,24 @@ def _ids_of(offer: Offer | None, uuids: Iterable[str]) -> list[int]:
         return []
     wanted = set(uuids)
     return [d.id for d in offer.devices if d.uuid and d.uuid in wanted]
+
+
+def _link_siblings(
+    owners: dict[tuple[str, int], set[str]],
+    siblings: Mapping[str, list[str]],
+    capacity: Mapping[str, int],
+) -> None:
+    """One physical device, two resource names (the same device env var, e.g.
+    huawei.com/Ascend910 and huawei.com/Ascend910-2c): ID i of one is ID i of the other,
+    so whoever holds it under one name blocks it under the others (idempotent)."""
+    if not siblings:
+        return
+    for (res, i), groups in list(owners.items()):
+        for other in siblings.get(res, ()):
+            if i < capacity.get(other, 0):
+                owners.setdefault((other, i), set()).update(
+                    f"!same-device:{g}" for g in groups if not g.startswith("!same-device:")
+                )
 
 
 def _overlaps(held: Mapping[str, list[int]], devices: Mapping[str, list[int]]) -> bool:

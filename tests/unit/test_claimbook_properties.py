@@ -10,8 +10,8 @@ pods the kubelet gave device-plugin devices, and DRA allocations. After every st
 tracker placement reads is checked against a small model of the truth written out here,
 independently of the book's own code.
 
-The known windows of the book are pinned, each by a minimal example marked ``xfail``
-(strict: a fix makes it pass and asks for the mark to go), at the end of the file.
+The windows the machine once found are pinned, each by a minimal example, at the end of
+the file.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -208,6 +207,33 @@ class Model:
         for res in RESOURCES:
             for pod, ids, _more in self.kubelet_counts(node, res):
                 add(f"pod:{pod}", res, ids)
+        return out
+
+    def family(self, res: str) -> list[str]:
+        """``res`` and every resource naming the same physical devices."""
+        return [o for o in RESOURCES if FAMILY[o] == FAMILY[res]]
+
+    def unreported_fill(self, node: str) -> dict[str, set[int]]:
+        """Where the devices the kubelet gave without saying which are counted: pod by
+        pod (by name), each on the lowest usable IDs of its resource that nobody holds
+        under any name of its family, once every reported device is known."""
+        holds = self.holds(node)
+        taken = {(r, i) for r, ids in holds.items() for i in ids}
+        out: dict[str, set[int]] = {}
+        for pod, hold in sorted(self.kubelet.get(node, {}).items()):
+            for res in hold.wants:
+                more = next((m for p, _ids, m in self.kubelet_counts(node, res) if p == pod), 0)
+                if not more:
+                    continue
+                family = self.family(res)
+                free = sorted(
+                    i
+                    for i in self.offers[node][res].usable()
+                    if all((o, i) not in taken for o in family)
+                )
+                for i in free[:more]:
+                    taken.add((res, i))
+                    out.setdefault(res, set()).add(i)
         return out
 
     def siblings(self, node: str, res: str) -> list[str]:
@@ -463,17 +489,9 @@ class ClaimBookMachine(RuleBasedStateMachine):
         self.model.statuses.pop(group, None)
 
     # --- decisions in flight --------------------------------------------------------
-    def _reserved_elsewhere(self, group: str, node: str) -> bool:
-        """Whether ``group`` holds a reservation on another node: the machine gives it
-        back before reserving elsewhere, as the group scheduler does on its usual paths
-        (moving it is ``test_reserving_on_another_node_frees_the_first``)."""
-        old = self.model.reserved.get(group)
-        return old is not None and old[0] != node
-
     @rule(group=st.sampled_from(GROUPS), node=st.sampled_from(NODES), request=requests)
     def reserve(self, group: str, node: str, request: dict[str, int]) -> None:
-        if self._reserved_elsewhere(group, node):
-            return
+        """Reserving again (on this node or another) replaces the group's reservation."""
         t = self.book.tracker
         before = snapshot(self.book)
         lowest = {r: t.lowest_free(node, r, n) for r, n in request.items()}
@@ -509,8 +527,6 @@ class ClaimBookMachine(RuleBasedStateMachine):
 
     @rule(group=st.sampled_from(GROUPS), node=st.sampled_from(NODES), devices=device_maps)
     def hold(self, group: str, node: str, devices: dict[str, set[int]]) -> None:
-        if self._reserved_elsewhere(group, node):
-            return
         self.book.hold(group, node, {r: sorted(i) for r, i in devices.items()})
         self.model.reserved[group] = (node, devices)
 
@@ -622,8 +638,6 @@ class ClaimBookMachine(RuleBasedStateMachine):
     def a_device_held_under_one_name_is_held_under_its_siblings(self) -> None:
         for node in NODES:
             for res, ids in self.model.holds(node).items():
-                if not self.model.capacity(node, res):
-                    continue  # test_a_family_sibling_not_offered_still_holds_its_devices
                 for other in self.model.siblings(node, res):
                     for i, holders in ids.items():
                         if i < self.model.capacity(node, other):
@@ -649,45 +663,23 @@ class ClaimBookMachine(RuleBasedStateMachine):
     @invariant()
     def free_counts_are_exact(self) -> None:
         """Neither too many (a device handed out twice) nor too few (a leak) free: the
-        usable IDs nobody holds under the resource's name or a sibling's, less the
-        devices the kubelet has given pods without saying which yet. Skipped where one of
-        the known windows at the end of this file would make it fail."""
+        usable IDs nobody holds under the resource's name or a sibling's, less those the
+        kubelet's unreported counts are put on (``model.unreported_fill``)."""
         broken = self.model.broken()
         for node in NODES:
             if node in broken:
                 continue
             holds = self.model.holds(node)
+            fill = self.model.unreported_fill(node)
             for res in RESOURCES:
-                family = [o for o in RESOURCES if o != res and FAMILY[o] == FAMILY[res]]
-                if any(holds.get(o) and not self.model.capacity(node, o) for o in family):
-                    continue  # test_a_family_sibling_not_offered_still_holds_its_devices
-                siblings = self.model.siblings(node, res)
-                counts = self.model.kubelet_counts(node, res)
-                if siblings and any(
-                    more
-                    for o in (res, *siblings)
-                    for _p, _i, more in self.model.kubelet_counts(node, o)
-                ):
-                    continue  # test_a_pods_unreported_devices_are_not_counted_on_a_sib...
-                if _unreported_before_reported(counts):
-                    continue  # test_an_unreported_pod_is_not_counted_on_a_reported_device
                 offer = self.model.offers.get(node, {}).get(res)
                 unheld = offer.usable() if offer else set()
-                for o in (res, *siblings):
-                    unheld -= set(holds.get(o, {}))
-                want = max(0, len(unheld) - sum(more for _pod, _ids, more in counts))
-                assert self.book.tracker.free(node, res) == want, (
-                    f"{node} {res}: {self.book.tracker.free(node, res)} free, expected {want}"
+                for o in self.model.family(res):
+                    unheld -= set(holds.get(o, {})) | fill.get(o, set())
+                assert self.book.tracker.free(node, res) == len(unheld), (
+                    f"{node} {res}: {self.book.tracker.free(node, res)} free, "
+                    f"expected {len(unheld)}"
                 )
-
-
-def _unreported_before_reported(counts: list[tuple[str, set[int], int]]) -> bool:
-    unreported = False
-    for _pod, ids, more in counts:
-        if ids and unreported:
-            return True
-        unreported = unreported or more > 0
-    return False
 
 
 TestClaimBookMachine = ClaimBookMachine.TestCase
@@ -709,7 +701,7 @@ def test_the_model_families_are_the_managers() -> None:
     assert {r: env_var_for(r, DEFAULT_ENV_TABLE) for r in RESOURCES} == FAMILY
 
 
-# --- known windows: minimal examples ----------------------------------------------------
+# --- windows once found: minimal examples ----------------------------------------------------
 
 
 def family_book() -> ClaimBook:
@@ -722,10 +714,6 @@ def record(node: str, claims: dict[str, dict[str, set[int]]], version: int = 1) 
     return configmap(record_name(node), version, node, encode(claims))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claims.py _siblings: family links only between resources the node offers now",
-)
 def test_a_family_sibling_not_offered_still_holds_its_devices() -> None:
     """A group holds Ascend910 0 by its record; the node's inventory lists only the -2c
     resource now (its Ascend910 offer gone for a while): NPU 0 is still the group's."""
@@ -735,11 +723,6 @@ def test_a_family_sibling_not_offered_still_holds_its_devices() -> None:
     assert book.tracker.free("n0", ASC2C) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claims.py reserve/hold: a reservation moved to another node is not re-mirrored "
-    "on the first, which keeps it held after unreserve",
-)
 def test_reserving_on_another_node_frees_the_first() -> None:
     book = family_book()
     book.set_capacity("n0", {GPU: 2})
@@ -749,11 +732,6 @@ def test_reserving_on_another_node_frees_the_first() -> None:
     assert book.tracker.free("n0", GPU) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claims.py _mirror: a pod's unreported devices are counted on IDs a sibling "
-    "resource holds (the family links come after the kubelet's counts)",
-)
 def test_a_pods_unreported_devices_are_not_counted_on_a_siblings_devices() -> None:
     """4 NPUs: a group holds 0,1 as Ascend910; the kubelet gave a pod 2 as -2c without
     saying which. None is free under either name."""
@@ -764,11 +742,6 @@ def test_a_pods_unreported_devices_are_not_counted_on_a_siblings_devices() -> No
     assert (book.tracker.free("n0", ASC), book.tracker.free("n0", ASC2C)) == (0, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claims.py _mirror: a pod's unreported devices are counted on the lowest IDs "
-    "before later pods' reported IDs are known (pods are walked in name order)",
-)
 def test_an_unreported_pod_is_not_counted_on_a_reported_device() -> None:
     """The kubelet gave p0 one GPU (not reported yet) and p1 GPU 0: two are in use."""
     book = family_book()
