@@ -329,10 +329,9 @@ def _settle_text(node: str, settings: Delivery, env_vars: Collection[str]) -> st
     if env_vars and set(env_vars) <= {NVIDIA_ENV}:
         return (
             f"if NVIDIA's runtime is the node's default runtime, {label} "
-            f"{DEFAULT_RUNTIME_LABEL}=nvidia; if the node's runtime has a handler for it, "
-            f"create RuntimeClass {rc} with that handler (the GPU Operator and k3s do; the "
-            "kubelet lists handlers in status.runtimeHandlers); or name the mode: "
-            f"{label} {DELIVERY_LABEL}=<{'|'.join(DELIVERY_MODES)}>"
+            f"{DEFAULT_RUNTIME_LABEL}=nvidia; if its runtime has a handler for NVIDIA's, "
+            f"create RuntimeClass {rc} with that handler (as the GPU Operator and k3s do); "
+            f"or name the mode: {label} {DELIVERY_LABEL}=<{'|'.join(DELIVERY_MODES)}>"
         )
     vendors = sorted(_vendors_of(env_vars))
     return (

@@ -52,8 +52,14 @@ log = logging.getLogger(__name__)
 #: How long a pod CREATE waits for a group that has not been scheduled yet.
 BINDING_WAIT = 2.0
 _POLL = 0.05
-#: Groups remembered as warned about their unverified delivery (oldest forgotten first).
+#: Groups remembered as warned about their unverified delivery (oldest forgotten first;
+#: a deleted group is forgotten at once, ``forget_group``).
 MAX_WARNED_GROUPS = 10_000
+
+
+def _warn_key(group: Mapping[str, Any]) -> str:
+    meta = group.get("metadata") or {}
+    return str(meta.get("uid") or meta.get("name") or "")
 
 
 def _still_binding(group: Mapping[str, Any]) -> bool:
@@ -132,25 +138,28 @@ class PodMutator:
         except (errors.NotFound, CacheNotSynced):
             return {}
 
+    def forget_group(self, group: Mapping[str, Any]) -> None:
+        """The group was deleted: forget that it was warned about (the informer's delete
+        handler calls this; a new group of the same name has a new UID anyway)."""
+        self._warned.pop(_warn_key(group), None)
+
     def _warn_unverified(self, group: Mapping[str, Any], patch: Patch) -> None:
         """One Warning Event per group whose pods get a delivery nothing confirms."""
         choice = patch.delivery
         if choice is None or choice.verified or self.recorder is None:
             return
-        meta = group.get("metadata") or {}
-        uid = str(meta.get("uid") or meta.get("name") or "")
+        uid = _warn_key(group)
         if uid in self._warned:
             return
         self._warned[uid] = None
         while len(self._warned) > MAX_WARNED_GROUPS:
             self._warned.popitem(last=False)
-        node = (group.get("status") or {}).get("nodeName")
         self.recorder.emit(
             group,
             "Warning",
             REASON_DELIVERY_UNVERIFIED,
-            f"pods get their devices by {choice.mode} on node {node}, unverified: "
-            f"{choice.reason}. To settle it: {choice.settle}",
+            f"pods get their devices by {choice.mode}, unverified: {choice.reason}. To "
+            f"settle it: {choice.settle}",
             action="AdmitPod",
         )
 

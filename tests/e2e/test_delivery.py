@@ -300,7 +300,7 @@ async def test_an_unlabelled_node_gets_env_one_warning_on_the_group_and_a_doctor
     (event,) = events
     assert event.get("count", 1) == 1, event
     assert event["message"].startswith(
-        "pods get their devices by env on node n1, unverified: nothing tells how node n1's "
+        "pods get their devices by env, unverified: nothing tells how node n1's "
         "runtime takes devices (no RuntimeClass nvidia; no label "
         "deviceshare.io/default-runtime; no label deviceshare.io/delivery)"
     )

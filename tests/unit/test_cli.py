@@ -335,10 +335,9 @@ Delivery:      env, unverified: nothing tells how node gpu-a's runtime takes dev
 RuntimeClass nvidia; no label deviceshare.io/default-runtime; no label deviceshare.io/delivery), \
 and NVIDIA_VISIBLE_DEVICES alone works only where the vendor's runtime is the node's default
 To settle it:  if NVIDIA's runtime is the node's default runtime, kubectl label node gpu-a \
-deviceshare.io/default-runtime=nvidia; if the node's runtime has a handler for it, create \
-RuntimeClass nvidia with that handler (the GPU Operator and k3s do; the kubelet lists handlers \
-in status.runtimeHandlers); or name the mode: kubectl label node gpu-a \
-deviceshare.io/delivery=<env|runtimeclass|cdi>
+deviceshare.io/default-runtime=nvidia; if its runtime has a handler for NVIDIA's, create \
+RuntimeClass nvidia with that handler (as the GPU Operator and k3s do); or name the mode: \
+kubectl label node gpu-a deviceshare.io/delivery=<env|runtimeclass|cdi>
 Strategy:      binpack
 Resources:     nvidia.com/gpu: 2
 Node Selector: <none>

@@ -94,10 +94,9 @@ def test_an_unlabelled_node_gets_env_unverified_naming_what_settles_it() -> None
     )
     assert choice.settle == (
         "if NVIDIA's runtime is the node's default runtime, kubectl label node n1 "
-        "deviceshare.io/default-runtime=nvidia; if the node's runtime has a handler for it, "
-        "create RuntimeClass nvidia with that handler (the GPU Operator and k3s do; the "
-        "kubelet lists handlers in status.runtimeHandlers); or name the mode: kubectl label "
-        "node n1 deviceshare.io/delivery=<env|runtimeclass|cdi>"
+        "deviceshare.io/default-runtime=nvidia; if its runtime has a handler for NVIDIA's, "
+        "create RuntimeClass nvidia with that handler (as the GPU Operator and k3s do); or "
+        "name the mode: kubectl label node n1 deviceshare.io/delivery=<env|runtimeclass|cdi>"
     )
     assert choice.describe().startswith("env, unverified: nothing tells how node n1's")
     # The node is not known at all: the same, unverified.

@@ -287,7 +287,7 @@ async def test_unverified_delivery_warns_once_per_group_and_never_on_a_dry_run()
         ("h", "Warning", "DeliveryUnverified"),
     ]
     assert recorder.events[0][3].startswith(
-        "pods get their devices by env on node n1, unverified: nothing tells how node n1's"
+        "pods get their devices by env, unverified: nothing tells how node n1's runtime"
     )
 
 
