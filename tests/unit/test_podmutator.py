@@ -305,3 +305,23 @@ async def test_a_cached_runtime_class_the_node_runs_chooses_it_without_a_warning
         response.patch or []
     )
     assert recorder.events == []
+
+
+async def test_the_warning_keeps_its_fix_whole_within_an_events_1024_bytes() -> None:
+    """Events keep 1024 bytes of message: the fix, at the end, must fit with the longest
+    node name (63 characters) and a RuntimeClass the node cannot run."""
+    name = "n" * 63
+    g = bound("g", "u1")
+    g["status"]["nodeName"] = name
+    node = labelled(name, None)
+    node["status"] = {"runtimeHandlers": [{"name": ""}, {"name": "runc"}, {"name": "crun"}]}
+    cache = GroupCache({"g": g}, {name: node})
+    cache.objects[RUNTIMECLASSES] = {"nvidia": {"metadata": {"name": "nvidia"}, "handler": "nv"}}
+    recorder = Recorder()
+    mutator = PodMutator(cache, LiveClient({}), recorder=recorder)  # type: ignore[arg-type]
+    assert (await mutator.mutate(review("CREATE", new_pod()))).allowed
+    ((_, _, _, message),) = recorder.events
+    assert len(message.encode()) <= 1024, len(message.encode())
+    assert message.endswith(
+        f"kubectl label node {name} deviceshare.io/delivery=<env|runtimeclass|cdi>"
+    )
