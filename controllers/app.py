@@ -29,7 +29,6 @@ from api.pods import (
 )
 from controllers import foreign, groupscheduler, podscheduler, statuscontroller
 from controllers import metrics as sdg_metrics
-from controllers.claims import ClaimBook
 from controllers.draclaims import RESOURCECLAIMS, DraAllocations, DraPublisher, cached_claim
 from controllers.foreign import ForeignDevices, ForeignPodReporter, is_shared
 from controllers.groupscheduler import GroupScheduler
@@ -41,8 +40,9 @@ from controllers.inventory import (
     Inventory,
     Offer,
 )
+from controllers.ledger.book import Ledger
+from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.podscheduler import PodScheduler
-from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.settings import Settings
 from controllers.statuscontroller import StatusController
 from sdgruntime import errors
@@ -122,7 +122,7 @@ class SDG:
         #: Pod key -> the node whose kubelet gave it devices (``_feed_kubelet_holds``).
         self._kubelet_node_of: dict[str, str] = {}
         table = self.env_table
-        self.claims = ClaimBook(
+        self.claims = Ledger(
             mgr.client,
             settings.namespace,
             on_change=self._count_devices,

@@ -46,7 +46,7 @@ from controllers.cliviews import (
     without_managed_fields,
 )
 from controllers.inventory import RESOURCESLICES
-from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE
+from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from sdgruntime import errors
 from sdgruntime.cache.informer import Informer
 from sdgruntime.cache.sync import CacheSyncError

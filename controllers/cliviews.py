@@ -43,7 +43,6 @@ from api.v1alpha1 import (
     pods_truncated,
     selected_devices,
 )
-from controllers.claims import ClaimBook
 from controllers.inventory import (
     SOURCE_ANNOTATION,
     SOURCE_COUNT,
@@ -53,6 +52,8 @@ from controllers.inventory import (
     node_of_slice,
     node_offers,
 )
+from controllers.ledger.book import Ledger
+from controllers.ledger.tracker import Devices
 from controllers.placement import (
     node_device_capacity,
     node_name,
@@ -60,7 +61,6 @@ from controllers.placement import (
     unaddressable_devices,
 )
 from controllers.podfit import pod_fits_node
-from controllers.tracker import Devices
 from webhooks.delivery import (
     Delivery,
     DeliveryChoice,
@@ -177,7 +177,7 @@ def claim_view(groups: Iterable[Obj], configmaps: Iterable[Obj]) -> ClaimView:
     """Records and Bound statuses as the manager's claim book reads them (the one reader
     of the record format: a decoy or a record naming another node reads the same here as
     in the manager, and blocks the nodes it names)."""
-    book = ClaimBook.from_objects(configmaps=configmaps, groups=groups)
+    book = Ledger.from_objects(configmaps=configmaps, groups=groups)
     view = ClaimView()
     for node, why in sorted(book.broken.items()):
         view.warnings.append(f"node {node}: {why}")

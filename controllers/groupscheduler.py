@@ -2,11 +2,11 @@
 
 Decision flow for one group (one span per decision):
 Filter + Score (pure, ``controllers.placement``) -> claim the IDs in the node's fenced
-record (``controllers.claims``) -> write the group's status (``controllers.groupwriter``,
+record (``controllers.ledger.book``) -> write the group's status (``controllers.groupwriter``,
 built by ``controllers.groupstatus``). A claim found in the records for a still-Pending
 group is adopted only when it is that group's (same UID), for its current spec, on a
 node that still fits; any other claim is given back after a live read
-(``controllers.release``).
+(``controllers.ledger.release``).
 
 Bound groups never move: each reconcile keeps their record, NodeHealthy and Ready true
 (devices disputed by pods of the group, by pods outside any group, or by the records).
@@ -44,7 +44,6 @@ from api.constants import (
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.v1alpha1 import format_ids, selected_devices
 from controllers import metrics as sdg_metrics
-from controllers.claims import ClaimBook
 from controllers.draclaims import (
     RESOURCECLAIMS,
     DeviceRef,
@@ -80,11 +79,12 @@ from controllers.holders import (
     requested,
 )
 from controllers.inventory import DEVICETAINTRULES, RESOURCESLICES, SOURCE_SLICE, node_of_slice
+from controllers.ledger.book import Ledger
+from controllers.ledger.records import nodes_named_by
+from controllers.ledger.release import ClaimReleaser, bound_pods
+from controllers.ledger.tracker import Devices, DeviceTracker, InsufficientDevices
 from controllers.placement import filter_node, place
-from controllers.records import nodes_named_by
 from controllers.recovery import Recovery, restore_record
-from controllers.release import ClaimReleaser, bound_pods
-from controllers.tracker import Devices, DeviceTracker, InsufficientDevices
 from controllers.watches import (
     group_changed,
     group_of_pod,
@@ -144,7 +144,7 @@ class GroupScheduler:
         self,
         client: Client,
         cache: Cache,
-        claims: ClaimBook,
+        claims: Ledger,
         recorder: EventRecorder,
         env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
         tracer_provider: trace.TracerProvider | None = None,

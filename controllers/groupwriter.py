@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from api.constants import SDG_KIND
-from controllers.records import resource_version
+from controllers.ledger.records import resource_version
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.controllerutil import add_finalizer, remove_finalizer

@@ -34,8 +34,8 @@ from api.constants import (
     SHARED_TAINT_VALUE,
 )
 from api.validation import is_resource_name
+from controllers.ledger.tracker import DeviceTracker
 from controllers.quantity import parse_quantity
-from controllers.tracker import DeviceTracker
 
 
 class FreeCounts(Protocol):

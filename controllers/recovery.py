@@ -23,11 +23,11 @@ from typing import Any
 from api.constants import PHASE_BOUND, REASON_RECOVERY_CONFLICT, SDG_KIND
 from api.pods import delivered_devices, pod_key
 from api.v1alpha1 import selected_devices
-from controllers.claims import ClaimBook, ClaimRecordBroken
 from controllers.groupstatus import Problem, describe, with_ready_problem
 from controllers.groupwriter import GroupWriter
-from controllers.release import ClaimReleaser, bound_pods
-from controllers.tracker import Devices
+from controllers.ledger.book import ClaimRecordBroken, Ledger
+from controllers.ledger.release import ClaimReleaser, bound_pods
+from controllers.ledger.tracker import Devices
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.events import EventRecorder
@@ -45,7 +45,7 @@ class Recovery:
     def __init__(
         self,
         cache: Cache,
-        claims: ClaimBook,
+        claims: Ledger,
         writer: GroupWriter,
         releaser: ClaimReleaser,
         recorder: EventRecorder,
@@ -165,7 +165,7 @@ class Recovery:
         self.recorder.emit(group, "Warning", problem[0], problem[1])
 
 
-async def restore_record(claims: ClaimBook, group: Obj, node: str, devices: Devices) -> str | None:
+async def restore_record(claims: Ledger, group: Obj, node: str, devices: Devices) -> str | None:
     """Write a bound group's status into ``node``'s record; returns a problem instead when
     a record or another bound status gives those devices to someone else. (A claim of the
     group left on another node is the releaser's to judge, on a live read.)"""

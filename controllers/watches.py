@@ -9,7 +9,7 @@ from typing import Any
 from api.constants import DEVICES_ANNOTATION, PHASE_BOUND, SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_group
 from controllers.inventory import ANNOTATION_PREFIX
-from controllers.records import record_holdings
+from controllers.ledger.records import record_holdings
 from sdgruntime.cache import Cache
 from sdgruntime.kinds import PODS
 from sdgruntime.predicate import Funcs

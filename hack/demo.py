@@ -36,7 +36,7 @@ import httpx  # noqa: E402
 from api.constants import DEFAULT_CDI_ANNOTATION_PREFIX, SDG_KIND  # noqa: E402
 from controllers.cliviews import devices_view, table  # noqa: E402
 from controllers.inventory import RESOURCESLICES  # noqa: E402
-from controllers.records import RECORD_LABEL, RECORD_LABEL_VALUE  # noqa: E402
+from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE  # noqa: E402
 from sdgruntime import errors  # noqa: E402
 from sdgruntime.client import Client  # noqa: E402
 from sdgruntime.envtest import ControlPlane, load_manifests  # noqa: E402

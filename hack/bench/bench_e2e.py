@@ -251,14 +251,14 @@ class Probes:
 def install_probes() -> Probes:
     import controllers.groupscheduler as gs
     import controllers.podscheduler as ps
-    from controllers.claims import ClaimBook
+    from controllers.ledger.book import Ledger
     from sdgruntime.events import EventRecorder
 
     probes = Probes()
     probes.sync(gs, "place", "group: place() in memory")
     probes.coro(gs.GroupScheduler, "_schedule", "group: _schedule (decision incl. writes)")
     probes.coro(gs.GroupScheduler, "_add_finalizer", "group: finalizer PATCH")
-    probes.coro(ClaimBook, "write", "group: claim record write")
+    probes.coro(Ledger, "write", "group: claim record write")
     probes.coro(gs.GroupScheduler, "_bind_status", "group: status PUT (+ Scheduled event)")
     probes.coro(EventRecorder, "event", "any: Event write (inline, awaited)")
     probes.sync(ps, "pod_fits_node", "pod: fit check in memory")

@@ -29,8 +29,8 @@ if str(ROOT) not in sys.path:
 
 from _report import machine, machine_line, summary, update_section  # noqa: E402
 
+from controllers.ledger.tracker import DeviceTracker  # noqa: E402
 from controllers.placement import node_device_capacity, place  # noqa: E402
-from controllers.tracker import DeviceTracker  # noqa: E402
 from sdgruntime.envtest.fakes import make_node  # noqa: E402
 
 GPU = "nvidia.com/gpu"
@@ -247,7 +247,7 @@ def run(n_nodes: int, iterations: int, warmup: int, seed: int) -> dict[str, Any]
         )
     )
 
-    # A reservation alone (lowest_free + add_claim, as ClaimBook.reserve records one): a
+    # A reservation alone (lowest_free + add_claim, as Ledger.reserve records one): a
     # fresh group on a node with free devices; the release after it is not timed.
     free_nodes = [
         n["metadata"]["name"] for n in nodes if tracker.free(n["metadata"]["name"], GPU) >= 2

@@ -11,8 +11,7 @@ import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers.records import DATA_CLAIMS, DATA_NODE, RECORD_PREFIX
-from controllers.tracker import decode_claims
+from controllers.ledger.records import DATA_CLAIMS, DATA_NODE, RECORD_PREFIX, decode_claims
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.kinds import CONFIGMAPS

@@ -12,7 +12,7 @@ import pytest
 
 from api.constants import SDG_KIND
 from controllers import metrics as sdg_metrics
-from controllers.records import record_name
+from controllers.ledger.records import record_name
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane

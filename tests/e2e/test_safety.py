@@ -10,8 +10,7 @@ import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers.records import DATA_CLAIMS, DATA_NODE
-from controllers.tracker import decode_claims
+from controllers.ledger.records import DATA_CLAIMS, DATA_NODE, decode_claims
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.kinds import CONFIGMAPS, LEASES, PODS

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from api.constants import SDG_KIND
-from controllers.records import record_name
+from controllers.ledger.records import record_name
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from controllers.claims import ClaimBook
-from controllers.records import record_name
-from controllers.release import should_release
+from controllers.ledger.book import Ledger
+from controllers.ledger.records import record_name
+from controllers.ledger.release import should_release
 
 GPU = "nvidia.com/gpu"
 
@@ -24,8 +24,8 @@ def cm(name: str, node: str | None, claims: dict[str, Any], rv: int = 1, uids: A
     return {"metadata": {"name": name, "resourceVersion": str(rv)}, "data": data}
 
 
-def book(*nodes: tuple[str, int]) -> ClaimBook:
-    b = ClaimBook(None, "ns")  # type: ignore[arg-type]  # reads only: no client needed
+def book(*nodes: tuple[str, int]) -> Ledger:
+    b = Ledger(None, "ns")  # type: ignore[arg-type]  # reads only: no client needed
     for node, gpus in nodes:
         b.set_capacity(node, {GPU: gpus})
     return b
@@ -127,7 +127,7 @@ def test_resources_of_one_device_env_var_share_one_id_space() -> None:
     from api.constants import DEFAULT_ENV_TABLE
     from api.envvars import env_var_for
 
-    b = ClaimBook(None, "ns", family=lambda r: env_var_for(r, DEFAULT_ENV_TABLE))  # type: ignore[arg-type]
+    b = Ledger(None, "ns", family=lambda r: env_var_for(r, DEFAULT_ENV_TABLE))  # type: ignore[arg-type]
     b.set_capacity("n0", {ASCEND: 4, ASCEND_2C: 4, GPU: 4})
     b.observe(cm(record_name("n0"), "n0", {"a": {ASCEND: "0,1"}}))
     assert b.tracker.free("n0", ASCEND) == 2

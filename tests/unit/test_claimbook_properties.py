@@ -1,6 +1,6 @@
 """The claim book's merged view, under random sequences of every feed production gives it.
 
-A ``ClaimBook`` (read-only: no client) on three nodes and three resources, two of which
+A ``Ledger`` (read-only: no client) on three nodes and three resources, two of which
 (``huawei.com/Ascend910`` and ``-2c``) name one physical device family, is fed at random
 what the manager's informers and reconcilers feed it: claim records (genuine, malformed,
 decoys, records naming another node, late events), Bound group statuses (with and
@@ -31,11 +31,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from controllers.claims import ClaimBook
 from controllers.draclaims import CLAIM_FOR_ANNOTATION, ROLE_GROUP_CLAIM, DraAllocations
 from controllers.holders import ROLE_LABEL, KubeletHold
 from controllers.inventory import SOURCE_ANNOTATION, SOURCE_COUNT, SOURCE_SLICE, Device, Offer
-from controllers.tracker import InsufficientDevices
+from controllers.ledger.book import Ledger
+from controllers.ledger.tracker import InsufficientDevices
 
 GPU = "nvidia.com/gpu"
 ASC = "huawei.com/Ascend910"
@@ -310,7 +310,7 @@ def encode(claims: dict[str, dict[str, set[int]]]) -> str:
 MALFORMED = ("{", '{"g0": {"nvidia.com/gpu": "1,1"}}', '{"g0": {}}', "[]")
 
 
-def snapshot(book: ClaimBook) -> dict[str, Any]:
+def snapshot(book: Ledger) -> dict[str, Any]:
     """Everything placement can read from the tracker."""
     t = book.tracker
     return {
@@ -330,7 +330,7 @@ class ClaimBookMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.book = ClaimBook(None, "ns", family=book_family)  # type: ignore[arg-type]  # reads only
+        self.book = Ledger(None, "ns", family=book_family)  # type: ignore[arg-type]  # reads only
         self.book.read_only = True  # quiet: every malformed record would log an error
         self.dra = DraAllocations("ns")
         self.book.set_dra(self.dra)
@@ -704,8 +704,8 @@ def test_the_model_families_are_the_managers() -> None:
 # --- windows once found: minimal examples ----------------------------------------------------
 
 
-def family_book() -> ClaimBook:
-    book = ClaimBook(None, "ns", family=book_family)  # type: ignore[arg-type]  # reads only
+def family_book() -> Ledger:
+    book = Ledger(None, "ns", family=book_family)  # type: ignore[arg-type]  # reads only
     book.read_only = True
     return book
 

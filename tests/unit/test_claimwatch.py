@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controllers.records import record_name
+from controllers.ledger.records import record_name
 from controllers.watches import record_frees_devices
 
 GPU = "nvidia.com/gpu"

@@ -11,8 +11,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from controllers.claims import ClaimBook, ClaimRecordBroken
-from controllers.records import record_name
+from controllers.ledger.book import ClaimRecordBroken, Ledger
+from controllers.ledger.records import record_name
 from sdgruntime import errors
 from sdgruntime.kinds import Kind
 
@@ -84,8 +84,8 @@ class Records:
         return json.loads(self.objs[record_name(node)]["data"]["claims"])
 
 
-def book(api: Records, *nodes: str) -> ClaimBook:
-    b = ClaimBook(api, "ns")  # type: ignore[arg-type]  # the fake serves what it calls
+def book(api: Records, *nodes: str) -> Ledger:
+    b = Ledger(api, "ns")  # type: ignore[arg-type]  # the fake serves what it calls
     for node in nodes:
         b.set_capacity(node, {GPU: 8})
     return b
@@ -97,7 +97,7 @@ async def settle() -> None:
 
 
 async def write(
-    b: ClaimBook, out: dict[str, object], node: str, group: str, ids: list[int] | None
+    b: Ledger, out: dict[str, object], node: str, group: str, ids: list[int] | None
 ) -> None:
     try:
         devices = None if ids is None else {GPU: ids}

@@ -769,8 +769,8 @@ def test_the_default_namespace_is_the_kubeconfig_contexts(tmp_path: Path) -> Non
 def test_a_decoy_record_reads_the_same_in_the_cli_as_in_the_manager() -> None:
     """One reader of the record format (the claim book): a labelled ConfigMap under another
     name that names node n0 is no record of it, for `sdg devices` as for placement."""
-    from controllers.claims import ClaimBook
     from controllers.cliviews import claim_view
+    from controllers.ledger.book import Ledger
 
     def record(name: str, claims: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -780,7 +780,7 @@ def test_a_decoy_record_reads_the_same_in_the_cli_as_in_the_manager() -> None:
 
     cms = [record("sdg-claims.n0", {"a": {GPU: "0"}}), record("decoy", {"b": {GPU: "1"}})]
     view = claim_view([], cms)
-    manager = ClaimBook(None, "deviceshare-system")  # type: ignore[arg-type]
+    manager = Ledger(None, "deviceshare-system")  # type: ignore[arg-type]
     for cm in cms:
         manager.observe(cm)
     assert (

@@ -8,7 +8,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from controllers.coalesce import Abandoned, Coalescer
+from controllers.ledger.coalesce import Abandoned, Coalescer
 
 pytestmark = pytest.mark.anyio
 

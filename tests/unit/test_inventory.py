@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from api.constants import MAX_DEVICES_PER_RESOURCE
-from controllers.claims import ClaimBook
 from controllers.inventory import (
     SOURCE_ANNOTATION,
     SOURCE_COUNT,
@@ -19,6 +18,7 @@ from controllers.inventory import (
     parse_annotation,
     slice_offers,
 )
+from controllers.ledger.book import Ledger
 
 GPU = "nvidia.com/gpu"
 
@@ -563,7 +563,7 @@ def test_the_mirror_tells_only_real_changes_and_the_claim_book_blocks_holes() ->
     inv.observe_slice(rslice([device("gpu-0", 0, "GPU-0"), device("gpu-2", 2, "GPU-2")]))
     offers = inv.of("n0")
     assert offers[GPU].usable() == [0, 2] and len(changes) == 2
-    book = ClaimBook(None, "ns")  # type: ignore[arg-type]
+    book = Ledger(None, "ns")  # type: ignore[arg-type]
     book.set_offers("n0", offers)
     assert book.tracker.free("n0", GPU) == 2
     assert book.tracker.lowest_free("n0", GPU, 2) == [0, 2]  # the hole at 1 is skipped

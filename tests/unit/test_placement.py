@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.constants import MAX_DEVICES_PER_RESOURCE, SHARED_TAINT_KEY, SHARED_TAINT_VALUE
+from controllers.ledger.tracker import DeviceTracker
 from controllers.placement import (
     PlacementDecision,
     filter_node,
@@ -18,7 +19,6 @@ from controllers.placement import (
     too_many_devices_reason,
     unaddressable_devices,
 )
-from controllers.tracker import DeviceTracker
 
 GPU = "nvidia.com/gpu"
 NPU = "huawei.com/Ascend910"

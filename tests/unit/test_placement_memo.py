@@ -25,6 +25,7 @@ from api.constants import (
     SHARED_TAINT_VALUE,
 )
 from controllers import placement
+from controllers.ledger.tracker import DeviceTracker
 from controllers.placement import (
     PlacementDecision,
     filter_node,
@@ -33,7 +34,6 @@ from controllers.placement import (
     too_many_devices_reason,
 )
 from controllers.quantity import parse_quantity
-from controllers.tracker import DeviceTracker
 
 GPU = "nvidia.com/gpu"
 NPU = "huawei.com/Ascend910"

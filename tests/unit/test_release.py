@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from controllers.records import Claim
-from controllers.release import REASON_CLAIM_GIVEN_BACK, ClaimReleaser
+from controllers.ledger.records import Claim
+from controllers.ledger.release import REASON_CLAIM_GIVEN_BACK, ClaimReleaser
 from sdgruntime import errors
 
 pytestmark = pytest.mark.anyio

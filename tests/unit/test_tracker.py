@@ -11,15 +11,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from api.constants import MAX_DEVICES_PER_RESOURCE
-from controllers.tracker import (
+from controllers.ledger.records import decode_claims, encode_claims
+from controllers.ledger.tracker import (
     AllocationError,
     Claim,
     Conflict,
     DeviceTracker,
     Holding,
     InsufficientDevices,
-    decode_claims,
-    encode_claims,
     format_ids,
     lowest_free_ids,
     parse_ids,
@@ -340,7 +339,7 @@ class TrackerMachine(RuleBasedStateMachine):
         request=st.dictionaries(st.sampled_from(RESOURCES), st.integers(1, 3), min_size=1),
     )
     def claim_lowest_free(self, group: str, node: str, request: dict[str, int]) -> None:
-        """What ``ClaimBook.reserve`` does: the lowest free IDs of each resource, recorded
+        """What ``Ledger.reserve`` does: the lowest free IDs of each resource, recorded
         only if every resource has enough."""
         before = self._held()
         picked = {res: self.t.lowest_free(node, res, n) for res, n in request.items()}

@@ -1,12 +1,12 @@
 """The fenced, authoritative record of which group holds which device IDs on each node.
 
-One ConfigMap per node (``controllers.records``) holds that node's claims. Every change
+One ConfigMap per node (``controllers.ledger.records``) holds that node's claims. Every change
 is a conditional write (the ConfigMap's resourceVersion), so two managers with different
 views (a stale leader after failover, a forced split brain) get 409 Conflict instead of
 both succeeding: a per-group status write alone would not fence, since two writers could
 bind two different groups to the same device on the same node.
 
-``ClaimBook`` mirrors, per node, everything that says a device is taken into one
+``Ledger`` mirrors, per node, everything that says a device is taken into one
 ``DeviceTracker`` that placement reads in memory: the records (fed by the ConfigMap
 informer and by our own writes, newest resourceVersion wins), the statuses of bound groups
 (a second source: a record deleted or damaged by hand must not free devices that running
@@ -16,7 +16,7 @@ whole node. So a view that is wrong can only make SDG hand out less, never twice
 write itself re-checks the record it fences on.
 
 Writes of one node's record are serialised, and the changes that queue up behind a write
-go together in the next one (``controllers.coalesce``): group reconciles run concurrently,
+go together in the next one (``controllers.ledger.coalesce``): group reconciles run concurrently,
 and binds onto one node must neither 409 each other nor pay one round trip each.
 
 Every change is also conditional on the claim it changes: the caller says which claim of
@@ -28,7 +28,7 @@ status may already be Bound on those devices). Each claim also records the
 resourceVersion of the group it was decided on (``data.versions``): a bind that adopts
 a claim renews it with its own version, so giving back a claim that a bind in flight
 has just renewed fails instead of freeing devices that group is about to be Bound on
-(``controllers.release``).
+(``controllers.ledger.release``).
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from typing import Any
 
 from api.constants import SDG_KIND
 from api.v1alpha1 import parse_ids
-from controllers.coalesce import Abandoned, Coalescer
 from controllers.draclaims import CLAIM_HOLDER_PREFIX, DeviceRef, DraAllocations
 from controllers.holders import KubeletHold, sdg_id
 from controllers.inventory import SOURCE_SLICE, Offer, count_offer
-from controllers.records import (
+from controllers.ledger.coalesce import Abandoned, Coalescer
+from controllers.ledger.records import (
     DATA_NODE,
     RECORD_LABEL,
     RECORD_LABEL_VALUE,
@@ -58,7 +58,7 @@ from controllers.records import (
     record_name,
     resource_version,
 )
-from controllers.tracker import Devices, DeviceTracker, InsufficientDevices
+from controllers.ledger.tracker import Devices, DeviceTracker, InsufficientDevices
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS
@@ -66,7 +66,7 @@ from sdgruntime.kinds import CONFIGMAPS
 log = logging.getLogger(__name__)
 
 
-#: How many resource sets ``ClaimBook._siblings`` remembers (a fleet has a handful).
+#: How many resource sets ``Ledger._siblings`` remembers (a fleet has a handful).
 _SIBLING_MEMO_SIZE = 64
 
 
@@ -75,7 +75,7 @@ class ClaimRecordBroken(Exception):
     human repairs (or deletes) the ConfigMap."""
 
 
-class ClaimBook:
+class Ledger:
     """Mirror of the per-node claim records (and of bound groups' statuses), and the only
     writer of the records."""
 
@@ -152,7 +152,7 @@ class ClaimBook:
         configmaps: Iterable[Mapping[str, Any]] = (),
         groups: Iterable[Mapping[str, Any]] = (),
         namespace: str = "",
-    ) -> ClaimBook:
+    ) -> Ledger:
         """A read-only book of listed objects (the CLI's view, tests): what the manager's
         book would hold after its informers delivered them. It has no client: it cannot
         write."""
@@ -599,10 +599,10 @@ class ClaimBook:
         already gone succeeds. Raises ``errors.Conflict`` after refreshing the view when
         either differs: the caller re-decides from the fresh view; it never retries
         blindly. Removing a claim is the caller's decision to make on a live read of the
-        group (``controllers.release``); this method only fences the write.
+        group (``controllers.ledger.release``); this method only fences the write.
 
         Writes to one node are serialised, and changes that arrive while one is in flight
-        go together in the next (``controllers.coalesce``): concurrent binds onto one node
+        go together in the next (``controllers.ledger.coalesce``): concurrent binds onto one node
         cost one write, not a 409 each. Each caller still gets its own outcome: a change
         that overlaps a claim already recorded fails alone; a failed write (409, or any
         error) fails every change it carried, so each caller gives back what it reserved.

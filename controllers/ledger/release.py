@@ -13,7 +13,7 @@ one recorded with the claim), never on a cache that may lag:
   is conditional on the older version, then fails instead of landing on freed devices.
 
 Each removal is conditional on the claim as judged before the live read (its devices, UID
-and group version, ``controllers.claims``): a bind that adopted the claim meanwhile has
+and group version, ``controllers.ledger.book``): a bind that adopted the claim meanwhile has
 renewed it with its own group version, so the removal fails instead of freeing devices
 that bind is about to mark the group Bound on.
 
@@ -30,8 +30,8 @@ from typing import Any
 from api.conditions import rfc3339
 from api.constants import CONDITION_SCHEDULED, PHASE_BOUND
 from api.pods import POD_GROUP_INDEX, cached_pod, is_active, pod_group, pod_key
-from controllers.claims import ClaimBook
 from controllers.groupwriter import GroupWriter
+from controllers.ledger.book import Ledger
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.kinds import PODS
@@ -82,7 +82,7 @@ def _same_pending_group(live: Obj | None, claim_uid: str) -> bool:
 class ClaimReleaser:
     """Removes claims only after ``should_release`` agrees on a live read."""
 
-    def __init__(self, claims: ClaimBook, writer: GroupWriter, cache: Cache) -> None:
+    def __init__(self, claims: Ledger, writer: GroupWriter, cache: Cache) -> None:
         self.claims = claims
         self.writer = writer
         self.cache = cache

@@ -1,11 +1,11 @@
 """In-memory device bookkeeping: which group holds which device ID on which node.
 
-Pure and synchronous. ``controllers.claims.ClaimBook`` owns the manager's tracker: it
+Pure and synchronous. ``controllers.ledger.book.Ledger`` owns the manager's tracker: it
 mirrors into it, node by node, everything that holds a device (the fenced per-node claim
-records, whose text format is ``encode_claims``/``decode_claims`` here, bound groups'
-statuses, reservations in flight, DRA's and the kubelet's books), one ``add_claim`` per
-holder after a ``release`` of what it put there before; a reservation picks its IDs with
-``lowest_free``. Placement reads free counts and capacity from it.
+records, bound groups' statuses, reservations in flight, DRA's and the kubelet's books),
+one ``add_claim`` per holder after a ``release`` of what it put there before; a
+reservation picks its IDs with ``lowest_free``. Placement reads free counts and capacity
+from it.
 
 Invariant (checked by ``check_invariants``, by tests/unit/test_tracker.py and, through the
 claim book, by tests/unit/test_claimbook_properties.py): every (node, resource, device
@@ -16,7 +16,6 @@ conflicting inputs are reported, never merged.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -24,7 +23,6 @@ from typing import Any
 
 from api.constants import MAX_DEVICES_PER_RESOURCE
 from api.v1alpha1 import format_ids, parse_ids
-from api.validation import is_resource_name
 
 __all__ = [
     "AllocationError",
@@ -33,8 +31,6 @@ __all__ = [
     "DeviceTracker",
     "Holding",
     "InsufficientDevices",
-    "decode_claims",
-    "encode_claims",
     "format_ids",
     "lowest_free_ids",
     "parse_ids",
@@ -132,7 +128,7 @@ def lowest_free_ids(capacity: int, taken: Container[int], n: int) -> list[int]:
     return out
 
 
-def _normalize(devices: Mapping[str, Iterable[int] | str]) -> dict[str, tuple[int, ...]]:
+def normalize_devices(devices: Mapping[str, Iterable[int] | str]) -> dict[str, tuple[int, ...]]:
     """Validate a claim's devices: known shape, non-empty, no duplicate IDs."""
     if not devices:
         raise ValueError("a claim must hold at least one device")
@@ -208,7 +204,7 @@ class DeviceTracker:
         return self._claims.get(group)
 
     def claims_on(self, node: str) -> dict[str, Devices]:
-        """The node's claim record: ``{group: {resource: [ids]}}`` (input to encode_claims)."""
+        """The node's holdings: ``{group: {resource: [ids]}}``."""
         return {g: c.as_dict() for g, c in sorted(self._claims.items()) if c.node == node}
 
     def groups(self) -> list[str]:
@@ -275,7 +271,7 @@ class DeviceTracker:
         Capacity is not checked (nodes may not be known yet); see ``stranded``.
         Recording the group's identical existing claim again is a no-op.
         """
-        normalized = _normalize(devices)
+        normalized = normalize_devices(devices)
         existing = self._claims.get(group)
         if existing is not None:
             if existing.node == node and dict(existing.devices) == normalized:
@@ -336,58 +332,3 @@ class DeviceTracker:
         assert all(self._held.values()) and all(
             ids for per_res in self._held.values() for ids in per_res.values()
         ), "empty index entries left behind"
-
-
-# --- the per-node claim record codec ----------------------------------------------------
-
-
-def encode_claims(claims: Mapping[str, Mapping[str, Iterable[int] | str]]) -> str:
-    """``{group: {resource: [ids]}} -> '{"g":{"nvidia.com/gpu":"0,1"}}'`` (compact, sorted).
-
-    Deterministic output, so an unchanged record is byte-identical and needs no write.
-    """
-    out: dict[str, dict[str, str]] = {}
-    for group, devices in claims.items():
-        if not isinstance(group, str) or not group:
-            raise ValueError(f"bad group name {group!r} in claims")
-        normalized = _normalize(devices)
-        for res in normalized:
-            if not is_resource_name(res):
-                raise ValueError(f"claim of group {group!r} has bad resource name {res!r}")
-        out[group] = {res: format_ids(ids) for res, ids in normalized.items()}
-    return json.dumps(out, separators=(",", ":"), sort_keys=True)
-
-
-def decode_claims(text: str) -> dict[str, Devices]:
-    """Parse a node's claim record. Empty text is no claims; malformed raises ValueError.
-
-    The error names what is wrong, because a human may have to repair the annotation.
-    """
-    if text is None or not text.strip():
-        return {}
-    try:
-        raw: Any = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"claim record is not JSON: {err}") from None
-    if not isinstance(raw, dict):
-        raise ValueError("claim record must be a JSON object of group -> {resource: ids}")
-    out: dict[str, Devices] = {}
-    for group, devices in raw.items():
-        if not group:
-            raise ValueError("claim record has an empty group name")
-        if not isinstance(devices, dict) or not devices:
-            raise ValueError(f"claim of group {group!r} must be a non-empty object")
-        parsed: Devices = {}
-        for res, ids in devices.items():
-            if not is_resource_name(res):
-                raise ValueError(f"claim of group {group!r} has bad resource name {res!r}")
-            if not isinstance(ids, str):
-                raise ValueError(f"claim of group {group!r} on {res}: IDs must be a string")
-            try:
-                parsed[res] = parse_ids(ids)
-            except ValueError as err:
-                raise ValueError(f"claim of group {group!r} on {res}: {err}") from None
-            if not parsed[res]:
-                raise ValueError(f"claim of group {group!r} on {res} lists no device IDs")
-        out[group] = parsed
-    return out

@@ -3,7 +3,7 @@
 One ConfigMap per node (``sdg-claims.<node>`` in the manager's namespace) holds that
 node's claims: ``data.claims`` is ``{"group": {"nvidia.com/gpu": "0,1"}}``,
 ``data.uids`` the UID of each claiming group, and ``data.versions`` the resourceVersion
-of the group object each claim was decided on. ``controllers.claims`` is its one writer.
+of the group object each claim was decided on. ``controllers.ledger.book`` is its one writer.
 
 Why a ConfigMap and not a Node annotation: writing Nodes needs ``nodes/patch``, a right
 that can also change taints and labels that steer every scheduler in the cluster; a
@@ -16,18 +16,20 @@ contents were edited to name another node) is malformed and blocks every node it
 so it can never act as a second fence. The UID with each claim makes a group deleted
 and recreated under the same name a different claimant: it never inherits the old claim.
 The group version with each claim lets a release be conditional on the claim as it was
-judged (``controllers.release``).
+judged (``controllers.ledger.release``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controllers.tracker import Devices, decode_claims, encode_claims
+from api.v1alpha1 import format_ids, parse_ids
+from api.validation import is_resource_name
+from controllers.ledger.tracker import Devices, normalize_devices
 
 RECORD_LABEL = "deviceshare.io/claims"
 RECORD_LABEL_VALUE = "node"
@@ -137,7 +139,7 @@ def resource_version(obj: Mapping[str, Any]) -> int:
 @dataclass(frozen=True)
 class Claim:
     """One group's claim in a node's record, as a caller saw it: what a change to that
-    group's claim is conditional on (``ClaimBook.write``'s ``expect``)."""
+    group's claim is conditional on (``Ledger.write``'s ``expect``)."""
 
     devices: Devices
     #: UID of the group that made the claim ("" for a claim recorded without one).
@@ -187,3 +189,58 @@ def describe_claim(claim: Claim | None) -> str:
         return "absent"
     devices = ";".join(f"{r}={','.join(map(str, ids))}" for r, ids in sorted(claim.devices.items()))
     return f"{devices} (uid {claim.uid or '-'}, group version {claim.version or '-'})"
+
+
+# --- data.claims: the claims' text ----------------------------------------------------
+
+
+def encode_claims(claims: Mapping[str, Mapping[str, Iterable[int] | str]]) -> str:
+    """``{group: {resource: [ids]}} -> '{"g":{"nvidia.com/gpu":"0,1"}}'`` (compact, sorted).
+
+    Deterministic output, so an unchanged record is byte-identical and needs no write.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for group, devices in claims.items():
+        if not isinstance(group, str) or not group:
+            raise ValueError(f"bad group name {group!r} in claims")
+        normalized = normalize_devices(devices)
+        for res in normalized:
+            if not is_resource_name(res):
+                raise ValueError(f"claim of group {group!r} has bad resource name {res!r}")
+        out[group] = {res: format_ids(ids) for res, ids in normalized.items()}
+    return json.dumps(out, separators=(",", ":"), sort_keys=True)
+
+
+def decode_claims(text: str) -> dict[str, Devices]:
+    """Parse a node's claim record. Empty text is no claims; malformed raises ValueError.
+
+    The error names what is wrong, because a human may have to repair the annotation.
+    """
+    if text is None or not text.strip():
+        return {}
+    try:
+        raw: Any = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"claim record is not JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("claim record must be a JSON object of group -> {resource: ids}")
+    out: dict[str, Devices] = {}
+    for group, devices in raw.items():
+        if not group:
+            raise ValueError("claim record has an empty group name")
+        if not isinstance(devices, dict) or not devices:
+            raise ValueError(f"claim of group {group!r} must be a non-empty object")
+        parsed: Devices = {}
+        for res, ids in devices.items():
+            if not is_resource_name(res):
+                raise ValueError(f"claim of group {group!r} has bad resource name {res!r}")
+            if not isinstance(ids, str):
+                raise ValueError(f"claim of group {group!r} on {res}: IDs must be a string")
+            try:
+                parsed[res] = parse_ids(ids)
+            except ValueError as err:
+                raise ValueError(f"claim of group {group!r} on {res}: {err}") from None
+            if not parsed[res]:
+                raise ValueError(f"claim of group {group!r} on {res} lists no device IDs")
+        out[group] = parsed
+    return out
