@@ -16,7 +16,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,13 +44,34 @@ def _now() -> str:
 
 @dataclass(slots=True)
 class _Seen:
-    """The Event written for one aggregation key."""
+    """The Event written for one aggregation key. ``lock`` serialises the writes of the
+    key; it exists only while ``users`` (writers holding or waiting for it) > 0: an idle
+    key costs no lock (an anyio Lock and its waiter deque are ~700 bytes, more than the
+    rest of the entry; thousands of keys sit idle until they expire)."""
 
     name: str
     namespace: str
     count: int
     last_seen: float  # monotonic
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    lock: anyio.Lock | None = None
+    users: int = 0
+
+    def acquire(self) -> anyio.Lock:
+        """This key's lock (made on first use); pair every call with :meth:`leave`."""
+        if self.lock is None:
+            self.lock = anyio.Lock()
+        self.users += 1
+        return self.lock
+
+    def leave(self) -> None:
+        self.users -= 1
+        if not self.users:
+            self.lock = None
+
+
+#: Identities of objects seen deleted (``forget``) that are remembered, so that an Event
+#: emitted about one after its deletion is written but not kept for aggregation.
+GONE_KEPT = 1024
 
 
 _Pending = tuple[Mapping[str, Any], "EventType", str, str, str | None]
@@ -64,7 +85,13 @@ class EventRecorder:
     writers and 1024 places dropped half of them (hack/bench/RESULTS.md, session 14).
     A waiting Event holds a reference to its (cached) object and its strings: ~1 KB.
     When :meth:`run` is cancelled, the queued and in-flight Events get ``drain_timeout``
-    seconds to be written (the manager passes its ``graceful_shutdown_timeout``)."""
+    seconds to be written (the manager passes its ``graceful_shutdown_timeout``).
+
+    Memory: the aggregation keys are an LRU of at most ``max_keys`` (client-go's correlator
+    keeps 4096 too); a key older than ``window`` is dropped when the next new key comes,
+    and :meth:`forget` drops an object's keys when it is deleted, so a manager under churn
+    holds keys only for objects that exist or were written about in the last ``window``.
+    """
 
     def __init__(
         self,
@@ -87,6 +114,10 @@ class EventRecorder:
         self.writers = writers
         self.drain_timeout = drain_timeout
         self._seen: OrderedDict[tuple[str, ...], _Seen] = OrderedDict()
+        #: identity (UID, else kind/namespace/name) -> its keys in ``_seen`` (for ``forget``)
+        self._keys_of: dict[str, list[tuple[str, ...]]] = {}
+        #: identities of deleted objects, newest last, at most GONE_KEPT
+        self._gone: OrderedDict[str, None] = OrderedDict()
         # set while run() takes events; None before, while stopping, and after
         self._send: MemoryObjectSendStream[_Pending] | None = None
         self._writing: anyio.CancelScope | None = None  # the writers' scope, while running
@@ -247,6 +278,48 @@ class EventRecorder:
                 exc,
             )
 
+    def forget(self, obj: Mapping[str, Any]) -> None:
+        """``obj`` was deleted: drop its aggregation keys (no Event about it will repeat).
+
+        Its identity is remembered among the last ``GONE_KEPT`` deleted ones, so an Event
+        emitted about it afterwards (a reconcile that saw it last) is written, but not kept
+        for an aggregation that cannot come. Called by the owner's informer delete handlers.
+        """
+        identity = _identity(_involved(obj))
+        for key in self._keys_of.pop(identity, ()):
+            self._seen.pop(key, None)
+        self._gone[identity] = None
+        self._gone.move_to_end(identity)
+        while len(self._gone) > GONE_KEPT:
+            self._gone.popitem(last=False)
+
+    def __len__(self) -> int:
+        """Aggregation keys held."""
+        return len(self._seen)
+
+    def _keep(self, key: tuple[str, ...], seen: _Seen) -> None:
+        if key in self._seen:
+            return
+        self._seen[key] = seen
+        self._keys_of.setdefault(key[0], []).append(key)
+
+    def _discard(self, key: tuple[str, ...]) -> None:
+        del self._seen[key]
+        keys = self._keys_of.get(key[0])
+        if keys is not None:
+            keys.remove(key)
+            if not keys:
+                del self._keys_of[key[0]]
+
+    def _prune(self, now: float) -> None:
+        """Keys past the window (oldest first) and beyond ``max_keys`` go."""
+        seen = self._seen
+        while seen:
+            key, first = next(iter(seen.items()))
+            if len(seen) <= self.max_keys and now - first.last_seen < self.window:
+                break
+            self._discard(key)
+
     async def _record(
         self,
         obj: Mapping[str, Any],
@@ -257,23 +330,9 @@ class EventRecorder:
     ) -> None:
         if type_ not in ("Normal", "Warning"):
             raise ValueError(f"event type must be Normal or Warning, not {type_!r}")
-        meta = obj.get("metadata") or {}
-        involved = {
-            k: v
-            for k, v in (
-                ("apiVersion", obj.get("apiVersion")),
-                ("kind", obj.get("kind")),
-                ("name", meta.get("name")),
-                ("namespace", meta.get("namespace")),
-                ("uid", meta.get("uid")),
-                ("resourceVersion", meta.get("resourceVersion")),
-            )
-            if v
-        }
+        involved = _involved(obj)
         message = message[:_MAX_MESSAGE]
-        identity = involved.get("uid") or "/".join(
-            (involved.get("kind", ""), involved.get("namespace", ""), involved.get("name", ""))
-        )
+        identity = _identity(involved)
         key = (identity, type_, reason, message, action or "")
         now = time.monotonic()
 
@@ -281,40 +340,48 @@ class EventRecorder:
         if seen is not None and now - seen.last_seen < self.window:
             self._seen.move_to_end(key)
             seen.last_seen = now
-            async with seen.lock:
-                if seen.name:  # else the create we waited for failed
-                    seen.count += 1
-                    try:
-                        await self.client.patch(
-                            EVENTS,
-                            seen.name,
-                            {"count": seen.count, "lastTimestamp": _now()},
-                            seen.namespace,
-                        )
-                        return
-                    except errors.NotFound:
-                        pass  # expired (event TTL) or deleted: write a fresh one
-                seen.count = 1
-                await self._create(seen, involved, type_, reason, message, action)
-                self._seen.setdefault(key, seen)
+            lock = seen.acquire()
+            try:
+                async with lock:
+                    if seen.name:  # else the create we waited for failed
+                        seen.count += 1
+                        try:
+                            await self.client.patch(
+                                EVENTS,
+                                seen.name,
+                                {"count": seen.count, "lastTimestamp": _now()},
+                                seen.namespace,
+                            )
+                            return
+                        except errors.NotFound:
+                            pass  # expired (event TTL) or deleted: write a fresh one
+                    seen.count = 1
+                    await self._create(seen, involved, type_, reason, message, action)
+                    if identity not in self._gone:
+                        self._keep(key, seen)
+            finally:
+                seen.leave()
             return
 
         # New key (or its window passed). Register and lock it before the first await, so a
         # concurrent identical event waits for this create and then patches it.
         seen = _Seen(name="", namespace="", count=1, last_seen=now)
-        seen.lock.acquire_nowait()
-        self._seen[key] = seen
-        self._seen.move_to_end(key)
-        while len(self._seen) > self.max_keys:
-            self._seen.popitem(last=False)
+        lock = seen.acquire()
+        lock.acquire_nowait()
+        if key in self._seen:
+            self._discard(key)  # its window passed: this one replaces it
+        if identity not in self._gone:
+            self._keep(key, seen)
+            self._prune(now)
         try:
             await self._create(seen, involved, type_, reason, message, action)
         except BaseException:
             if self._seen.get(key) is seen:
-                del self._seen[key]
+                self._discard(key)
             raise
         finally:
-            seen.lock.release()
+            lock.release()
+            seen.leave()
 
     async def _create(
         self,
@@ -348,3 +415,27 @@ class EventRecorder:
             event["action"] = action
         await self.client.create(EVENTS, event, namespace)
         seen.name, seen.namespace = name, namespace
+
+
+def _involved(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The Event's ``involvedObject``: who ``obj`` is (its set fields only)."""
+    meta = obj.get("metadata") or {}
+    return {
+        k: v
+        for k, v in (
+            ("apiVersion", obj.get("apiVersion")),
+            ("kind", obj.get("kind")),
+            ("name", meta.get("name")),
+            ("namespace", meta.get("namespace")),
+            ("uid", meta.get("uid")),
+            ("resourceVersion", meta.get("resourceVersion")),
+        )
+        if v
+    }
+
+
+def _identity(involved: Mapping[str, Any]) -> str:
+    """What aggregation keys an object by: its UID, else kind/namespace/name."""
+    return str(involved.get("uid") or "") or "/".join(
+        (involved.get("kind", ""), involved.get("namespace", ""), involved.get("name", ""))
+    )

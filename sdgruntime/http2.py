@@ -75,6 +75,19 @@ _NOT_FORWARDED = frozenset(
 )  # fmt: skip
 
 
+#: Closed streams whose way of closing h2 remembers, per connection (h2's default: 65536,
+#: ~95 bytes each: ~6 MiB per long-lived connection, reached after 65536 webhook calls).
+#: A frame for a stream closed longer ago than this many newer ones is a protocol error:
+#: peers send late frames (after a reset) within a round trip, not thousands of streams on.
+CLOSED_STREAMS_KEPT = 4096
+
+
+class _Connection(h2.connection.H2Connection):
+    """h2's connection with a bounded memory of closed streams (``CLOSED_STREAMS_KEPT``)."""
+
+    MAX_CLOSED_STREAMS = CLOSED_STREAMS_KEPT
+
+
 class _Stream:
     """One request stream as the reader fills it and its task serves it."""
 
@@ -102,9 +115,7 @@ class H2Session:
         self._server = server
         self._stream = stream
         self._client = client
-        conn = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=False, header_encoding=None)
-        )
+        conn = _Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
         # Set directly (not update_settings), so they hold from the first frame on.
         conn.local_settings = h2.settings.Settings(
             client=False,
