@@ -209,19 +209,28 @@ class SDG:
         # The pod webhook chooses each node's delivery from its labels and runtime
         # handlers and the RuntimeClass --runtime-class-name (a handful, cluster-wide).
         cache.informer(RUNTIMECLASSES)
-        server.register(
-            POD_WEBHOOK_PATH,
-            PodMutator(
-                cache,
-                mgr.client,
-                self.env_table,
-                scheduler_name=settings.scheduler_name,
-                delivery=settings.delivery_settings(),
-                recorder=mgr.event_recorder("deviceshare-webhook"),
-            ),
+        self.pod_mutator = PodMutator(
+            cache,
+            mgr.client,
+            self.env_table,
+            scheduler_name=settings.scheduler_name,
+            delivery=settings.delivery_settings(),
+            recorder=mgr.event_recorder("deviceshare-webhook"),
         )
+        server.register(POD_WEBHOOK_PATH, self.pod_mutator)
         server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))
         server.register(GROUP_DEFAULTER_PATH, GroupDefaulter())
+        #: Every recorder above: an object's Event aggregation keys go when it is deleted.
+        self.recorders = [
+            mgr.event_recorder(name)
+            for name in ("deviceshare-scheduler", "deviceshare-controller", "deviceshare-webhook")
+        ]
+        for kind in (PODS, NODES):
+            cache.informer(kind).add_handler(on_delete=self._forget_events)
+
+    def _forget_events(self, obj: Obj) -> None:
+        for recorder in self.recorders:
+            recorder.forget(obj)
 
     # --- informer feeds (cheap, synchronous) -----------------------------------------
     def _feed_claims(self) -> None:
@@ -363,6 +372,8 @@ class SDG:
     def _group_deleted(self, group: Obj) -> None:
         self.claims.forget_group(group)
         self._count_phase(group, -1)
+        self.pod_mutator.forget_group(group)
+        self._forget_events(group)
 
     def _count_phase(self, group: Obj, delta: int) -> None:
         """Keep ``sdg_groups{phase}`` exact per event, without recounting every group."""
