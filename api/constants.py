@@ -76,6 +76,8 @@ CONDITION_READY: Final = "Ready"
 
 # --- Condition reasons (CamelCase, as Kubernetes API conventions require) ----------------
 REASON_BOUND: Final = "Bound"
+#: Scheduled=False while a Pending group's stale claim is given back (it is placed anew).
+REASON_CLAIM_GIVEN_BACK: Final = "ClaimGivenBack"
 REASON_UNSCHEDULABLE: Final = "Unschedulable"
 REASON_NODE_READY: Final = "NodeReady"
 REASON_NODE_NOT_FOUND: Final = "NodeNotFound"

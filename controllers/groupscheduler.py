@@ -162,7 +162,7 @@ class GroupScheduler:
         self.holders = holders or Holders(client, cache, claims.namespace, enabled=False)
         #: Enters groups Bound on ResourceSlice devices in DRA's books (None: not served).
         self.dra = dra
-        self.releaser = ClaimReleaser(claims, self.writer, cache)
+        self.releaser = ClaimReleaser(claims, cache, client, self.writer.fence)
         self.recovery = Recovery(cache, claims, self.writer, self.releaser, recorder, env_table)
         self._recovered = False
         #: Group -> (UID of its holder pod the kubelet refused, when SDG saw that); one per
@@ -240,7 +240,7 @@ class GroupScheduler:
                     span.set_attribute("sdg.result", "adopted")
                     span.set_attribute("sdg.node", node)
                     try:
-                        await self.claims.claim_for(node, group, devices)
+                        await self.claims.writer.claim_for(node, group, devices)
                     except errors.Conflict:
                         span.set_attribute("sdg.result", "conflict")
                         return Result(requeue=True)
@@ -300,7 +300,7 @@ class GroupScheduler:
                 "sdg.devices", ";".join(f"{r}={format_ids(i)}" for r, i in devices.items())
             )
             try:
-                await self.claims.write(
+                await self.claims.writer.write(
                     decision.node,
                     name,
                     devices,
@@ -413,7 +413,7 @@ class GroupScheduler:
             await self._set_pending(group, f"node {node}: {err}")
             return Result(requeue=True)
         try:
-            await self.claims.write(
+            await self.claims.writer.write(
                 node,
                 name,
                 devices,
@@ -580,7 +580,9 @@ class GroupScheduler:
                     raise
                 # Not entered: the record's claim is given back and the group placed
                 # again (a claim another wrote meanwhile, or a refused write).
-                await self.claims.write(node, name, None, expect=self.claims.claim(node, name))
+                await self.claims.writer.write(
+                    node, name, None, expect=self.claims.claim(node, name)
+                )
                 await self._set_pending(
                     group,
                     f"node {node}: cannot enter the group's devices in DRA's books ({err}); "

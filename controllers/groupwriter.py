@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from api.constants import SDG_KIND
+from api.conditions import rfc3339
+from api.constants import CONDITION_SCHEDULED, REASON_CLAIM_GIVEN_BACK, SDG_KIND
 from controllers.ledger.records import resource_version
 from sdgruntime import errors
 from sdgruntime.client import Client
@@ -78,3 +79,32 @@ class GroupWriter:
         written = await self.client.patch(SDG_KIND, meta["name"], patch)
         self._written[meta["name"]] = resource_version(written)
         return written
+
+    async def fence(self, live: Mapping[str, Any], node: str) -> Obj | None:
+        """Bump a Pending group's resourceVersion before its claim on ``node`` is given back
+        (``controllers.ledger.release`` calls it).
+
+        The claim may be the first half of a bind still in flight in another manager (or
+        another worker): its status write is conditional on the version it read, so after
+        this write it fails instead of marking the group Bound on devices about to be
+        freed. None when that write came first (409) or the group is gone: then nothing
+        is released."""
+        rv = (live.get("metadata") or {}).get("resourceVersion", "")
+        status = dict(live.get("status") or {})
+        status["conditions"] = [
+            c for c in status.get("conditions") or () if c.get("type") != CONDITION_SCHEDULED
+        ] + [
+            {
+                "type": CONDITION_SCHEDULED,
+                "status": "False",
+                "reason": REASON_CLAIM_GIVEN_BACK,
+                "message": f"the claim on node {node} (resourceVersion {rv}) was given back; "
+                "placing the group again",
+                "lastTransitionTime": rfc3339(),
+            }
+        ]
+        try:
+            written = await self.status(live, status)
+        except (errors.Conflict, errors.NotFound):
+            return None
+        return written if written is not None else dict(live)

@@ -25,9 +25,10 @@ from api.pods import delivered_devices, pod_key
 from api.v1alpha1 import selected_devices
 from controllers.groupstatus import Problem, describe, with_ready_problem
 from controllers.groupwriter import GroupWriter
-from controllers.ledger.book import ClaimRecordBroken, Ledger
+from controllers.ledger.book import Ledger
 from controllers.ledger.release import ClaimReleaser, bound_pods
 from controllers.ledger.tracker import Devices
+from controllers.ledger.writer import ClaimRecordBroken
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.events import EventRecorder
@@ -150,7 +151,7 @@ class Recovery:
             return f"its pods on {node} use devices now held by {', '.join(others)}"
         log.warning("recovery: restoring group %s to %s %s from its pods", name, node, devices)
         self.claims.hold(name, node, devices)
-        await self.claims.claim_for(node, group, devices)
+        await self.claims.writer.claim_for(node, group, devices)
         self.claims.unreserve(name)
         return None
 
@@ -175,5 +176,5 @@ async def restore_record(claims: Ledger, group: Obj, node: str, devices: Devices
             f"status says node {node} devices {describe(devices)}, but {', '.join(others)} "
             "hold(s) them too; delete and recreate this group"
         )
-    await claims.claim_for(node, group, devices)
+    await claims.writer.claim_for(node, group, devices)
     return None

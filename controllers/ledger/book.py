@@ -1,49 +1,29 @@
-"""The fenced, authoritative record of which group holds which device IDs on each node.
-
-One ConfigMap per node (``controllers.ledger.records``) holds that node's claims. Every change
-is a conditional write (the ConfigMap's resourceVersion), so two managers with different
-views (a stale leader after failover, a forced split brain) get 409 Conflict instead of
-both succeeding: a per-group status write alone would not fence, since two writers could
-bind two different groups to the same device on the same node.
+"""The ledger's book: every source of "device D of resource R on node N is taken", merged.
 
 ``Ledger`` mirrors, per node, everything that says a device is taken into one
-``DeviceTracker`` that placement reads in memory: the records (fed by the ConfigMap
-informer and by our own writes, newest resourceVersion wins), the statuses of bound groups
-(a second source: a record deleted or damaged by hand must not free devices that running
-pods use), and tentative reservations of decisions in flight. Sources that disagree block
-the disputed IDs for everyone (holder ``!conflict:...``); a malformed record blocks its
-whole node. So a view that is wrong can only make SDG hand out less, never twice; and the
-write itself re-checks the record it fences on.
-
-Writes of one node's record are serialised, and the changes that queue up behind a write
-go together in the next one (``controllers.ledger.coalesce``): group reconciles run concurrently,
-and binds onto one node must neither 409 each other nor pay one round trip each.
-
-Every change is also conditional on the claim it changes: the caller says which claim of
-that group it saw (``expect``), and a record whose claim of the group differs fails that
-change with 409. The resourceVersion alone does not say enough once writes are
-coalesced and two managers race: a bind decided on a view without the group's claim
-must not silently replace the claim another manager just wrote for the same group (its
-status may already be Bound on those devices). Each claim also records the
-resourceVersion of the group it was decided on (``data.versions``): a bind that adopts
-a claim renews it with its own version, so giving back a claim that a bind in flight
-has just renewed fails instead of freeing devices that group is about to be Bound on
-(``controllers.ledger.release``).
+``DeviceTracker`` that placement reads in memory: the fenced claim records
+(``controllers.ledger.records``; fed by the ConfigMap informer and by the writer's own
+writes, newest resourceVersion wins), the statuses of Bound groups (a second source: a
+record deleted or damaged by hand must not free devices that running pods use; held by
+UUID too), decisions in flight, DRA's allocations, and the devices the kubelet gave pods.
+Sources that disagree block the disputed IDs for everyone (a conflict holder); a
+malformed record blocks its whole node; unhealthy and missing devices are unavailable.
+So a view that is wrong can only make SDG hand out less, never twice; and the writer
+(``controllers.ledger.writer``) re-checks the record it fences on. ``view`` reads the
+same merge as typed holders; ``from_objects`` builds a book of listed objects (the CLI,
+tests) that cannot write.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from api.constants import SDG_KIND
 from api.v1alpha1 import parse_ids
 from controllers.draclaims import CLAIM_HOLDER_PREFIX, DeviceRef, DraAllocations
 from controllers.holders import KubeletHold, sdg_id
 from controllers.inventory import SOURCE_SLICE, Offer, count_offer
-from controllers.ledger.coalesce import Abandoned, Coalescer
 from controllers.ledger.records import (
     DATA_NODE,
     RECORD_LABEL,
@@ -52,16 +32,24 @@ from controllers.ledger.records import (
     Claim,
     Record,
     decode_record,
-    describe_claim,
     nodes_named_by,
-    record_data,
     record_name,
     resource_version,
 )
-from controllers.ledger.tracker import Devices, DeviceTracker, InsufficientDevices
-from sdgruntime import errors
+from controllers.ledger.tracker import Devices, DeviceTracker, InsufficientDevices, overlaps
+from controllers.ledger.view import (
+    Malformed,
+    NodeView,
+    ResourceClaim,
+    SameDevice,
+    Unavailable,
+    conflict,
+    key,
+    parse,
+)
+from controllers.ledger.view import Pod as KubeletPod
+from controllers.ledger.writer import RecordWriter
 from sdgruntime.client import Client
-from sdgruntime.kinds import CONFIGMAPS
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +58,13 @@ log = logging.getLogger(__name__)
 _SIBLING_MEMO_SIZE = 64
 
 
-class ClaimRecordBroken(Exception):
-    """A node's claim record cannot be parsed: nothing on that node is given out until a
-    human repairs (or deletes) the ConfigMap."""
-
-
 class Ledger:
     """Mirror of the per-node claim records (and of bound groups' statuses), and the only
     writer of the records."""
 
     def __init__(
         self,
-        client: Client,
+        client: Client | None,
         namespace: str,
         tracker: DeviceTracker | None = None,
         on_change: Callable[[str], None] | None = None,
@@ -92,10 +75,11 @@ class Ledger:
         self.family = family
         #: Called with a node's name whenever its mirrored holdings change (metrics).
         self.on_change = on_change
-        #: A book of listed objects (``from_objects``): it never writes, and logs quietly.
-        self.read_only = False
-        self.client = client
+        #: A book of listed objects (``from_objects``, no client): it logs quietly.
+        self.read_only = client is None
         self.namespace = namespace
+        #: The one writer of the records (it cannot write without a client).
+        self.writer = RecordWriter(self, client, namespace)
         #: Per node, every held ID under a holder name ``<group>@<node>`` (or a blocker).
         self.tracker = tracker or DeviceTracker()
         self.records: dict[str, Record] = {}
@@ -124,8 +108,6 @@ class Ledger:
         self.offers: dict[str, dict[str, Offer]] = {}
         #: Per node, disputed IDs: "<res> <id>: held by a, b" (for conditions and logs).
         self.conflicts: dict[str, list[str]] = {}
-        #: Record writes, serialised and coalesced per node.
-        self._commits: Coalescer[str, _Change] = Coalescer(self._flush)
         #: Per node, pods outside any group the kubelet gave device-plugin devices (its own
         #: books): pod key -> what it asks for and the plugin IDs the kubelet reported.
         self._kubelet_held: dict[str, dict[str, KubeletHold]] = {}
@@ -159,8 +141,7 @@ class Ledger:
         configmaps = list(configmaps)
         if not namespace and configmaps:
             namespace = str((configmaps[0].get("metadata") or {}).get("namespace") or "")
-        book = cls(None, namespace)  # type: ignore[arg-type]  # never writes
-        book.read_only = True
+        book = cls(None, namespace)
         for cm in configmaps:
             book.observe(cm)
         for group in groups:
@@ -325,7 +306,7 @@ class Ledger:
 
     def set_offers(self, node: str, offers: Mapping[str, Offer]) -> None:
         """The devices ``node`` offers (``controllers.inventory``): IDs below the highest
-        that are missing or unhealthy are never handed out (held by ``!unavailable``)."""
+        that are missing or unhealthy are never handed out (held by ``view.Unavailable``)."""
         self.offers[node] = dict(offers)
         self._index_pools(node, offers)
         self.tracker.set_node_capacity(node, {r: o.capacity for r, o in offers.items()})
@@ -458,8 +439,8 @@ class Ledger:
                         continue
                     for holder in self.dra.held_by(DeviceRef(d.driver, d.pool, d.name)):
                         if holder.startswith(CLAIM_HOLDER_PREFIX):
-                            claim = holder.removeprefix(CLAIM_HOLDER_PREFIX)
-                            hold(f"!claim:{claim}", {res: [d.id]}, lasting=False)
+                            ns, _, claim = holder.removeprefix(CLAIM_HOLDER_PREFIX).partition("/")
+                            hold(key(ResourceClaim(ns, claim)), {res: [d.id]}, lasting=False)
         caps = self.tracker.capacities(node)
         # Resources held but not offered now count too: a record's Ascend910 IDs still
         # block Ascend910-2c while the node lists only the latter.
@@ -473,7 +454,7 @@ class Ledger:
                 if offer is None or offer.source == SOURCE_SLICE:
                     continue
                 ids = [i for d in kept.given.get(res, ()) if (i := sdg_id(offer, d)) is not None]
-                hold(f"!pod:{pod}", {res: ids}, lasting=False)
+                hold(pod_key(pod), {res: ids}, lasting=False)
                 if len(ids) < n:
                     unreported.append((pod, res, n - len(ids)))
         _link_siblings(owners, siblings, caps)
@@ -485,7 +466,7 @@ class Ledger:
             ids = [i for i in offers[res].usable() if all((r, i) not in owners for r in family)][
                 :missing
             ]
-            hold(f"!pod:{pod}", {res: ids}, lasting=False)
+            hold(pod_key(pod), {res: ids}, lasting=False)
         if unreported:
             _link_siblings(owners, siblings, caps)
         holders: dict[str, dict[str, list[int]]] = {}
@@ -494,7 +475,7 @@ class Ledger:
             if len(groups) == 1:
                 holder = next(iter(groups))
             else:
-                holder = "!conflict:" + ",".join(sorted(groups))
+                holder = conflict(groups)
                 if len(durable.get((res, i), ())) > 1:
                     # Only the records and statuses count as claimed twice: a decision
                     # in flight that overlaps a record another manager just wrote loses
@@ -507,7 +488,7 @@ class Ledger:
                 taken = {i for d in holders.values() for i in d.get(res, [])}
                 rest = [i for i in range(self.tracker.capacity(node, res)) if i not in taken]
                 if rest:
-                    holders.setdefault("!malformed-record", {})[res] = rest
+                    holders.setdefault(key(Malformed()), {})[res] = rest
         taken_by = {(res, i) for d in holders.values() for res, ids in d.items() for i in ids}
         for res, offer in (self.offers.get(node) or {}).items():
             # Holes and unhealthy devices below the highest ID: nobody gets them (a group
@@ -517,9 +498,9 @@ class Ledger:
                 i for i in range(offer.capacity) if i not in usable and (res, i) not in taken_by
             ]
             if rest:
-                holders.setdefault("!unavailable", {})[res] = rest
-        for key in self._mirrored.pop(node, ()):
-            self.tracker.release(key)
+                holders.setdefault(key(Unavailable()), {})[res] = rest
+        for old in self._mirrored.pop(node, ()):
+            self.tracker.release(old)
         keys = []
         for holder, devices in sorted(holders.items()):
             # Holder keys are per node: a group claimed on two nodes (a stale record)
@@ -535,6 +516,42 @@ class Ledger:
             self.conflicts.pop(node, None)
         if self.on_change is not None:
             self.on_change(node)
+
+    # --- the read model -------------------------------------------------------------
+    def view(self, node: str) -> NodeView:
+        """``node``'s devices as typed holders (the same merge placement reads)."""
+        suffix = f"@{node}"
+        return NodeView(
+            node,
+            self.tracker.capacities(node),
+            {
+                (res, i): parse(name.removesuffix(suffix))
+                for res, ids in self.tracker.holders_on(node).items()
+                for i, name in ids.items()
+            },
+            self.broken.get(node),
+        )
+
+    # --- what the writer reads and returns -------------------------------------------
+    def bound_on(self, node: str) -> dict[str, Devices]:
+        """Groups whose Bound status (as the informer saw it) is on ``node`` -> devices."""
+        return {g: self.statuses[g][1] for g in self._status_on.get(node, ())}
+
+    def was_deleted(self, node: str) -> bool:
+        """Whether ``node``'s genuine record was seen deleted and not written since."""
+        return node in self._deleted_records
+
+    def written(self, node: str, cm: Mapping[str, Any]) -> None:
+        """The writer's own write of ``node``'s record returned ``cm``."""
+        self.observe(cm)
+        self._deleted_records.discard(node)
+
+    def record_gone(self, node: str) -> None:
+        """A live read found no record of ``node``."""
+        self.forget({"metadata": {"name": record_name(node)}})
+        if node in self.records:  # known only from our own writes so far
+            self._set_record(node, None)
+            self._mirror(node)
 
     # --- reading ---------------------------------------------------------------------
     def claim_of(self, group: str) -> tuple[str, Devices] | None:
@@ -572,206 +589,11 @@ class Ledger:
             for other, held in items:
                 if other == group:
                     continue
-                if _overlaps(held, devices):
+                if overlaps(held, devices):
                     others.add(other)
         if node in self._malformed:
             others.add(f"(malformed record of node {node})")
         return sorted(others)
-
-    # --- fenced writes ---------------------------------------------------------------
-    async def write(
-        self,
-        node: str,
-        group: str,
-        devices: Devices | None,
-        *,
-        expect: Claim | None,
-        uid: str = "",
-        version: str = "",
-    ) -> None:
-        """Set (or, with ``devices=None``, remove) ``group``'s claim in ``node``'s record,
-        recording ``uid`` (the claiming group's) and ``version`` (the resourceVersion of
-        the group object it was decided on) with it.
-
-        Conditional twice: on the record's resourceVersion (or on its absence, for a
-        create), and on ``group``'s claim in it being ``expect`` (what the caller decided
-        on, from ``claim``; None: no claim of the group there). Removing a claim that is
-        already gone succeeds. Raises ``errors.Conflict`` after refreshing the view when
-        either differs: the caller re-decides from the fresh view; it never retries
-        blindly. Removing a claim is the caller's decision to make on a live read of the
-        group (``controllers.ledger.release``); this method only fences the write.
-
-        Writes to one node are serialised, and changes that arrive while one is in flight
-        go together in the next (``controllers.ledger.coalesce``): concurrent binds onto one node
-        cost one write, not a 409 each. Each caller still gets its own outcome: a change
-        that overlaps a claim already recorded fails alone; a failed write (409, or any
-        error) fails every change it carried, so each caller gives back what it reserved.
-        """
-        try:
-            await self._commits.submit(node, _Change(group, devices, uid, version, expect))
-        except Abandoned as err:
-            raise errors.TransportError(
-                f"claim record of node {node}: the write was cancelled ({err})"
-            ) from err
-
-    async def claim_for(self, node: str, group: Mapping[str, Any], devices: Devices) -> None:
-        """Set ``group``'s claim on ``node`` to ``devices``, conditional on its claim there
-        as seen now, stamped with the group object's UID and resourceVersion: adopting a
-        claim (renewing it), or restoring one from a status or from pods."""
-        meta = group.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        await self.write(
-            node,
-            name,
-            devices,
-            expect=self.claim(node, name),
-            uid=str(meta.get("uid") or ""),
-            version=str(meta.get("resourceVersion") or ""),
-        )
-
-    async def _flush(self, node: str, changes: list[_Change]) -> list[BaseException | None]:
-        """One conditional write of ``node``'s record with every change that fits it; one
-        outcome per change."""
-        if node in self._malformed:
-            broken = ClaimRecordBroken(self.broken[node])
-            return [broken] * len(changes)
-        record = self.records.get(node) or Record(node)
-        claims, uids = dict(record.claims), dict(record.uids)
-        versions = dict(record.versions)
-        outcomes: list[BaseException | None] = []
-        # Bound statuses hold devices too (a record deleted by hand must not free them):
-        # known ones always; on re-creating a record that was deleted (nothing to fence
-        # on), read live, so a view that lags another manager's bind cannot create a
-        # record that overlaps it. (A node's first record needs no such read: a bind
-        # writes the record before the status, so no group is Bound there without one.)
-        bound = {g: self.statuses[g][1] for g in self._status_on.get(node, ())}
-        if record.obj is None and node in self._deleted_records and any(c.devices for c in changes):
-            try:
-                bound.update(await self._bound_live(node))
-            except errors.ApiError as err:
-                return [err] * len(changes)
-        for change in changes:
-            group, devices = change.group, change.devices
-            if devices is None and group not in claims:
-                outcomes.append(None)  # given back already
-                continue
-            now = Record(node, claims, None, uids, versions).claim(group)
-            if now != change.expect:
-                # The group's claim is not the one the caller decided on: another manager
-                # (or a bind of the same group elsewhere) wrote it meanwhile.
-                why = (
-                    f"node {node}: the claim of {group} is {describe_claim(now)}, "
-                    f"not {describe_claim(change.expect)} as when decided"
-                )
-                outcomes.append(errors.Conflict(why, code=409))
-                continue
-            overlap = sorted(
-                {
-                    g
-                    for source in (claims, bound)
-                    for g, held in source.items()
-                    if g != group and _overlaps(held, devices or {})
-                }
-            )
-            if overlap:
-                # The record we fence on already gives some of these IDs to another
-                # group: our view was wrong. Never write a device twice.
-                why = f"node {node}: {devices} overlap the claims of {overlap}"
-                outcomes.append(errors.Conflict(why, code=409))
-                continue
-            claims.pop(group, None)
-            uids.pop(group, None)
-            versions.pop(group, None)
-            if devices is not None:
-                claims[group] = devices
-                if change.uid:
-                    uids[group] = change.uid
-                if change.version:
-                    versions[group] = change.version
-            outcomes.append(None)
-        if claims != record.claims or uids != record.uids or versions != record.versions:
-            try:
-                self.observe(await self._put(node, record, claims, uids, versions))
-                self._deleted_records.discard(node)
-            except (errors.Conflict, errors.AlreadyExists) as err:
-                await self.refresh(node)
-                conflict = errors.Conflict(
-                    f"claim record of node {node} changed concurrently; re-deciding", code=409
-                )
-                conflict.__cause__ = err
-                return [conflict if o is None else o for o in outcomes]
-            except Exception as err:
-                return [err if o is None else o for o in outcomes]
-        if any(o is not None for o in outcomes):
-            await self.refresh(node)
-        return outcomes
-
-    async def _bound_live(self, node: str) -> dict[str, Devices]:
-        """Groups Bound on ``node`` as the API server says now -> their devices."""
-        groups, _ = await self.client.list_all(SDG_KIND)
-        out: dict[str, Devices] = {}
-        for g in groups:
-            status = g.get("status") or {}
-            if status.get("phase") != "Bound" or status.get("nodeName") != node:
-                continue
-            try:
-                devices = {
-                    r: parse_ids(i) for r, i in (status.get("selectedDevices") or {}).items()
-                }
-            except ValueError:
-                continue
-            out[str((g.get("metadata") or {}).get("name") or "")] = devices
-        return out
-
-    async def _put(
-        self,
-        node: str,
-        record: Record,
-        claims: dict[str, Devices],
-        uids: dict[str, str],
-        versions: dict[str, str],
-    ) -> dict[str, Any]:
-        """Create or update ``node``'s record as ``claims``/``uids``/``versions``,
-        conditionally."""
-        body = record_data(node, claims, uids, versions)
-        if record.obj is None:
-            cm = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {
-                    "name": record_name(node),
-                    "namespace": self.namespace,
-                    "labels": {RECORD_LABEL: RECORD_LABEL_VALUE},
-                },
-                "data": body,
-            }
-            return await self.client.create(CONFIGMAPS, cm, self.namespace)
-        return await self.client.update(CONFIGMAPS, {**record.obj, "data": body})
-
-    async def refresh(self, node: str) -> None:
-        """Read a node's record from the API server by its name (after a conflict)."""
-        name = record_name(node)
-        try:
-            cm = await self.client.get(CONFIGMAPS, name, self.namespace)
-        except errors.NotFound:
-            self.forget({"metadata": {"name": name}})
-            if node in self.records:  # known only from our own writes so far
-                self._set_record(node, None)
-                self._mirror(node)
-            return
-        self.observe(cm)
-
-
-@dataclass(frozen=True)
-class _Change:
-    """One caller's change to a node's record: ``devices`` None removes the claim;
-    ``expect`` is the group's claim it was decided on."""
-
-    group: str
-    devices: Devices | None
-    uid: str
-    version: str
-    expect: Claim | None
 
 
 def _physical(text: Any, devices: Devices) -> dict[str, tuple[str, ...]]:
@@ -811,14 +633,15 @@ def _link_siblings(
         for other in siblings.get(res, ()):
             if i < capacity.get(other, 0):
                 owners.setdefault((other, i), set()).update(
-                    f"!same-device:{g}" for g in groups if not g.startswith("!same-device:")
+                    key(SameDevice(h)) for h in map(parse, groups) if not isinstance(h, SameDevice)
                 )
-
-
-def _overlaps(held: Mapping[str, list[int]], devices: Mapping[str, list[int]]) -> bool:
-    """Whether two claims on one node share any device ID."""
-    return any(set(held.get(res, ())) & set(ids) for res, ids in devices.items())
 
 
 def _nodes_of(*held: tuple[str, Devices] | None) -> set[str]:
     return {h[0] for h in held if h is not None}
+
+
+def pod_key(pod: str) -> str:
+    """The holder name of pod ``namespace/name`` in the kubelet's books."""
+    namespace, _, name = pod.partition("/")
+    return key(KubeletPod(namespace, name))

@@ -24,24 +24,23 @@ may be using the devices right now (a finalizer removed by hand, an old incarnat
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from api.conditions import rfc3339
-from api.constants import CONDITION_SCHEDULED, PHASE_BOUND
+from api.constants import PHASE_BOUND, SDG_KIND
 from api.pods import POD_GROUP_INDEX, cached_pod, is_active, pod_group, pod_key
-from controllers.groupwriter import GroupWriter
 from controllers.ledger.book import Ledger
 from sdgruntime import errors
 from sdgruntime.cache import Cache
+from sdgruntime.client import Client
 from sdgruntime.kinds import PODS
 
 log = logging.getLogger(__name__)
 
-#: The Scheduled condition's reason while a Pending group's stale claim is given back.
-REASON_CLAIM_GIVEN_BACK = "ClaimGivenBack"
-
 Obj = Mapping[str, Any]
+#: Bumps a Pending group's resourceVersion before its claim on a node is given back
+#: (``GroupWriter.fence``): the group as written, or None when someone wrote it first.
+Fence = Callable[[Obj, str], Awaitable[Obj | None]]
 
 
 def bound_pods(cache: Cache, name: str) -> list[Obj]:
@@ -82,10 +81,18 @@ def _same_pending_group(live: Obj | None, claim_uid: str) -> bool:
 class ClaimReleaser:
     """Removes claims only after ``should_release`` agrees on a live read."""
 
-    def __init__(self, claims: Ledger, writer: GroupWriter, cache: Cache) -> None:
+    def __init__(self, claims: Ledger, cache: Cache, client: Client, fence: Fence) -> None:
         self.claims = claims
-        self.writer = writer
         self.cache = cache
+        self.client = client
+        self.fence = fence
+
+    async def _live(self, name: str) -> Obj | None:
+        """The group as the API server has it now (None: it does not exist)."""
+        try:
+            return await self.client.get(SDG_KIND, name)
+        except errors.NotFound:
+            return None
 
     async def release_stale(
         self, name: str, *, adoptable_on: str | None = None, live: Obj | None = None
@@ -100,7 +107,7 @@ class ClaimReleaser:
         # is still exactly this one (a bind that adopts a claim renews it first).
         seen = {node: self.claims.claim(node, name) for node in nodes}
         if live is None:
-            live = await self.writer.live(name)
+            live = await self._live(name)
         running = {(p.get("spec") or {}).get("nodeName") for p in bound_pods(self.cache, name)}
         for node in nodes:
             stale = should_release(
@@ -118,46 +125,18 @@ class ClaimReleaser:
             elif stale:
                 if _same_pending_group(live, self.claims.uid_of(node, name)):
                     assert live is not None
-                    fenced = await self._fence(live, node)
+                    fenced = await self.fence(live, node)
                     if fenced is None:
                         return None  # someone wrote the group first: its event follows
                     live = fenced
                 log.info("releasing the claim of %s on node %s (live read)", name, node)
-                await self.claims.write(node, name, None, expect=seen[node])
+                await self.claims.writer.write(node, name, None, expect=seen[node])
         return live
-
-    async def _fence(self, live: Obj, node: str) -> Obj | None:
-        """Bump a Pending group's resourceVersion before its claim is given back.
-
-        The claim may be the first half of a bind still in flight in another manager (or
-        another worker): its status write is conditional on the version it read, so after
-        this write it fails instead of marking the group Bound on devices about to be
-        freed. None when that write came first (409) or the group is gone: then nothing
-        is released."""
-        rv = (live.get("metadata") or {}).get("resourceVersion", "")
-        status = dict(live.get("status") or {})
-        status["conditions"] = [
-            c for c in status.get("conditions") or () if c.get("type") != CONDITION_SCHEDULED
-        ] + [
-            {
-                "type": CONDITION_SCHEDULED,
-                "status": "False",
-                "reason": REASON_CLAIM_GIVEN_BACK,
-                "message": f"the claim on node {node} (resourceVersion {rv}) was given back; "
-                "placing the group again",
-                "lastTransitionTime": rfc3339(),
-            }
-        ]
-        try:
-            written = await self.writer.status(live, status)
-        except (errors.Conflict, errors.NotFound):
-            return None
-        return written if written is not None else dict(live)
 
     async def _live_members(self, name: str, node: str) -> list[str]:
         """Active pods of group ``name`` on ``node``, read live (one page per node: a
         node runs at most a few hundred pods)."""
-        found, _ = await self.writer.client.list_all(
+        found, _ = await self.client.list_all(
             PODS, None, field_selector=f"spec.nodeName={node}", transform=cached_pod
         )
         return sorted(pod_key(p) for p in found if is_active(p) and pod_group(p) == name)
@@ -168,7 +147,7 @@ class ClaimReleaser:
         finalizer may go."""
         name = group["metadata"]["name"]
         seen = {node: self.claims.claim(node, name) for node in self.claims.nodes_claiming(name)}
-        live = await self.writer.live(name)
+        live = await self._live(name)
         if live is None or live["metadata"].get("uid") != group["metadata"].get("uid"):
             return False  # gone already, or recreated: its reconcile will judge
         if not live["metadata"].get("deletionTimestamp"):
@@ -188,5 +167,5 @@ class ClaimReleaser:
         for node, claim in seen.items():
             if claim is not None and claim.uid and claim.uid != live["metadata"].get("uid"):
                 continue  # an earlier group's claim: the orphan path judges it
-            await self.claims.write(node, name, None, expect=claim)
+            await self.claims.writer.write(node, name, None, expect=claim)
         return True

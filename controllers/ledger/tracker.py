@@ -332,3 +332,8 @@ class DeviceTracker:
         assert all(self._held.values()) and all(
             ids for per_res in self._held.values() for ids in per_res.values()
         ), "empty index entries left behind"
+
+
+def overlaps(held: Mapping[str, Iterable[int]], devices: Mapping[str, Iterable[int]]) -> bool:
+    """Whether two holdings on one node share any device ID."""
+    return any(set(held.get(res, ())) & set(ids) for res, ids in devices.items())

@@ -11,8 +11,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from controllers.ledger.book import ClaimRecordBroken, Ledger
+from controllers.ledger.book import Ledger
 from controllers.ledger.records import record_name
+from controllers.ledger.writer import ClaimRecordBroken
 from sdgruntime import errors
 from sdgruntime.kinds import Kind
 
@@ -101,7 +102,7 @@ async def write(
 ) -> None:
     try:
         devices = None if ids is None else {GPU: ids}
-        await b.write(node, group, devices, expect=b.claim(node, group), uid=f"uid-{group}")
+        await b.writer.write(node, group, devices, expect=b.claim(node, group), uid=f"uid-{group}")
         out[group] = "ok"
     except Exception as err:
         out[group] = err
@@ -149,7 +150,7 @@ async def test_different_nodes_are_written_side_by_side() -> None:
 async def test_a_claim_overlapping_the_record_fails_alone() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
+    await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     out: dict[str, object] = {}
     api.gate = anyio.Event()
     async with anyio.create_task_group() as tg:
@@ -169,7 +170,7 @@ async def test_a_claim_overlapping_the_record_fails_alone() -> None:
 async def test_a_conflict_fails_the_whole_batch_and_refreshes_the_view() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
+    await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     # Another manager writes the record: our view of it is now one version behind.
     theirs = copy.deepcopy(api.objs[record_name("n0")])
     theirs["data"]["claims"] = '{"a":{"nvidia.com/gpu":"0"},"x":{"nvidia.com/gpu":"1"}}'
@@ -181,7 +182,7 @@ async def test_a_conflict_fails_the_whole_batch_and_refreshes_the_view() -> None
     assert isinstance(out["b"], errors.Conflict) and isinstance(out["c"], errors.Conflict)
     assert b.claim_on("n0", "x") == {GPU: [1]}  # refreshed: the next decision sees x
     assert b.claim_on("n0", "b") is None and b.claim_on("n0", "c") is None
-    await b.write(
+    await b.writer.write(
         "n0", "c", {GPU: [2]}, expect=b.claim("n0", "c"), uid="uid-c"
     )  # decided again: fenced on the new view
     assert set(api.claims_of("n0")) == {"a", "x", "c"}
@@ -190,7 +191,7 @@ async def test_a_conflict_fails_the_whole_batch_and_refreshes_the_view() -> None
 async def test_any_write_error_fails_every_change_it_carried() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
+    await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     out: dict[str, object] = {}
     api.gate = anyio.Event()
     refused = errors.Forbidden("quota", code=403)
@@ -212,7 +213,7 @@ async def test_any_write_error_fails_every_change_it_carried() -> None:
 async def test_a_release_and_a_claim_in_one_batch() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
+    await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     out: dict[str, object] = {}
     api.gate = anyio.Event()
     async with anyio.create_task_group() as tg:
@@ -237,16 +238,16 @@ async def test_nothing_is_written_to_a_malformed_record() -> None:
         }
     )
     with pytest.raises(ClaimRecordBroken):
-        await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
+        await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     assert api.writes == []
 
 
 async def test_a_change_that_changes_nothing_writes_nothing() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
-    await b.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
-    await b.write("n0", "ghost", None, expect=None)
+    await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
+    await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
+    await b.writer.write("n0", "ghost", None, expect=None)
     assert len(api.writes) == 1
 
 
@@ -256,10 +257,10 @@ async def test_a_bind_that_did_not_see_the_groups_claim_never_replaces_it() -> N
     # already say Bound on 0, and 0 would then look free to everyone).
     api = Records()
     ours, theirs = book(api, "n0"), book(api, "n0")
-    await ours.write("n0", "a", {GPU: [0]}, expect=None, uid="uid-a", version="5")
+    await ours.writer.write("n0", "a", {GPU: [0]}, expect=None, uid="uid-a", version="5")
     theirs.observe(api.objs[record_name("n0")])
     with pytest.raises(errors.Conflict, match="claim of a is"):
-        await theirs.write("n0", "a", {GPU: [3]}, expect=None, uid="uid-a", version="5")
+        await theirs.writer.write("n0", "a", {GPU: [3]}, expect=None, uid="uid-a", version="5")
     assert api.claims_of("n0") == {"a": {GPU: "0"}}
     assert len(api.writes) == 1  # refused before any write
 
@@ -267,18 +268,18 @@ async def test_a_bind_that_did_not_see_the_groups_claim_never_replaces_it() -> N
 async def test_a_release_decided_on_a_claim_renewed_since_fails() -> None:
     api = Records()
     b = book(api, "n0")
-    await b.write("n0", "a", {GPU: [0]}, expect=None, uid="uid-a", version="5")
+    await b.writer.write("n0", "a", {GPU: [0]}, expect=None, uid="uid-a", version="5")
     judged = b.claim("n0", "a")
     assert judged is not None and judged.version == "5"
     # A bind adopts the claim, renewing it with the group version it writes Bound on.
-    await b.write("n0", "a", {GPU: [0]}, expect=judged, uid="uid-a", version="8")
+    await b.writer.write("n0", "a", {GPU: [0]}, expect=judged, uid="uid-a", version="8")
     assert json.loads(api.objs[record_name("n0")]["data"]["versions"]) == {"a": "8"}
     with pytest.raises(errors.Conflict, match=r"group version 5\) as when decided"):
-        await b.write("n0", "a", None, expect=judged)
+        await b.writer.write("n0", "a", None, expect=judged)
     assert api.claims_of("n0") == {"a": {GPU: "0"}}
     # Giving back a claim that is gone already is done, whatever was judged.
-    await b.write("n0", "a", None, expect=b.claim("n0", "a"))
-    await b.write("n0", "a", None, expect=judged)
+    await b.writer.write("n0", "a", None, expect=b.claim("n0", "a"))
+    await b.writer.write("n0", "a", None, expect=judged)
     assert api.claims_of("n0") == {}
 
 

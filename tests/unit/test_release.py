@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from api.constants import REASON_CLAIM_GIVEN_BACK
+from controllers.groupwriter import GroupWriter
 from controllers.ledger.records import Claim
-from controllers.ledger.release import REASON_CLAIM_GIVEN_BACK, ClaimReleaser
+from controllers.ledger.release import ClaimReleaser
 from sdgruntime import errors
 
 pytestmark = pytest.mark.anyio
@@ -22,6 +24,7 @@ class Claims:
         self.node, self.uid = node, uid
         self.version = "3"  # the group version the claim was decided (or renewed) on
         self.log: list[str] = []
+        self.writer = self
 
     def nodes_claiming(self, name: str) -> list[str]:
         return [self.node]
@@ -37,31 +40,48 @@ class Claims:
         self.log.append(f"release {name} on {node} if still at version {expect.version}")
 
 
-class Writer:
-    def __init__(self, live: Obj | None, claims: Claims, fail: Exception | None = None):
-        self._live, self.claims, self.fail = live, claims, fail
-        self.written: list[Obj] = []
+class Api:
+    """The API server as the releaser reads it: the group live, a node's pods live."""
+
+    def __init__(self, live: Obj | None, claims: Claims, pods: tuple[Obj, ...] = ()) -> None:
+        self._live, self.claims, self.pods = live, claims, list(pods)
+        self.asked: list[str] = []
         #: A bind elsewhere renews the claim while the live read is in flight.
         self.renewed_meanwhile = False
 
-    async def live(self, name: str) -> Obj | None:
+    async def get(self, kind: Any, name: str) -> Obj:
         if self.renewed_meanwhile:
             self.claims.version = "9"
+        if self._live is None:
+            raise errors.NotFound(name)
         return self._live
 
-    async def status(self, group: Obj, status: Obj) -> Obj | None:
+    async def list_all(
+        self, kind: Any, namespace: str | None, *, field_selector: str, transform: Any
+    ) -> tuple[list[Obj], str]:
+        self.asked.append(field_selector)
+        node = field_selector.removeprefix("spec.nodeName=")
+        return [transform(p) for p in self.pods if p["spec"]["nodeName"] == node], "1"
+
+
+class Fence:
+    """``GroupWriter.fence`` as the releaser sees it: bumps the group, or says someone
+    wrote it first (None)."""
+
+    def __init__(self, claims: Claims, first: bool = False) -> None:
+        self.claims, self.first = claims, first
+
+    async def __call__(self, live: Obj, node: str) -> Obj | None:
         self.claims.log.append(
-            f"status of {group['metadata']['name']} at rv {group['metadata']['resourceVersion']}"
+            f"status of {live['metadata']['name']} at rv {live['metadata']['resourceVersion']}"
         )
-        if self.fail is not None:
-            raise self.fail
-        written = {
-            **group,
-            "metadata": {**group["metadata"], "resourceVersion": "8"},
-            "status": status,
-        }
-        self.written.append(written)
-        return written
+        if self.first:
+            return None
+        return {**live, "metadata": {**live["metadata"], "resourceVersion": "8"}}
+
+
+def releaser(claims: Claims, api: Api, fence: Fence | None = None) -> ClaimReleaser:
+    return ClaimReleaser(claims, Cache(), api, fence or Fence(claims))  # type: ignore[arg-type]
 
 
 class Cache:
@@ -78,63 +98,70 @@ def pending(uid: str = "u1") -> Obj:
 
 async def test_a_pending_groups_claim_is_released_only_after_its_status_was_bumped() -> None:
     claims = Claims("n1", "u1")
-    writer = Writer(pending(), claims)
-    releaser = ClaimReleaser(claims, writer, Cache())  # type: ignore[arg-type]
-    live = await releaser.release_stale("g")
+    live = await releaser(claims, Api(pending(), claims)).release_stale("g")
     assert claims.log == [
         "status of g at rv 7",
         "release g on n1 if still at version 3",
     ]  # the fence first
     assert live is not None and live["metadata"]["resourceVersion"] == "8"
-    cond = writer.written[0]["status"]["conditions"][-1]
-    assert (cond["type"], cond["status"], cond["reason"]) == (
-        "Scheduled",
-        "False",
-        REASON_CLAIM_GIVEN_BACK,
-    )
-    assert "n1" in cond["message"]
 
 
-@pytest.mark.parametrize("failure", [errors.Conflict("first", code=409), errors.NotFound("gone")])
-async def test_when_someone_wrote_the_group_first_nothing_is_released(failure: Exception) -> None:
+async def test_when_someone_wrote_the_group_first_nothing_is_released() -> None:
     claims = Claims("n1", "u1")
-    releaser = ClaimReleaser(claims, Writer(pending(), claims, fail=failure), Cache())  # type: ignore[arg-type]
-    assert await releaser.release_stale("g") is None
+    fence = Fence(claims, first=True)
+    assert await releaser(claims, Api(pending(), claims), fence).release_stale("g") is None
     assert claims.log == ["status of g at rv 7"]  # no release
 
 
 async def test_orphans_and_claims_of_other_incarnations_need_no_fence() -> None:
     for live in (None, pending(uid="u2")):
         claims = Claims("n1", "u1")
-        writer = Writer(live, claims)
-        await ClaimReleaser(claims, writer, Cache()).release_stale("g")  # type: ignore[arg-type]
+        await releaser(claims, Api(live, claims)).release_stale("g")
         assert claims.log == ["release g on n1 if still at version 3"]
 
 
 async def test_the_release_is_conditional_on_the_claim_as_judged_before_the_live_read() -> None:
     # A bind in another manager adopts the claim and renews it while our live read is in
     # flight: the release must be conditional on the claim we judged (version 3), so the
-    # claim book refuses it rather than freeing devices that bind is about to get.
+    # ledger refuses it rather than freeing devices that bind is about to get.
     claims = Claims("n1", "u1")
-    writer = Writer(pending(), claims)
-    writer.renewed_meanwhile = True
-    await ClaimReleaser(claims, writer, Cache()).release_stale("g")  # type: ignore[arg-type]
+    api = Api(pending(), claims)
+    api.renewed_meanwhile = True
+    await releaser(claims, api).release_stale("g")
     assert claims.log == ["status of g at rv 7", "release g on n1 if still at version 3"]
 
 
-class PodLister:
-    """The API server's pods (a live list by node), unlike the cache, which has none."""
+class StatusClient:
+    """The API server's answer to one conditional status write of a group."""
 
-    def __init__(self, pods: list[Obj]) -> None:
-        self.pods = pods
-        self.asked: list[str | None] = []
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.fail = fail
+        self.written: list[Obj] = []
 
-    async def list_all(
-        self, kind: Any, namespace: str | None, *, field_selector: str, transform: Any
-    ) -> tuple[list[Obj], str]:
-        self.asked.append(field_selector)
-        node = field_selector.removeprefix("spec.nodeName=")
-        return [transform(p) for p in self.pods if p["spec"]["nodeName"] == node], "1"
+    async def update_status(self, kind: Any, group: Obj) -> Obj:
+        if self.fail is not None:
+            raise self.fail
+        written = {**group, "metadata": {**group["metadata"], "resourceVersion": "8"}}
+        self.written.append(written)
+        return written
+
+
+async def test_the_fence_says_why_the_group_is_placed_again() -> None:
+    client = StatusClient()
+    fenced = await GroupWriter(client).fence(pending(), "n1")  # type: ignore[arg-type]
+    assert fenced is not None and fenced["metadata"]["resourceVersion"] == "8"
+    cond = client.written[0]["status"]["conditions"][-1]
+    assert (cond["type"], cond["status"], cond["reason"]) == (
+        "Scheduled",
+        "False",
+        REASON_CLAIM_GIVEN_BACK,
+    )
+    assert "n1" in cond["message"] and "resourceVersion 7" in cond["message"]
+
+
+@pytest.mark.parametrize("failure", [errors.Conflict("first", code=409), errors.NotFound("gone")])
+async def test_a_fence_that_loses_the_race_says_none(failure: Exception) -> None:
+    assert await GroupWriter(StatusClient(failure)).fence(pending(), "n1") is None  # type: ignore[arg-type]
 
 
 def member(phase: str = "Running") -> Obj:
@@ -157,9 +184,7 @@ async def test_a_deleted_groups_claims_stay_while_a_live_read_finds_its_pods(
     when the group's finalizer runs. The node's pods are read live first."""
     claims = Claims("n1", "u1")
     deleting = {"metadata": {"name": "g", "uid": "u1", "deletionTimestamp": "now"}}
-    writer = Writer(deleting, claims)
-    writer.client = PodLister([member(phase)])  # type: ignore[attr-defined]
-    releaser = ClaimReleaser(claims, writer, Cache())  # type: ignore[arg-type]
-    assert await releaser.release_deleted(deleting) is (not kept)
-    assert writer.client.asked == ["spec.nodeName=n1"]  # type: ignore[attr-defined]
+    api = Api(deleting, claims, (member(phase),))
+    assert await releaser(claims, api).release_deleted(deleting) is (not kept)
+    assert api.asked == ["spec.nodeName=n1"]
     assert bool(claims.log) is (not kept)
