@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from api.constants import SDG_KIND
-from api.pods import pod_group
+from api.pods import cached_pod, pod_group
 from api.v1alpha1 import group_name
 from controllers import doctor
 from controllers.cliviews import (
@@ -45,6 +45,7 @@ from controllers.cliviews import (
     table_line,
     without_managed_fields,
 )
+from controllers.draclaims import RESOURCECLAIMS
 from controllers.inventory import RESOURCESLICES
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from sdgruntime import errors
@@ -133,8 +134,8 @@ def _parser() -> argparse.ArgumentParser:
         "--grid",
         action="store_true",
         help="one cell per device, by node: group letters, . free, x missing or unhealthy, "
-        "! conflict, ? only the claim record or the status (colours on a terminal unless "
-        "NO_COLOR is set)",
+        "! conflict, ? only the claim record or the status, o in use outside any group "
+        "(colours on a terminal unless NO_COLOR is set)",
     )
     output(form, "the map as data: per node, resource and device its groups, state, pods")
     watch(devices, "draw the map again after every change")
@@ -379,8 +380,32 @@ async def _devices(client: Client, args: argparse.Namespace, write: Write) -> in
     groups = await _groups(client)
     records = await _claim_records(client, args.claims_namespace)
     slices = await _resource_slices(client) or []
-    write(_render_devices(args, device_map(nodes, groups, records, slices)))
+    unread: list[tuple[str, str]] = []
+    pods = await _readable(client, PODS, unread, field_selector=_ACTIVE_PODS, transform=cached_pod)
+    claims = await _readable(client, RESOURCECLAIMS, unread) if slices else []
+    data = device_map(nodes, groups, records, slices, pods, claims)
+    data["warnings"] += [
+        f"{what} not readable ({why}): devices they hold outside any group are not shown"
+        for what, why in unread
+    ]
+    write(_render_devices(args, data))
     return 0
+
+
+#: Pods that may hold devices (the API server filters out finished ones).
+_ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+async def _readable(
+    client: Client, kind: Any, unread: list[tuple[str, str]], **kw: Any
+) -> list[dict[str, Any]]:
+    """Every ``kind`` object, or none when this user may not list them (or the server does
+    not serve them), noted in ``unread``."""
+    try:
+        return await _list(client, kind, **kw)
+    except (errors.NotFound, errors.Forbidden) as err:
+        unread.append((kind.plural, str(err).splitlines()[0][:120]))
+        return []
 
 
 async def _watch_devices(client: Client, args: argparse.Namespace, write: Write) -> int:

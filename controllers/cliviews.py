@@ -22,6 +22,7 @@ from api.constants import (
     CDI_ANNOTATION_FAMILIES,
     CONDITION_READY,
     CONDITION_SCHEDULED,
+    DEFAULT_ENV_TABLE,
     FINALIZER,
     GROUP_ANNOTATION,
     MAX_DEVICES_PER_RESOURCE,
@@ -54,6 +55,7 @@ from controllers.inventory import (
 )
 from controllers.ledger.book import Ledger
 from controllers.ledger.tracker import Devices
+from controllers.ledger.view import Pod, ResourceClaim, describe
 from controllers.placement import (
     node_device_capacity,
     node_name,
@@ -159,6 +161,8 @@ class ClaimView:
         default_factory=lambda: defaultdict(lambda: defaultdict(set))
     )
     warnings: list[str] = field(default_factory=list)
+    #: The manager's merge of the same objects, plus the kubelet's and DRA's books.
+    ledger: Ledger = field(default_factory=lambda: Ledger.from_objects())
 
     def held_ids(self, node: str, resource: str) -> set[int]:
         return {i for (n, r, i), hs in self.holders.items() if n == node and r == resource and hs}
@@ -173,12 +177,27 @@ class ClaimView:
         return capacity - len({i for i in self.held_ids(node, resource) if i < capacity})
 
 
-def claim_view(groups: Iterable[Obj], configmaps: Iterable[Obj]) -> ClaimView:
-    """Records and Bound statuses as the manager's claim book reads them (the one reader
-    of the record format: a decoy or a record naming another node reads the same here as
-    in the manager, and blocks the nodes it names)."""
-    book = Ledger.from_objects(configmaps=configmaps, groups=groups)
-    view = ClaimView()
+def claim_view(
+    groups: Iterable[Obj],
+    configmaps: Iterable[Obj],
+    offers: Mapping[str, Mapping[str, Offer]] | None = None,
+    pods: Iterable[Obj] = (),
+    claims: Iterable[Obj] = (),
+) -> ClaimView:
+    """Records and Bound statuses as the manager's ledger reads them (the one reader of
+    the record format: a decoy or a record naming another node reads the same here as in
+    the manager, and blocks the nodes it names); with the nodes' ``offers``, ``pods`` and
+    ResourceClaims, the ledger also knows what the kubelet and DRA gave others."""
+    groups = list(groups)
+    book = Ledger.from_objects(
+        configmaps=configmaps,
+        groups=groups,
+        offers=offers,
+        pods=pods,
+        claims=claims,
+        family=lambda resource: env_var_for(resource, DEFAULT_ENV_TABLE),
+    )
+    view = ClaimView(ledger=book)
     for node, why in sorted(book.broken.items()):
         view.warnings.append(f"node {node}: {why}")
     for node, record in sorted(book.records.items()):
@@ -337,6 +356,8 @@ def device_map(
     groups: Iterable[Obj],
     configmaps: Iterable[Obj],
     slices: Iterable[Obj] = (),
+    pods: Iterable[Obj] = (),
+    claims: Iterable[Obj] = (),
 ) -> dict[str, Any]:
     """The device map as data (``sdg devices -o json``), what every view of it draws.
 
@@ -344,22 +365,27 @@ def device_map(
     ``resources``; each resource with its inventory ``source`` (``allocatable``: a count,
     IDs guessed; ``annotation``; ``resourceslices``; null when the node offers none) and
     its ``devices``: ``id``, ``uuid`` (null when unknown), ``groups`` holding it (none when
-    free, two or more on a conflict), ``state`` (see :func:`devices_view`) and ``pods``
-    (the holding group's status.allocatedPods; null when free, on a conflict or when the
-    group does not exist). Then ``pendingGroups``, ``inventory`` and ``warnings``.
+    free, two or more on a conflict), ``heldBy`` (who else holds it: a pod the kubelet
+    gave it, a ResourceClaim; null), ``state`` (see :func:`devices_view`) and ``pods``
+    (the holding group's status.allocatedPods, or the pod holding it; null when free, on
+    a conflict or when the group does not exist). Then ``pendingGroups``, ``inventory``
+    and ``warnings``. ``pods`` and ``claims`` (every pod, every ResourceClaim) let the
+    map show what the kubelet's and DRA's books give outside any group.
     """
     nodes, groups, slices = list(nodes), list(groups), list(slices)
     by_slices = _slices_of(slices)
     by_node = {node_name(n): n for n in nodes}
     by_group = {group_name(g): g for g in groups}
-    view = claim_view(groups, configmaps)
+    all_offers = {name: node_offers(obj, by_slices.get(name, ())) for name, obj in by_node.items()}
+    view = claim_view(groups, configmaps, all_offers, pods, claims)
     shown = sorted({n for n, obj in by_node.items() if _is_shared(obj)} | view.nodes())
 
     out_nodes: list[dict[str, Any]] = []
     warnings = list(view.warnings)
     for node in shown:
         obj = by_node.get(node)
-        offers = node_offers(obj, by_slices.get(node, ())) if obj else {}
+        offers = all_offers.get(node, {})
+        held_by = view.ledger.view(node).holders
         capacity = {r: o.capacity for r, o in offers.items()}
         if obj is None:
             warnings.append(f"node {node}: not found, but devices are recorded on it")
@@ -392,14 +418,19 @@ def device_map(
             devices = []
             for i in sorted(listed_ids | held):
                 device = offer.device(i) if offer else None
-                holders, state, pods = _device_state(view, by_group, node, res, i, usable)
+                holders, state, users = _device_state(view, by_group, node, res, i, usable)
+                other = held_by.get((res, i))
+                if not holders and isinstance(other, ResourceClaim | Pod):
+                    state = "in-use"
+                    users = [f"{other.namespace}/{other.name}"] if isinstance(other, Pod) else None
                 devices.append(
                     {
                         "id": i,
                         "uuid": (device.uuid if device else "") or None,
                         "groups": holders,
+                        "heldBy": describe(other) if state == "in-use" and other else None,
                         "state": state,
-                        "pods": pods,
+                        "pods": users,
                     }
                 )
             source = SOURCE_NAMES.get(offer.source, offer.source) if offer else None
@@ -467,7 +498,9 @@ def devices_view(
     STATE is ``held`` when the claim record and the group's status agree, ``free``,
     ``record-only`` / ``status-only`` when only one of them says so, ``conflict`` when two
     groups hold one ID, ``missing`` when the node no longer offers a held ID (gone from its
-    inventory or unhealthy), ``unhealthy`` for a free device the inventory marks so. A UUID
+    inventory or unhealthy), ``unhealthy`` for a free device the inventory marks so,
+    ``in-use`` for one the kubelet gave a pod outside any group or DRA allocated to a
+    ResourceClaim (GROUP then names it). A UUID
     column appears when the inventory identifies devices; the Inventory section says, per
     node and resource, where the devices come from (IDs counted from allocatable are
     guessed).
@@ -484,7 +517,7 @@ def render_device_table(data: Mapping[str, Any]) -> str:
         for r in node["resources"]:
             for d in r["devices"]:
                 pods = "-" if d["pods"] is None else _pods_cell(d["pods"])
-                group = ",".join(d["groups"]) or "-"
+                group = ",".join(d["groups"]) or d.get("heldBy") or "-"
                 cells = (str(d["id"]), d["uuid"] or "", group, d["state"], pods)
                 rows.append((node["name"], r["resource"], *cells))
     headers = ["NODE", "RESOURCE", "ID", "UUID", "GROUP", "STATE", "PODS"]
@@ -631,6 +664,7 @@ CELL_KEY: Final = MappingProxyType(
         "x": "missing or unhealthy",
         "!": "conflict (two groups)",
         "?": "only the claim record or only the status holds it",
+        "o": "in use outside any group (a pod the kubelet gave it, a ResourceClaim)",
         "_": "no device with this ID",
     }
 )
@@ -651,7 +685,7 @@ GROUP_STYLES: Final = (
     "30;47",
     "97;100",
 )
-_STATE_STYLES: Final = MappingProxyType({".": "2", "x": "1;31", "!": "1;97;41", "_": "2"})
+_STATE_STYLES: Final = MappingProxyType({".": "2", "x": "1;31", "!": "1;97;41", "o": "1", "_": "2"})
 
 
 def _paint(text: str, style: str | None, color: bool) -> str:
@@ -698,8 +732,8 @@ def devices_grid(data: Mapping[str, Any], *, width: int = 80, color: bool = Fals
 
     def cell(d: Mapping[str, Any]) -> tuple[str, str | None]:
         state = d["state"]
-        if state in ("free", "unhealthy", "missing", "conflict"):
-            glyph = {"free": ".", "conflict": "!"}.get(state, "x")
+        if state in ("free", "unhealthy", "missing", "conflict", "in-use"):
+            glyph = {"free": ".", "conflict": "!", "in-use": "o"}.get(state, "x")
             return glyph, _STATE_STYLES[glyph]
         group = d["groups"][0]
         return ("?" if state != "held" else letters[group]), styles.get(group)

@@ -20,9 +20,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from api.pods import pod_key as pod_key_of
 from api.v1alpha1 import parse_ids
 from controllers.draclaims import CLAIM_HOLDER_PREFIX, DeviceRef, DraAllocations
-from controllers.holders import KubeletHold, sdg_id
+from controllers.holders import KubeletHold, kubelet_hold, sdg_id
 from controllers.inventory import SOURCE_SLICE, Offer, count_offer
 from controllers.ledger.records import (
     DATA_NODE,
@@ -133,19 +134,37 @@ class Ledger:
         *,
         configmaps: Iterable[Mapping[str, Any]] = (),
         groups: Iterable[Mapping[str, Any]] = (),
+        offers: Mapping[str, Mapping[str, Offer]] | None = None,
+        pods: Iterable[Mapping[str, Any]] = (),
+        claims: Iterable[Mapping[str, Any]] = (),
         namespace: str = "",
+        family: Callable[[str], str | None] | None = None,
     ) -> Ledger:
         """A read-only book of listed objects (the CLI's view, tests): what the manager's
-        book would hold after its informers delivered them. It has no client: it cannot
-        write."""
+        book would hold after its informers delivered them (records, groups, the nodes'
+        ``offers``, the pods the kubelet gave devices, ResourceClaims). It has no client:
+        it cannot write. ``namespace`` is the manager's (the records', holders', group
+        claims'); by default the records'."""
         configmaps = list(configmaps)
         if not namespace and configmaps:
             namespace = str((configmaps[0].get("metadata") or {}).get("namespace") or "")
-        book = cls(None, namespace)
+        book = cls(None, namespace, family=family)
+        claims = list(claims)
+        if claims:
+            dra = DraAllocations(namespace or None)
+            for claim in claims:
+                dra.observe(claim)
+            book.set_dra(dra)
+        for node, offered in (offers or {}).items():
+            book.set_offers(node, offered)
         for cm in configmaps:
             book.observe(cm)
         for group in groups:
             book.observe_group(group)
+        for pod in pods:
+            if (held := kubelet_hold(pod, namespace or None)) is not None:
+                node, hold = held
+                book.set_kubelet_hold(node, pod_key_of(pod), hold)
         return book
 
     # --- mirroring: records ------------------------------------------------------------

@@ -16,6 +16,9 @@ from opentelemetry import trace
 
 from api.constants import SDG_KIND
 from controllers.app import SDG
+from controllers.inventory import node_offers
+from controllers.ledger.book import Ledger
+from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.settings import Settings
 from sdgruntime import errors
 from sdgruntime.client import Client
@@ -291,3 +294,38 @@ def env_of(
 ) -> dict[str, str]:
     c = pod_obj["spec"][kind][container]
     return {e["name"]: e.get("value", "") for e in c.get("env") or []}
+
+
+async def ledger_of(client: Client) -> tuple[Ledger, list[dict[str, Any]]]:
+    """The ledger as the manager would build it from what the API server holds now (the
+    claim records and every group), and the groups it was built from."""
+    groups, _ = await client.list_all(SDG_KIND)
+    records, _ = await client.list_all(
+        CONFIGMAPS, MANAGER_NS, label_selector=f"{RECORD_LABEL}={RECORD_LABEL_VALUE}"
+    )
+    nodes, _ = await client.list_all(NODES)
+    offers = {n["metadata"]["name"]: node_offers(n) for n in nodes}
+    ledger = Ledger.from_objects(
+        configmaps=records, groups=groups, offers=offers, namespace=MANAGER_NS
+    )
+    return ledger, groups
+
+
+async def assert_no_device_shared(client: Client) -> None:
+    """The safety promise, read through the ledger: no record is unreadable, no device
+    is claimed by two holders, each group is claimed on one node at most, and every Bound
+    group's status is exactly its claim in its node's record (and there is one)."""
+    ledger, groups = await ledger_of(client)
+    assert any((g.get("status") or {}).get("phase") == "Bound" for g in groups), "none Bound"
+    assert not ledger.broken, ledger.broken
+    twice = {n: c for n in ledger.records if (c := ledger.view(n).conflicts())}
+    assert not twice, twice
+    assert not ledger.conflicts, ledger.conflicts
+    for g in groups:
+        name = g["metadata"]["name"]
+        assert len(ledger.nodes_claiming(name)) <= 1, (name, ledger.nodes_claiming(name))
+        status = g.get("status") or {}
+        if status.get("phase") == "Bound":
+            held = ledger.claim_of(name)
+            assert held is not None and held == ledger.statuses.get(name), (name, held, status)
+            assert ledger.view(status["nodeName"]).held_by(name) == held[1], name

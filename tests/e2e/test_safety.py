@@ -4,13 +4,11 @@ managers racing (a forced split brain, leader election off)."""
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
 
 import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers.ledger.records import DATA_CLAIMS, DATA_NODE, decode_claims
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.kinds import CONFIGMAPS, LEASES, PODS
@@ -18,6 +16,7 @@ from tests.e2e.harness import (
     GPU,
     MANAGER_NS,
     add_node,
+    assert_no_device_shared,
     bound_group_with_a_rogue_pod,
     devices_conflict,
     env_of,
@@ -43,39 +42,6 @@ async def _all_decided(client: Client, n: int) -> list[dict]:
     return groups if len(groups) == n and len(decided) == n else []
 
 
-async def _assert_no_device_shared(client: Client, groups: list[dict]) -> None:
-    """Every bound group's devices are its own, in the statuses and in the records alike."""
-    held: Counter[tuple[str, str, int]] = Counter()
-    for g in groups:
-        st = g.get("status") or {}
-        if st.get("phase") != "Bound":
-            continue
-        for res, ids in st["selectedDevices"].items():
-            for i in ids.split(","):
-                held[(st["nodeName"], res, int(i))] += 1
-    assert held and max(held.values()) == 1, [k for k, v in held.items() if v > 1]
-    records, _ = await client.list_all(CONFIGMAPS, MANAGER_NS)
-    in_records: Counter[tuple[str, str, int]] = Counter()
-    owners: dict[str, str] = {}
-    for cm in records:
-        if not cm["metadata"]["name"].startswith("sdg-claims."):
-            continue
-        node = cm["data"][DATA_NODE]
-        for grp, devices in decode_claims(cm["data"][DATA_CLAIMS]).items():
-            assert grp not in owners, f"group {grp} claimed on {owners[grp]} and {node}"
-            owners[grp] = node
-            for res, ids in devices.items():
-                for i in ids:
-                    in_records[(node, res, i)] += 1
-    assert max(in_records.values()) == 1
-    bound = {
-        g["metadata"]["name"]: g["status"]["nodeName"]
-        for g in groups
-        if (g.get("status") or {}).get("phase") == "Bound"
-    }
-    assert owners == bound
-
-
 async def test_fifty_groups_created_concurrently_never_share(
     cluster: ControlPlane, client: Client
 ) -> None:
@@ -98,7 +64,7 @@ async def test_fifty_groups_created_concurrently_never_share(
     assert pending and len(bound) >= 13
     for g in pending:
         assert int(g["spec"]["resources"][GPU]) > max(free.values()), (g, free)
-    await _assert_no_device_shared(client, groups)
+    await assert_no_device_shared(client)
 
 
 async def test_split_brain_two_managers_race_over_a_hundred_groups(
@@ -116,7 +82,7 @@ async def test_split_brain_two_managers_race_over_a_hundred_groups(
         groups, _ = await client.list_all(SDG_KIND)
     bound = [g for g in groups if g["status"]["phase"] == "Bound"]
     assert sum(int(g["spec"]["resources"][GPU]) for g in bound) <= 64
-    await _assert_no_device_shared(client, groups)
+    await assert_no_device_shared(client)
 
 
 async def test_restart_recovers_without_double_allocation(
@@ -158,8 +124,7 @@ async def test_restart_recovers_without_double_allocation(
         await client.create(PODS, pod("d-pod", "during-2"), namespace)
         await eventually(lambda: _has_node(client, "d-pod", namespace), what="d-pod bound")
         await eventually(lambda: _has_node(client, "late-pod", namespace), what="late-pod bound")
-        groups, _ = await client.list_all(SDG_KIND)
-        await _assert_no_device_shared(client, groups)
+        await assert_no_device_shared(client)
         after = await client.get(SDG_KIND, "before")
         # The bound group kept its node and devices; the newcomers got the other IDs.
         assert after["status"]["nodeName"] == before["status"]["nodeName"]
@@ -199,8 +164,7 @@ async def test_lost_status_and_lost_record_are_restored_from_pods(
         newcomer["status"]["selectedDevices"][GPU],
     }
     assert not set(",".join(taken).split(",")) & set(want[GPU].split(","))
-    groups, _ = await client.list_all(SDG_KIND)
-    await _assert_no_device_shared(client, groups)
+    await assert_no_device_shared(client)
 
 
 async def _has_node(client: Client, name: str, ns: str) -> bool:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from controllers import cli
-from controllers.cliviews import devices_view, explain_group, explain_pod, table
+from controllers import cli, cliviews
+from controllers.cliviews import device_map, devices_view, explain_group, explain_pod, table
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"
@@ -789,3 +789,78 @@ def test_a_decoy_record_reads_the_same_in_the_cli_as_in_the_manager() -> None:
         == {n: r.claims for n, r in manager.records.items()}
     )
     assert [w for w in view.warnings if "decoy" in w] == [f"node n0: {manager.broken['n0']}"]
+
+
+def test_device_map_shows_what_the_kubelet_and_dra_gave_outside_any_group() -> None:
+    """A plain pod the kubelet gave GPU 3 (it reports which), and on a DRA node a
+    ResourceClaim allocated gpu-1: the map says who holds each, as the manager's ledger
+    does, and neither is free."""
+    plain = pod("ml/notebook", node="gpu-a", phase="Running")
+    plain["spec"]["containers"][0]["resources"] = {"limits": {GPU: "1"}}
+    plain["status"]["containerStatuses"] = [
+        {
+            "name": "cuda",
+            "allocatedResourcesStatus": [
+                {"name": GPU, "resources": [{"resourceID": "3", "health": "Healthy"}]}
+            ],
+        }
+    ]
+    slice_ = {
+        "metadata": {"name": "dra-1-gpus"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "dra-1",
+            "pool": {"name": "dra-1", "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": f"gpu-{i}",
+                    "attributes": {
+                        "type": {"string": "gpu"},
+                        "uuid": {"string": f"GPU-{i}"},
+                        "resource.kubernetes.io/pciBusID": {"string": f"0000:0{i}:00.0"},
+                    },
+                }
+                for i in range(2)
+            ],
+        },
+    }
+    claim = {
+        "metadata": {"name": "mine", "namespace": "lab"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": "gpu.nvidia.com",
+                            "pool": "dra-1",
+                            "device": "gpu-1",
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    nodes = [node("gpu-a", {GPU: 4}), node("dra-1")]
+    groups = [group("train", {GPU: 2}, node="gpu-a", devices={GPU: "0,1"}, pods=["ml/w1"])]
+    records = [record("gpu-a", {"train": {GPU: "0,1"}})]
+    data = device_map(nodes, groups, records, [slice_], [plain], [claim])
+    devices = {
+        (n["name"], d["id"]): d for n in data["nodes"] for r in n["resources"] for d in r["devices"]
+    }
+    assert devices[("gpu-a", 3)] | {"uuid": None} == {
+        "id": 3,
+        "uuid": None,
+        "groups": [],
+        "heldBy": "pod ml/notebook",
+        "state": "in-use",
+        "pods": ["ml/notebook"],
+    }
+    assert devices[("gpu-a", 2)]["state"] == "free"
+    assert (devices[("dra-1", 1)]["state"], devices[("dra-1", 1)]["heldBy"]) == (
+        "in-use",
+        "ResourceClaim lab/mine",
+    )
+    assert devices[("dra-1", 0)]["state"] == "free"
+    text = cliviews.render_device_table(data)
+    assert "pod ml/notebook" in text and "ResourceClaim lab/mine" in text
