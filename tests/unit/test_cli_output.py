@@ -61,10 +61,24 @@ def test_device_map_data_is_what_the_table_shows() -> None:
     (res,) = gpu_a["resources"]
     assert (res["resource"], res["source"]) == (GPU, "allocatable")
     assert res["devices"] == [
-        {"id": 0, "uuid": None, "groups": ["train"], "state": "held", "pods": ["ml/w1", "ml/w2"]},
-        {"id": 1, "uuid": None, "groups": ["train"], "state": "held", "pods": ["ml/w1", "ml/w2"]},
-        {"id": 2, "uuid": None, "groups": [], "state": "free", "pods": None},
-        {"id": 3, "uuid": None, "groups": ["infer"], "state": "held", "pods": []},
+        {
+            "id": 0,
+            "uuid": None,
+            "groups": ["train"],
+            "heldBy": None,
+            "state": "held",
+            "pods": ["ml/w1", "ml/w2"],
+        },
+        {
+            "id": 1,
+            "uuid": None,
+            "groups": ["train"],
+            "heldBy": None,
+            "state": "held",
+            "pods": ["ml/w1", "ml/w2"],
+        },
+        {"id": 2, "uuid": None, "groups": [], "heldBy": None, "state": "free", "pods": None},
+        {"id": 3, "uuid": None, "groups": ["infer"], "heldBy": None, "state": "held", "pods": []},
     ]
     assert data["pendingGroups"] == ["big"]
     assert data["inventory"][1] == {
