@@ -42,6 +42,7 @@ from controllers.inventory import (
 )
 from controllers.ledger.book import Ledger
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
+from controllers.ledger.view import Group
 from controllers.podscheduler import PodScheduler
 from controllers.settings import Settings
 from controllers.statuscontroller import StatusController
@@ -345,10 +346,10 @@ class SDG:
             sdg_metrics.DEVICES_ALLOCATED.remove(node, res)
             sdg_metrics.DEVICES_MISSING.remove(node, res)
         # O(devices held on this node): it runs on every change of the node's claims.
-        held = {
-            res: {i for i, holder in ids.items() if not holder.startswith("!")}
-            for res, ids in tracker.holders_on(node).items()
-        }
+        held: dict[str, set[int]] = {}
+        for (res, i), holder in self.claims.view(node).holders.items():
+            if isinstance(holder, Group):
+                held.setdefault(res, set()).add(i)
         offers = self.claims.offers.get(node) or {}
         for res, total in capacities.items():
             free = tracker.free(node, res)
