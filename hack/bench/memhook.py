@@ -3,15 +3,17 @@ controllers``) with a heap census on signals, for ``soak.py``. Debug only: nothi
 manager's own code or defaults changes; this module wraps it.
 
 - ``SIGUSR1`` (mark, after the warm-up): ``gc.collect()``, then counts of live objects by
-  type, the sizes of every large container (dict, set, list, deque), and, when
-  ``SDG_MEMHOOK_TRACE=N`` is set, ``tracemalloc.start(N)`` (N frames per allocation).
-  Tracing starts at the mark, so the warm-up runs at full speed and what tracemalloc
-  shows at the report is exactly what was allocated after the mark and is still alive.
+  type, the sizes of every large container (dict, set, list, deque), the allocators'
+  books (Python's blocks, glibc malloc's in-use and free bytes) and, when
+  ``SDG_MEMHOOK_TRACE=N`` is set, a ``tracemalloc`` snapshot. Tracing (N frames per
+  allocation) then runs from the start, so the diff of two snapshots is growth by
+  allocation site: entries replaced in a structure of steady size cancel out. (Started
+  at the mark instead, every live allocation made since would count, churn or not.)
 - ``SIGUSR2`` (report): the same census again, written as JSON to
   ``$SDG_MEMHOOK_OUT/report.json`` (a rename, so a reader never sees half a file): the
   types whose counts grew most, the containers that grew most (and who holds each,
-  as ``Class.attribute`` found through ``gc.get_referrers``), new large containers, and
-  the top allocations by ``file:line`` (and their call stacks) alive since the mark.
+  as ``Class.attribute`` found through ``gc.get_referrers``), new large containers, the
+  allocators' books then and now, and the top growth by ``file:line`` (and call stacks).
 
 The census runs inside the signal handler, on the event loop's thread, between two
 bytecodes: it stops the manager for a second or two, which a soak can afford.
@@ -20,6 +22,7 @@ bytecodes: it stops the manager for a second or two, which a soak can afford.
 from __future__ import annotations
 
 import collections
+import ctypes
 import gc
 import json
 import os
@@ -48,11 +51,38 @@ class _Census:
         self.types: collections.Counter[str] = collections.Counter()
         self.sizes: dict[int, tuple[str, int]] = {}
         self.snapshot: tracemalloc.Snapshot | None = None
+        self.allocators: dict[str, int] = {}
         self.out = Path(os.environ.get("SDG_MEMHOOK_OUT") or ".")
         self.frames = int(os.environ.get("SDG_MEMHOOK_TRACE") or 0)
 
 
 _STATE = _Census()
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def allocators() -> dict[str, int]:
+    """Python's allocated blocks (pymalloc and others) and glibc malloc's books: bytes in
+    use (``uordblks``), free inside its heap (``fordblks``: fragmentation) and mmapped
+    (``hblkhd``). A growth that gc and tracemalloc do not show is C memory (OpenSSL,
+    extension modules) or fragmentation; these say which."""
+    out = {"python_blocks": sys.getallocatedblocks()}
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return out
+    out |= {f"malloc_{k}": int(getattr(info, k)) for k in ("uordblks", "fordblks", "hblkhd")}
+    return out
 
 
 def _type_name(obj: object) -> str:
@@ -134,10 +164,13 @@ def mark() -> None:
     st = _STATE
     st.types, st.sizes = _live()
     st.t_mark = time.monotonic()
-    if st.frames and not tracemalloc.is_tracing():
-        tracemalloc.start(st.frames)
+    st.allocators = allocators()
+    if tracemalloc.is_tracing():
         st.snapshot = tracemalloc.take_snapshot()
-    _write("mark.json", {"objects": sum(st.types.values()), "containers": len(st.sizes)})
+    _write(
+        "mark.json",
+        {"objects": sum(st.types.values()), "containers": len(st.sizes), **st.allocators},
+    )
 
 
 def report() -> None:
@@ -149,7 +182,10 @@ def report() -> None:
     grown_types.sort(key=lambda r: -r[1])
     growth: list[tuple[int, int, int]] = []  # (id, before, now)
     new: list[tuple[int, int]] = []
+    own = {id(st.types), id(st.sizes)}  # the mark's own books
     for i, (name, n) in sizes_now.items():
+        if i in own:
+            continue
         before = st.sizes.get(i)
         if before is not None and before[0] == name:
             if n > before[1]:
@@ -167,6 +203,7 @@ def report() -> None:
     out: dict[str, Any] = {
         "seconds_since_mark": time.monotonic() - (st.t_mark or time.monotonic()),
         "objects": {"mark": sum(st.types.values()), "now": sum(types_now.values())},
+        "allocators": {"mark": st.allocators, "now": allocators()},
         "types_grown": [{"type": n, "grew": d, "now": c} for n, d, c in grown_types[:TOP] if d > 0],
         "containers_grown": [
             {"holder": holders.get(i, ("?", "?"))[1], "type": holders.get(i, ("?",))[0]}
@@ -211,6 +248,10 @@ def _on_signal(signum: int, _frame: object) -> None:
 
 
 def main() -> None:
+    if _STATE.frames:
+        # From the start: a diff between two snapshots then shows growth by allocation
+        # site, where entries replaced in a structure of steady size cancel out.
+        tracemalloc.start(_STATE.frames)
     signal.signal(signal.SIGUSR1, _on_signal)
     signal.signal(signal.SIGUSR2, _on_signal)
     sys.argv = ["controllers", *sys.argv[1:]]

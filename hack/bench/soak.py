@@ -12,11 +12,12 @@ kept per object *ever seen* grows, and only state per object that *exists* stays
 
 Measured: the manager's RSS (``/proc/PID/status`` VmRSS) at the end of every round (all
 objects deleted: the same point of the cycle each time). At the end of the warm-up the
-manager is told to mark (SIGUSR1: gc counts by type and container sizes; with
-``--census`` also ``tracemalloc``), at the end to report (SIGUSR2); the report lists
-what grew between the two. The bar: RSS growth from the end of the warm-up to the end
-of the soak <= ``--bar-mib`` (2 MiB). ``--census`` runs are for finding what grows
-(tracemalloc's own books grow the RSS too, so their RSS is not held to the bar).
+manager is told to mark (SIGUSR1: gc counts by type, container sizes, the allocators'
+books; with ``--census`` a ``tracemalloc`` snapshot, tracing from the manager's start),
+at the end to report (SIGUSR2); the report lists what grew between the two. The bar:
+RSS growth from the end of the warm-up to the end of the soak <= ``--bar-mib`` (2 MiB).
+``--census`` runs are for finding what grows: tracing slows the manager and its own
+books grow the RSS, so their RSS is not held to the bar (nor written to RESULTS.md).
 
 Writes the ``soak`` section of RESULTS.md unless ``--no-results``. A benchmark, never a
 timed test.
@@ -324,6 +325,11 @@ def print_report(res: Obj) -> None:
     rep = res["report"]
     print(f"\nheap census after warm-up ({rep.get('seconds_since_mark', 0):.0f} s):")
     print("  objects:", rep.get("objects"))
+    for when, books in (rep.get("allocators") or {}).items():
+        print(
+            f"  allocators at {when}:",
+            {k: f"{v / MIB:.2f} MiB" if "malloc" in k else v for k, v in books.items()},
+        )
     print("  types grown:")
     for t in rep.get("types_grown", [])[:20]:
         print(f"    {t['grew']:+8d} {t['type']} (now {t['now']})")
