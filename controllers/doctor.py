@@ -47,10 +47,14 @@ from controllers.inventory import (
     node_of_slice,
     node_offers,
 )
+from controllers.ledger.book import Ledger
+from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
+from controllers.ledger.view import describe
 from controllers.placement import unaddressable_devices
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.kinds import (
+    CONFIGMAPS,
     CRDS,
     LEASES,
     MUTATING_WEBHOOKS,
@@ -207,6 +211,9 @@ class Facts:
     #: Why listing SharedDeviceGroups failed (None: listed fine), and how many there are.
     groups_error: str | None = None
     group_count: int = 0
+    groups: list[Obj] = field(default_factory=list)
+    #: The claim records in the manager's namespace (None: not read, groups unreadable).
+    records: list[Obj] | Unreadable | None = None
     webhooks: dict[str, Fetched] = field(default_factory=dict)  # configuration name -> it
     policies: dict[str, Fetched] = field(default_factory=dict)
     bindings: dict[str, Fetched] = field(default_factory=dict)
@@ -1211,7 +1218,67 @@ def judge(facts: Facts) -> list[Check]:
         checks.append(judge_delivery(node, config, facts.runtime_class, env_vars))
     checks.append(judge_runtime_class(config, facts.nodes, facts.runtime_class))
     checks.append(judge_holders(config, facts.nodes, facts.priority_class))
+    if facts.records is not None:
+        offers = {_name(n): node_offers(n, slices_by_node.get(_name(n), ())) for n in nodes}
+        pods = [p for listed in facts.pods.values() if isinstance(listed, list) for p in listed]
+        checks.append(judge_books(facts.records, facts.groups, offers, pods, facts))
     return checks
+
+
+def judge_books(
+    records: list[Obj] | Unreadable,
+    groups: Sequence[Obj],
+    offers: Mapping[str, Mapping[str, Offer]],
+    pods: Sequence[Obj],
+    facts: Facts,
+) -> Check:
+    """The ledger the manager builds from the same objects: no unreadable record, no device
+    with two holders (groups, or a group and a pod the kubelet gave it), each group
+    claimed on one node, each Bound status its claim."""
+    name = "claim records"
+    if isinstance(records, Unreadable):
+        return Check(name, None, _unreadable("the claim records (ConfigMaps)", records))
+    ns = facts.manager_namespace
+    table = facts.config.env_table
+    ledger = Ledger.from_objects(
+        configmaps=records,
+        groups=groups,
+        offers=offers,
+        pods=pods,
+        namespace=ns,
+        family=lambda resource: env_var_for(resource, table),
+    )
+    problems = [f"node {n}: {why}" for n, why in sorted(ledger.broken.items())]
+    for node in sorted(set(ledger.records) | set(offers)):
+        for (res, i), held in sorted(ledger.view(node).conflicts().items()):
+            problems.append(f"node {node}: {res} {i} is held by {describe(held)}")
+    if problems:
+        return Check(
+            name,
+            False,
+            f"{len(problems)} problem(s): " + "; ".join(problems[:MAX_NAMES_SHOWN]),
+            f"kubectl -n {ns} get configmaps -l {RECORD_LABEL}={RECORD_LABEL_VALUE} -o yaml; "
+            "sdg devices shows every holder",
+        )
+    stale = []
+    for group in groups:
+        gname = _name(group)
+        where = ledger.nodes_claiming(gname)
+        if len(where) > 1:
+            stale.append(f"{gname} is claimed on {', '.join(where)}")
+        elif gname in ledger.statuses and ledger.claim_of(gname) != ledger.statuses[gname]:
+            stale.append(f"{gname}'s status is not its claim (a bind or a restore in flight)")
+    if stale:
+        return Check(
+            name,
+            None,
+            "; ".join(stale[:MAX_NAMES_SHOWN]),
+            "run again in a minute: the manager repairs these; if they stay, sdg explain GROUP",
+        )
+    bound = sum(1 for g in groups if _name(g) in ledger.statuses)
+    return Check(
+        name, True, f"{len(ledger.records)} record(s), {bound} Bound group(s): one holder each"
+    )
 
 
 def exit_code(checks: Iterable[Check]) -> int:
@@ -1304,6 +1371,14 @@ async def collect(
             facts.groups_error = f"{SDG_KIND.path()} is not found (404)"
         else:
             facts.group_count = len(groups)
+            facts.groups = groups
+            records = await _list(
+                client,
+                CONFIGMAPS,
+                manager_namespace,
+                label_selector=f"{RECORD_LABEL}={RECORD_LABEL_VALUE}",
+            )
+            facts.records = [] if records is None else records
     for kind, config_name in WEBHOOK_CONFIGURATIONS.items():
         facts.webhooks[config_name] = await _read(client.get(_WEBHOOK_KINDS[kind], config_name))
     for policy in POLICIES:

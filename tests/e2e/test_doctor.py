@@ -142,11 +142,13 @@ def binding(kind: str, user: str, role: str, namespace: str | None = None) -> di
 @contextlib.contextmanager
 def doctor_user(cluster: ControlPlane, probe_namespace: str) -> Iterator[tuple[str, str]]:
     """(name, kubeconfig) of a user with only config/rbac's doctor roles, bound as their
-    comment says: deviceshare-doctor cluster-wide, the probe role in ``probe_namespace``."""
+    comment says: deviceshare-doctor cluster-wide, the probe role in ``probe_namespace``,
+    the records role in the manager's namespace."""
     user = f"doctor-{uuid.uuid4().hex[:8]}"
     objs = [
         binding("ClusterRoleBinding", user, "deviceshare-doctor"),
         binding("RoleBinding", user, "deviceshare-doctor-probe", probe_namespace),
+        binding("RoleBinding", user, "deviceshare-doctor-records", MANAGER_NS),
     ]
     for obj in objs:
         cluster.apply(obj)
@@ -155,6 +157,7 @@ def doctor_user(cluster: ControlPlane, probe_namespace: str) -> Iterator[tuple[s
     finally:
         cluster.delete("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", user)
         cluster.delete("rbac.authorization.k8s.io/v1", "RoleBinding", user, probe_namespace)
+        cluster.delete("rbac.authorization.k8s.io/v1", "RoleBinding", user, MANAGER_NS)
 
 
 @pytest.fixture(params=["admin", "the doctor roles"])
@@ -231,6 +234,7 @@ async def test_healthy_cluster_passes(
         "node doc-gpu-2: delivery": "✓",
         "RuntimeClass": "✓",
         "holder pods": "✓",
+        "claim records": "✓",
     }
     assert "(1 group(s))" in line_of(out, "CRD")
     assert "denied by SDG" in line_of(out, "pod webhook")
@@ -244,7 +248,7 @@ async def test_healthy_cluster_passes(
         out, "node doc-gpu-1: delivery"
     )
     warnings = 1 + (marks(out)["cert-manager"] == "!")
-    assert out.endswith(f"0 problem(s), {warnings} warning(s) in 19 checks\n")
+    assert out.endswith(f"0 problem(s), {warnings} warning(s) in 20 checks\n")
     # the probe was a dry run: no pod of it exists
     pods, _ = await client.list_all(PODS, "default")
     assert not [p for p in pods if p["metadata"]["name"].startswith("sdg-doctor-probe-")]
@@ -311,7 +315,7 @@ async def test_broken_cluster_names_exactly_what_is_wrong(
     # Nothing says how either node's runtime takes devices (delivery auto): warned.
     assert marks(out)["node doc-gpu-1: delivery"] == "!"
     assert marks(out)["node doc-gpu-2: delivery"] == "!"
-    assert out.endswith("3 problem(s), 3 warning(s) in 19 checks\n")
+    assert out.endswith("3 problem(s), 3 warning(s) in 20 checks\n")
 
     assert jcode == 1
     by_name = {c["name"]: c for c in json.loads(jout)}

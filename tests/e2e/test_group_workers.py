@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers.ledger.records import DATA_CLAIMS, DATA_NODE, RECORD_PREFIX, decode_claims
+from controllers.ledger.book import Ledger
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.kinds import CONFIGMAPS
@@ -67,11 +67,10 @@ async def _holdings(client: Client) -> tuple[dict[str, list[tuple[str, Any]]], H
     after, _ = await client.list_all(SDG_KIND)
     held: Counter[tuple[str, str, int]] = Counter()
     claims: dict[str, list[tuple[str, Any]]] = {}
-    for cm in records:
-        if not cm["metadata"]["name"].startswith(RECORD_PREFIX):
-            continue
-        node = cm["data"][DATA_NODE]
-        for name, devices in decode_claims(cm["data"][DATA_CLAIMS]).items():
+    ledger = Ledger.from_objects(configmaps=records, namespace=MANAGER_NS)
+    assert not ledger.broken, ledger.broken
+    for node, record in ledger.records.items():
+        for name, devices in record.claims.items():
             claims.setdefault(name, []).append((node, devices))
             held.update((node, res, i) for res, ids in devices.items() for i in ids)
     twice = [k for k, n in held.items() if n > 1]

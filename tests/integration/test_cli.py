@@ -246,7 +246,14 @@ def test_devices_as_data_and_as_a_grid(
     key = f"{state['ns']}/{state['pod']}"
     assert (res["resource"], res["source"]) == (GPU, "allocatable")
     assert res["devices"] == [
-        {"id": i, "uuid": None, "groups": [state["group"]], "state": "held", "pods": [key]}
+        {
+            "id": i,
+            "uuid": None,
+            "groups": [state["group"]],
+            "heldBy": None,
+            "state": "held",
+            "pods": [key],
+        }
         for i in (0, 1)
     ]
     assert [d["state"] for d in nodes[state["spare"]]["resources"][0]["devices"]] == ["free"] * 2

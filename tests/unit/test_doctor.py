@@ -899,3 +899,73 @@ def test_an_untainted_shared_node_is_fine_only_with_holder_pods() -> None:
     bare = node("gpu-1", 2)
     assert d.judge_taint(bare, holders=True).ok is True
     assert d.judge_taint(bare, holders=False).ok is False
+
+
+def _record(node: str, claims: dict[str, dict[str, str]], name: str | None = None) -> Any:
+    return {
+        "metadata": {
+            "name": name or f"sdg-claims.{node}",
+            "namespace": "deviceshare-system",
+            "resourceVersion": "1",
+            "labels": {"deviceshare.io/claims": "node"},
+        },
+        "data": {"node": node, "claims": json.dumps(claims)},
+    }
+
+
+def _bound(name: str, node: str, ids: str) -> Any:
+    return {
+        "metadata": {"name": name},
+        "status": {"phase": "Bound", "nodeName": node, "selectedDevices": {GPU: ids}},
+    }
+
+
+def _books(records: Any, groups: Any, pods: Any = ()) -> Check:
+    offers = {"n1": d.node_offers(node("n1", 4))}
+    return d.judge_books(records, groups, offers, list(pods), Facts())
+
+
+def test_books_agree() -> None:
+    check = _books([_record("n1", {"a": {GPU: "0,1"}})], [_bound("a", "n1", "0,1")])
+    assert check.ok is True and "1 Bound group(s)" in check.detail
+
+
+def test_books_name_a_decoy_record_and_a_device_held_twice() -> None:
+    """A decoy names the node: the manager's ledger blocks it, and so does doctor; a plain
+    pod the kubelet gave a group's GPU is a second holder."""
+    decoy = _books(
+        [_record("n1", {"a": {GPU: "0"}}), _record("n1", {"x": {GPU: "2"}}, name="decoy")],
+        [_bound("a", "n1", "0")],
+    )
+    assert decoy.ok is False and "decoy" in decoy.detail and "node n1" in decoy.detail
+    rogue = {
+        "metadata": {"name": "rogue", "namespace": "ml"},
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "c", "resources": {"limits": {GPU: "1"}}}],
+        },
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "c",
+                    "allocatedResourcesStatus": [
+                        {"name": GPU, "resources": [{"resourceID": "0", "health": "Healthy"}]}
+                    ],
+                }
+            ],
+        },
+    }
+    twice = _books([_record("n1", {"a": {GPU: "0"}})], [_bound("a", "n1", "0")], [rogue])
+    assert twice.ok is False and "nvidia.com/gpu 0 is held by" in twice.detail
+    assert "group a" in twice.detail and "pod ml/rogue" in twice.detail
+
+
+def test_books_warn_about_a_status_that_is_not_its_claim() -> None:
+    check = _books([_record("n1", {"a": {GPU: "0"}})], [_bound("a", "n1", "1")])
+    assert check.ok is None and "not its claim" in check.detail
+
+
+def test_books_unreadable_says_so() -> None:
+    check = _books(Unreadable("403 Forbidden configmaps"), [])
+    assert check.ok is None and "403" in check.detail
