@@ -298,7 +298,9 @@ async def test_wait_for_sync_names_a_kind_whose_crd_is_missing(
             await cache.wait_for_sync(120)
     assert not caught.value.timed_out
     assert str(caught.value) == (
-        "ghosts.nothere.example.com: the server could not find the resource (CRD not installed?)"
+        "ghosts.nothere.example.com: the server could not find the resource: the API server "
+        "serves no API group 'nothere.example.com': is its CustomResourceDefinition installed? "
+        "(kubectl get crds; the envtest pytest plugin installs config/crd)"
     )
 
 
