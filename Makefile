@@ -81,3 +81,8 @@ bench: controlplane  ## Benchmarks: placement at 1000 nodes (pure) and end to en
 bench-compare: controlplane  ## SDG vs kube-scheduler, a raw binder and kopf, S1-S8 (~7 min on 2 cores; SCALE=small ~1 min)
 	$(BIN)/pip install --quiet -e '.[test,otlp,bench]'
 	$(BIN)/python hack/bench/compare.py --scale $(or $(SCALE),full)
+
+.PHONY: bench-soak
+bench-soak: controlplane  ## Memory under churn: the manager's RSS over rounds of groups+pods made and deleted (DURATION=480 s; CENSUS=1 for tracemalloc)
+	$(BIN)/pip install --quiet -e '.[test,otlp,bench]'
+	$(BIN)/python hack/bench/soak.py --duration $(or $(DURATION),480) --warmup $(or $(WARMUP),120) $(if $(CENSUS),--census)

@@ -45,6 +45,7 @@ for p in (str(HERE), str(ROOT)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+import compare  # noqa: E402
 from _kube import ApiError, Kube, cpu_seconds, memory  # noqa: E402
 from _report import machine, machine_line, update_section  # noqa: E402
 from compare import (  # noqa: E402
@@ -105,7 +106,14 @@ async def start_manager(env: Env, args: argparse.Namespace) -> tuple[Proc, int, 
     env.env["SDG_MEMHOOK_OUT"] = str(out)
     env.env["SDG_MEMHOOK_TRACE"] = str(args.frames if args.census else 0)
     env.commands["manager"] = shlex.join(["python", *cmd[1:]])
-    proc = Proc("sdg-manager", cmd, env.work / "manager.log", env.env)
+    saved = compare.ROOT
+    if args.tree:  # another source tree's manager (an A/B): its modules, its directory
+        compare.ROOT = Path(args.tree)
+        env.env["PYTHONPATH"] = args.tree
+    try:
+        proc = Proc("sdg-manager", cmd, env.work / "manager.log", env.env)
+    finally:
+        compare.ROOT = saved
     await wait_http_ok(proc, f"http://127.0.0.1:{probe_port}/readyz")
     return proc, webhook_port, out
 
@@ -281,6 +289,7 @@ def markdown(res: Obj, bar: float) -> str:
         f"Command: `python hack/bench/soak.py --duration {a['duration']:g} --warmup "
         f"{a['warmup']:g} --nodes {a['nodes']} --groups {a['groups']} --pods {a['pods']}"
         + (" --census" if a["census"] else "")
+        + (f" --tree {a['tree']}" if a["tree"] else "")
         + "`; manager: `"
         + res["command"]
         + "`.",
@@ -361,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--census", action="store_true", help="tracemalloc from the mark on")
     parser.add_argument("--frames", type=int, default=8, help="tracemalloc frames (--census)")
     parser.add_argument("--json", default="", help="also write the figures to this file")
+    parser.add_argument(
+        "--tree", default="", help="run the manager of this source tree (e.g. a git archive)"
+    )
     parser.add_argument("--no-results", action="store_true", help="leave RESULTS.md alone")
     parser.add_argument("manager_args", nargs="*", help="after --: more manager flags")
     args = parser.parse_args(argv)
@@ -368,6 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("more groups than GPUs: each node has 8, each group takes 1")
     if args.warmup >= args.duration and not args.rounds:
         parser.error("--warmup must be shorter than --duration")
+    if args.tree:
+        args.tree = str(Path(args.tree).resolve())
+        if not (Path(args.tree) / "controllers" / "__main__.py").is_file():
+            parser.error(f"--tree {args.tree}: no controllers/__main__.py there")
     logging.basicConfig(level=logging.WARNING)
     res = asyncio.run(soak(args))
     print_report(res)
