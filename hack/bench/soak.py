@@ -1,6 +1,6 @@
 """Memory under churn: does the manager's RSS stay flat while groups and pods come and go?
 
-``make bench-soak`` (or ``.venv/bin/python hack/bench/soak.py --duration 480 --warmup 120
+``make bench-soak`` (or ``.venv/bin/python hack/bench/soak.py --duration 540 --warmup 200
 [--census] [-- manager flags]``) starts the local control plane and the real manager
 process (webhooks on, leader election on, holder pods on, as compare.py and
 bench_groups.py start it) wrapped by ``memhook.py``, a fake kubelet (with its device
@@ -358,9 +358,9 @@ def print_report(res: Obj) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=480.0, help="seconds of churn")
+    parser.add_argument("--duration", type=float, default=540.0, help="seconds of churn")
     parser.add_argument("--rounds", type=int, default=0, help="rounds instead of --duration")
-    parser.add_argument("--warmup", type=float, default=120.0, help="seconds before the mark")
+    parser.add_argument("--warmup", type=float, default=200.0, help="seconds before the mark")
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--pods", type=int, default=100)
