@@ -22,7 +22,6 @@ from api.constants import (
     CDI_ANNOTATION_FAMILIES,
     CONDITION_READY,
     CONDITION_SCHEDULED,
-    DEFAULT_ENV_TABLE,
     FINALIZER,
     GROUP_ANNOTATION,
     MAX_DEVICES_PER_RESOURCE,
@@ -195,7 +194,6 @@ def claim_view(
         offers=offers,
         pods=pods,
         claims=claims,
-        family=lambda resource: env_var_for(resource, DEFAULT_ENV_TABLE),
     )
     view = ClaimView(ledger=book)
     for node, why in sorted(book.broken.items()):

@@ -1239,14 +1239,13 @@ def judge_books(
     if isinstance(records, Unreadable):
         return Check(name, None, _unreadable("the claim records (ConfigMaps)", records))
     ns = facts.manager_namespace
-    table = facts.config.env_table
     ledger = Ledger.from_objects(
         configmaps=records,
         groups=groups,
         offers=offers,
         pods=pods,
         namespace=ns,
-        family=lambda resource: env_var_for(resource, table),
+        env_table=facts.config.env_table,
     )
     problems = [f"node {n}: {why}" for n, why in sorted(ledger.broken.items())]
     for node in sorted(set(ledger.records) | set(offers)):

@@ -20,6 +20,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from api.constants import DEFAULT_ENV_TABLE
+from api.envvars import env_var_for
 from api.pods import pod_key as pod_key_of
 from api.v1alpha1 import parse_ids
 from controllers.draclaims import CLAIM_HOLDER_PREFIX, DeviceRef, DraAllocations
@@ -138,17 +140,18 @@ class Ledger:
         pods: Iterable[Mapping[str, Any]] = (),
         claims: Iterable[Mapping[str, Any]] = (),
         namespace: str = "",
-        family: Callable[[str], str | None] | None = None,
+        env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
     ) -> Ledger:
         """A read-only book of listed objects (the CLI's view, tests): what the manager's
         book would hold after its informers delivered them (records, groups, the nodes'
         ``offers``, the pods the kubelet gave devices, ResourceClaims). It has no client:
         it cannot write. ``namespace`` is the manager's (the records', holders', group
-        claims'); by default the records'."""
+        claims'); by default the records'. ``env_table`` groups resources into device
+        families as the manager's ``--device-env`` does."""
         configmaps = list(configmaps)
         if not namespace and configmaps:
             namespace = str((configmaps[0].get("metadata") or {}).get("namespace") or "")
-        book = cls(None, namespace, family=family)
+        book = cls(None, namespace, family=lambda resource: env_var_for(resource, env_table))
         claims = list(claims)
         if claims:
             dra = DraAllocations(namespace or None)
