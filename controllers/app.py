@@ -120,6 +120,8 @@ class SDG:
         cache.add_index(PODS, POD_NODE_INDEX, index_by_node)
         self._gauged: dict[str, set[str]] = {}
         self._foreign_gauged: set[str] = set()
+        #: Node -> the sdg_device_holder label sets it exposes (``_count_devices``).
+        self._holder_series: dict[str, set[tuple[str, str, str, str, str]]] = {}
         #: Pod key -> the node whose kubelet gave it devices (``_feed_kubelet_holds``).
         self._kubelet_node_of: dict[str, str] = {}
         table = self.env_table
@@ -347,10 +349,21 @@ class SDG:
             sdg_metrics.DEVICES_MISSING.remove(node, res)
         # O(devices held on this node): it runs on every change of the node's claims.
         held: dict[str, set[int]] = {}
+        offers = self.claims.offers.get(node) or {}
+        series: set[tuple[str, str, str, str, str]] = set()
         for (res, i), holder in self.claims.view(node).holders.items():
             if isinstance(holder, Group):
                 held.setdefault(res, set()).add(i)
-        offers = self.claims.offers.get(node) or {}
+                device = offers[res].device(i) if res in offers else None
+                series.add((node, res, str(i), (device.uuid if device else "") or "", holder.name))
+        # One series per device a group holds (bounded by the node's device cap), for
+        # joining DCGM's per-GPU metrics on the UUID; a device given back drops its series.
+        for gone in self._holder_series.pop(node, set()) - series:
+            sdg_metrics.DEVICE_HOLDER.remove(*gone)
+        for labels in series:
+            sdg_metrics.DEVICE_HOLDER.labels(*labels).set(1)
+        if series:
+            self._holder_series[node] = series
         for res, total in capacities.items():
             free = tracker.free(node, res)
             sdg_metrics.DEVICES_FREE.labels(node, res).set(free)

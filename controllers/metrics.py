@@ -69,3 +69,11 @@ FOREIGN_DEVICE_PODS = Gauge(
     ["node"],
     registry=REGISTRY,
 )
+DEVICE_HOLDER = Gauge(
+    "sdg_device_holder",
+    "1 per device a group holds, by node, resource, device ID, UUID (empty when the "
+    "inventory knows none) and group: join DCGM's DCGM_FI_DEV_* on UUID for per-group "
+    "utilisation (at most 1024 devices per node and resource)",
+    ["node", "resource", "device", "uuid", "group"],
+    registry=REGISTRY,
+)

@@ -156,3 +156,34 @@ async def test_node_annotation_names_devices_with_holes(
         assert g["status"]["physicalDevices"] == {GPU: "GPU-a,GPU-c"}
         created = await client.create(PODS, pod("p", "pair"), namespace)
         assert env_of(created)["NVIDIA_VISIBLE_DEVICES"] == "GPU-a,GPU-c"  # --device-ids auto
+
+
+def _holder_series() -> set[tuple[str, ...]]:
+    """The sdg_device_holder series exposed now, as (node, resource, device, uuid, group)."""
+    return {
+        tuple(s.labels[k] for k in ("node", "resource", "device", "uuid", "group"))
+        for metric in sdg_metrics.DEVICE_HOLDER.collect()
+        for s in metric.samples
+        if s.value == 1
+    }
+
+
+async def test_each_device_a_group_holds_is_a_series_with_its_uuid(
+    cluster: ControlPlane, client: Client, slices: Any
+) -> None:
+    """sdg_device_holder says which group holds which GPU by UUID (what DCGM's metrics
+    carry); a group deleted leaves no series behind."""
+    await add_node(client, "dra-m", 0)
+    await slices("dra-m", [gpu(0), gpu(1), gpu(2)])
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("metered", {GPU: 2}))
+        bound = await wait_bound(client, "metered")
+        uuids = bound["status"]["physicalDevices"][GPU].split(",")
+        want = {("dra-m", GPU, str(i), u, "metered") for i, u in enumerate(uuids)}
+        assert {s for s in _holder_series() if s[0] == "dra-m"} == want
+        await client.delete(SDG_KIND, "metered")
+
+        async def gone() -> bool:
+            return not any(s[0] == "dra-m" for s in _holder_series())
+
+        await eventually(gone, what="the group's series dropped")
