@@ -4,11 +4,15 @@ the manager caches of pods and nodes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from api.constants import DEVICES_ANNOTATION, GROUP_ANNOTATION
-from api.envvars import env_var_for
+from api.constants import (
+    DEVICES_ANNOTATION,
+    GROUP_ANNOTATION,
+    INJECTOR_ANNOTATION_FAMILIES,
+)
+from api.envvars import device_env_vars, env_var_for
 from api.v1alpha1 import format_ids, parse_ids
 from sdgruntime.cache.store import intern_strings
 
@@ -163,6 +167,10 @@ _KEPT_STATUS = ("phase", "conditions", "nominatedNodeName", "reason", "message")
 #: Of each container status, only which devices the kubelet gave it (how SDG reads back a
 #: holder pod's devices, ``controllers.holders``); absent for pods without devices.
 _KEPT_CONTAINER_STATUS = ("name", "allocatedResourcesStatus")
+#: Annotations of a pod SDG reads: its own, and the device-injector's.
+_KEPT_ANNOTATION_PREFIXES = ("deviceshare.io/", *INJECTOR_ANNOTATION_FAMILIES)
+#: The device variables of SDG's default table (what ``cached_pod`` keeps of env).
+_DEFAULT_ENV_VARS = device_env_vars()
 
 
 #: Foreign detection reads whether a container's ``envFrom`` may set a device variable
@@ -216,31 +224,64 @@ def _slim_claims(claims: Any) -> Any:
     return [_kept(c, _KEPT_CLAIM) if isinstance(c, dict) else c for c in claims[:_MAX_KEPT_REFS]]
 
 
-def _slim_container(container: Any) -> Any:
+def _slim_container(container: Any, env_vars: frozenset[str]) -> Any:
     if not isinstance(container, dict):
         return container
     out = _kept(container, _KEPT_CONTAINER)
+    env = container.get("env")
+    if isinstance(env, list):
+        # Only the device variables (every one SDG reads: delivery, recovery, foreign
+        # use); a pod's other env may be megabytes the manager would keep for nothing.
+        out["env"] = [e for e in env if not isinstance(e, dict) or e.get("name") in env_vars]
+    elif env is not None:
+        out["env"] = env
     if container.get("envFrom"):
         out["envFrom"] = _slim_env_from(container["envFrom"])
     return out
 
 
+def _slim_metadata(meta: Any) -> Any:
+    """Metadata with only the annotations SDG reads: its own (``deviceshare.io/``) and
+    NRI's device-injector families (what foreign detection and delivery read)."""
+    out = _kept(meta, _KEPT_METADATA)
+    annotations = out.get("annotations")
+    if isinstance(annotations, dict):
+        out["annotations"] = {
+            k: v
+            for k, v in annotations.items()
+            if not isinstance(k, str) or k.startswith(_KEPT_ANNOTATION_PREFIXES)
+        }
+    return out
+
+
+def pod_transform(env_vars: Iterable[str]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The manager's cache transform for pods (``cached_pod``), keeping the env entries
+    of ``env_vars`` (the device variables of its ``--device-env`` table)."""
+    names = frozenset(env_vars)
+    return lambda pod: _slim_pod(pod, names)
+
+
 def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """The manager's cache transform for pods: only the fields SDG reads (a third to a
-    tenth of a real pod's size), their short strings shared (``intern_strings``).
-    Malformed parts are kept as they are, for readers to judge."""
+    """The cache transform for pods with SDG's default device variables: only the fields
+    SDG reads (a third to a tenth of a real pod's size, bounded whatever its env and
+    annotations), their short strings shared (``intern_strings``). Malformed parts are
+    kept as they are, for readers to judge."""
+    return _slim_pod(pod, _DEFAULT_ENV_VARS)
+
+
+def _slim_pod(pod: dict[str, Any], env_vars: frozenset[str]) -> dict[str, Any]:
     spec = pod.get("spec")
     slim_spec = _kept(spec, _KEPT_SPEC)
     if isinstance(spec, dict):
         for key in _CONTAINER_LISTS:
             containers = spec.get(key)
             if isinstance(containers, list):
-                slim_spec[key] = [_slim_container(c) for c in containers]
+                slim_spec[key] = [_slim_container(c, env_vars) for c in containers]
         if spec.get("resourceClaims"):
             slim_spec["resourceClaims"] = _slim_claims(spec["resourceClaims"])
     out: dict[str, Any] = {k: pod[k] for k in ("apiVersion", "kind") if k in pod}
     if "metadata" in pod:
-        out["metadata"] = _kept(pod["metadata"], _KEPT_METADATA)
+        out["metadata"] = _slim_metadata(pod["metadata"])
     if "spec" in pod:
         out["spec"] = slim_spec if isinstance(spec, dict) else spec
     if "status" in pod:

@@ -17,15 +17,15 @@ from typing import Any
 from opentelemetry import trace
 
 from api.constants import SDG_KIND
-from api.envvars import env_var_for
+from api.envvars import device_env_vars, env_var_for
 from api.pods import (
     POD_GROUP_INDEX,
     POD_NODE_INDEX,
     cached_node,
-    cached_pod,
     index_by_group,
     index_by_node,
     pod_key,
+    pod_transform,
 )
 from controllers import foreign, groupscheduler, podscheduler, statuscontroller
 from controllers import metrics as sdg_metrics
@@ -84,7 +84,7 @@ def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
                 namespace=ns, label_selector={RECORD_LABEL: RECORD_LABEL_VALUE}
             ),
             # Every pod and node is cached, but only the fields SDG reads (api.pods).
-            PODS: KindOptions(transform=cached_pod),
+            PODS: KindOptions(transform=pod_transform(device_env_vars(settings.env_table()))),
             NODES: KindOptions(transform=cached_node),
             SDG_KIND: KindOptions(transform=lambda g: intern_strings(drop_managed_fields(g))),
             # Every ResourceClaim, but only who it is and what its allocation holds.

@@ -20,6 +20,7 @@ from api.pods import (
     is_active,
     pod_group,
     pod_key,
+    pod_transform,
 )
 from controllers.foreign import device_use, is_shared
 from controllers.holders import read_holder
@@ -389,3 +390,32 @@ def test_every_reader_of_a_node_decides_the_same_on_the_cached_copy(node: Obj) -
         assert pod_fits_node(slim_pod, slim, []) == pod_fits_node(pod, node, [])
     assert len(json.dumps(slim)) < len(json.dumps(node)) / 4
     assert "images" not in slim["status"] and "managedFields" not in slim["metadata"]
+
+
+def test_a_pod_with_megabytes_of_env_and_annotations_is_cached_in_kilobytes() -> None:
+    """Issue 19: what a pod's author controls (env, annotations) does not grow the
+    manager's cache beyond what SDG reads: the device variables of its table, its own
+    annotations and the device-injector's."""
+    big = copy.deepcopy(PODS[0])
+    filler = [{"name": f"APP_SETTING_{i}", "value": "x" * 1000} for i in range(1400)]
+    device = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"}
+    big["spec"]["containers"][0]["env"] = [*filler, device]
+    big["metadata"]["annotations"] = {
+        "kubectl.kubernetes.io/last-applied-configuration": "y" * 256_000,
+        "deviceshare.io/group": "train",
+        "cdi-devices.noderesource.dev/cuda": '["nvidia.com/gpu=0"]',
+    }
+    assert len(json.dumps(big)) > 1_400_000
+    slim = cached_pod(copy.deepcopy(big))
+    assert len(json.dumps(slim)) < 4096
+    assert slim["spec"]["containers"][0]["env"] == [device]
+    assert set(slim["metadata"]["annotations"]) == {
+        "deviceshare.io/group",
+        "cdi-devices.noderesource.dev/cuda",
+    }
+    assert device_use(slim, DEFAULT_ENV_TABLE) == device_use(big, DEFAULT_ENV_TABLE)
+    # A --device-env table's own variable is kept by the manager's transform.
+    custom = copy.deepcopy(big)
+    custom["spec"]["containers"][0]["env"] = [*filler[:3], {"name": "FPGA_DEVICES", "value": "2"}]
+    kept = pod_transform(["FPGA_DEVICES"])(custom)["spec"]["containers"][0]["env"]
+    assert kept == [{"name": "FPGA_DEVICES", "value": "2"}]
