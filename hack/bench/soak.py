@@ -73,6 +73,9 @@ from tests.e2e.harness import MANAGER_NS, install_rbac  # noqa: E402
 
 Obj = dict[str, Any]
 NS = "soak"
+#: What the manager image (Dockerfile) sets that memory depends on: a fixed glibc mmap
+#: threshold (without it, freed TLS buffers fragment the heap: RESULTS.md, session 18).
+IMAGE_ENV = ["MALLOC_MMAP_THRESHOLD_=131072"]
 MIB = 1024 * 1024
 
 
@@ -103,6 +106,9 @@ async def start_manager(env: Env, args: argparse.Namespace) -> tuple[Proc, int, 
         "--holders=auto",
         *args.manager_args,
     ]
+    for pair in ([] if args.no_image_env else IMAGE_ENV) + args.manager_env:
+        key, _, value = pair.partition("=")
+        env.env[key] = value
     env.env["SDG_MEMHOOK_OUT"] = str(out)
     env.env["SDG_MEMHOOK_TRACE"] = str(args.frames if args.census else 0)
     env.commands["manager"] = shlex.join(["python", *cmd[1:]])
@@ -263,6 +269,7 @@ async def soak(args: argparse.Namespace) -> Obj:
         "args": vars(args),
         "machine": machine(),
         "command": env.commands.get("manager", ""),
+        "manager_env": ([] if args.no_image_env else IMAGE_ENV) + args.manager_env,
         "rounds": len(rows),
         "warm_round": warm_at,
         "seconds": rows[-1]["t"],
@@ -290,9 +297,13 @@ def markdown(res: Obj, bar: float) -> str:
         f"{a['warmup']:g} --nodes {a['nodes']} --groups {a['groups']} --pods {a['pods']}"
         + (" --census" if a["census"] else "")
         + (f" --tree {a['tree']}" if a["tree"] else "")
+        + "".join(f" --manager-env {e}" for e in a["manager_env"])
+        + (" --no-image-env" if a.get("no_image_env") else "")
         + "`; manager: `"
         + res["command"]
-        + "`.",
+        + "`, environment "
+        + (", ".join(f"`{e}`" for e in res.get("manager_env", [])) or "glibc defaults")
+        + ".",
         "",
         f"{res['rounds']} rounds in {res['seconds']:.0f} s ({res['rounds'] * a['groups']} groups"
         f" and {res['rounds'] * a['pods']} pods created, bound and deleted; a round took "
@@ -371,6 +382,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=8, help="tracemalloc frames (--census)")
     parser.add_argument("--json", default="", help="also write the figures to this file")
     parser.add_argument(
+        "--manager-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set in the manager's environment (e.g. MALLOC_MMAP_THRESHOLD_=131072)",
+    )
+    parser.add_argument(
+        "--no-image-env",
+        action="store_true",
+        help="run the manager without the image's environment (IMAGE_ENV): glibc defaults",
+    )
+    parser.add_argument(
         "--tree", default="", help="run the manager of this source tree (e.g. a git archive)"
     )
     parser.add_argument("--no-results", action="store_true", help="leave RESULTS.md alone")
@@ -380,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("more groups than GPUs: each node has 8, each group takes 1")
     if args.warmup >= args.duration and not args.rounds:
         parser.error("--warmup must be shorter than --duration")
+    if any("=" not in e for e in args.manager_env):
+        parser.error("--manager-env takes KEY=VALUE")
     if args.tree:
         args.tree = str(Path(args.tree).resolve())
         if not (Path(args.tree) / "controllers" / "__main__.py").is_file():
