@@ -2,11 +2,13 @@
 
 Pod CREATE, and UPDATE of ``pods/ephemeralcontainers`` (``kubectl debug``) of a group's
 pod. It only reads (cached objects without a copy; nothing here edits them): the group
-from the shared cache (a live GET when the cache has not
-seen it yet), waiting briefly for a group that was just created and is still being bound,
-the group's node the same way, and the RuntimeClass of ``--runtime-class-name`` from the
-cache: the node's labels and runtime handlers and that RuntimeClass choose how the
-devices are given. The decisions themselves are pure (``webhooks.injection``,
+from the shared cache (a live GET when the cache has not seen it yet; a group the API
+server said was missing is not asked for again for ``MISSING_TTL``, so reviews naming
+made-up groups cost one GET per name and second, and the cache answers at once once the
+group exists), waiting briefly for a group that was just created and is still being
+bound, the group's node the same way, and the RuntimeClass of ``--runtime-class-name``
+from the cache: the node's labels and runtime handlers and that RuntimeClass choose how
+the devices are given. The decisions themselves are pure (``webhooks.injection``,
 ``webhooks.delivery``). When nothing confirms the chosen delivery (env on a node that
 says nothing of its runtime), it emits one Warning Event on the group (per group and
 manager replica; not for dry runs).
@@ -55,6 +57,11 @@ _POLL = 0.05
 #: Groups remembered as warned about their unverified delivery (oldest forgotten first;
 #: a deleted group is forgotten at once, ``forget_group``).
 MAX_WARNED_GROUPS = 10_000
+#: How long a group the API server said does not exist is not asked for again (the cache
+#: is still consulted first: a group created meanwhile is found as soon as it is cached).
+MISSING_TTL = 1.0
+#: Names remembered as missing (oldest forgotten first).
+MAX_MISSING = 4096
 
 
 def _warn_key(group: Mapping[str, Any]) -> str:
@@ -99,6 +106,8 @@ class PodMutator:
         self.recorder = recorder
         #: UIDs of the groups whose unverified delivery has had its Warning Event.
         self._warned: OrderedDict[str, None] = OrderedDict()
+        #: Group name -> until when a live GET is not repeated for it (it was missing).
+        self._missing: OrderedDict[str, float] = OrderedDict()
 
     async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = request.object or {}
@@ -207,7 +216,14 @@ class PodMutator:
             return self.cache.get(SDG_KIND, name, copy=False)
         except (errors.NotFound, CacheNotSynced):
             pass  # not cached (yet), or the cache has not synced: ask the API server
+        now = time.monotonic()
+        if self._missing.get(name, 0.0) > now:
+            return None
         try:
             return await self.client.get(SDG_KIND, name)
         except errors.NotFound:
+            self._missing[name] = now + MISSING_TTL
+            self._missing.move_to_end(name)
+            while len(self._missing) > MAX_MISSING:
+                self._missing.popitem(last=False)
             return None

@@ -4,6 +4,7 @@ cannot say), the delivery settings it is given, and which requests it judges."""
 from __future__ import annotations
 
 import copy as copy_module
+import time
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from sdgruntime import errors
 from sdgruntime.cache import CacheNotSynced
 from sdgruntime.kinds import NODES, RUNTIMECLASSES, Kind
 from sdgruntime.webhook import AdmissionRequest
+from webhooks import podmutator
 from webhooks.delivery import Delivery
 from webhooks.podmutator import PodMutator
 
@@ -325,3 +327,31 @@ async def test_the_warning_keeps_its_fix_whole_within_an_events_1024_bytes() -> 
     assert message.endswith(
         f"kubectl label node {name} deviceshare.io/delivery=<env|runtimeclass|cdi>"
     )
+
+
+async def test_a_missing_group_is_asked_for_once_a_second_and_found_once_cached() -> None:
+    """Reviews naming a group that does not exist cost one live GET per name and
+    MISSING_TTL (a flood of them cannot keep the API client busy); once the group is
+    created and cached, the next pod is admitted at once."""
+    client = LiveClient({})
+    cache = GroupCache({})
+    mutator = PodMutator(cache, client, binding_wait=0)  # type: ignore[arg-type]
+    for _ in range(50):
+        assert await mutator._group("ghost") is None
+    assert client.gets == ["ghost"]
+    cache.objects[SDG_KIND]["ghost"] = BOUND  # the informer delivers the new group
+    assert await mutator._group("ghost") == BOUND
+    assert client.gets == ["ghost"]
+
+
+async def test_the_missing_names_are_bounded_and_expire(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = LiveClient({})
+    mutator = PodMutator(UnsyncedCache(), client, binding_wait=0)  # type: ignore[arg-type]
+    for i in range(podmutator.MAX_MISSING + 10):
+        await mutator._group(f"g{i}")
+    assert len(mutator._missing) == podmutator.MAX_MISSING
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + podmutator.MISSING_TTL + 1)
+    client.gets.clear()
+    await mutator._group(f"g{podmutator.MAX_MISSING}")
+    assert client.gets == [f"g{podmutator.MAX_MISSING}"]  # expired: asked again
