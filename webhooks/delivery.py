@@ -71,6 +71,7 @@ from api.constants import (
 )
 from api.pods import devices_annotation
 from api.validation import is_dns_subdomain, is_label_key
+from sdgruntime.webhook.jsonpatch import escape
 
 Obj = Mapping[str, Any]
 
@@ -107,8 +108,8 @@ class Denial:
 
 
 def escape_pointer(token: str | int) -> str:
-    """One JSON pointer reference token (RFC 6901): ``~`` -> ``~0``, ``/`` -> ``~1``."""
-    return str(token).replace("~", "~0").replace("/", "~1")
+    """One JSON pointer reference token (RFC 6901; ``sdgruntime.webhook.jsonpatch``)."""
+    return escape(str(token))
 
 
 def pointer(*tokens: str | int) -> str:
