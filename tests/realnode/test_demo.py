@@ -40,8 +40,16 @@ def test_the_demo_runs_real_containers_on_a_real_node() -> None:
     assert len(pods) == 3, out
     held = re.search(r"^inference-gpus Bound True gpu-node-1 nvidia.com/gpu=(\S+) 3", out, re.M)
     assert held, out
+    # Told by UUID where the node's inventory knows them (--device-ids auto): the UUIDs
+    # `sdg devices` shows for exactly the group's IDs, in their order.
+    uuids = dict(
+        re.findall(r"^gpu-node-1 nvidia\.com/gpu (\d+) (GPU-\S+) inference-gpus held ", out, re.M)
+    )
+    ids = held.group(1).split(",")
+    told = ",".join(uuids[i] for i in ids) if uuids else held.group(1)
+    assert not uuids or set(uuids) == set(ids), out
     for name, injected in pods:
-        assert injected == held.group(1)
+        assert injected == told, out
         # What the container itself printed, read back through the kubelet.
         assert (
             f"$ kubectl logs {name} -c server # injected: NVIDIA_VISIBLE_DEVICES={injected}\n"
