@@ -358,9 +358,10 @@ class SDG:
                 series.add((node, res, str(i), (device.uuid if device else "") or "", holder.name))
         # One series per device a group holds (bounded by the node's device cap), for
         # joining DCGM's per-GPU metrics on the UUID; a device given back drops its series.
-        for gone in self._holder_series.pop(node, set()) - series:
+        old = self._holder_series.pop(node, set())
+        for gone in old - series:
             sdg_metrics.DEVICE_HOLDER.remove(*gone)
-        for labels in series:
+        for labels in series - old:  # a series kept is 1 already: no write per mirror
             sdg_metrics.DEVICE_HOLDER.labels(*labels).set(1)
         if series:
             self._holder_series[node] = series
