@@ -13,6 +13,7 @@ from typing import Any
 from api.conditions import rfc3339
 from api.constants import CONDITION_SCHEDULED, REASON_CLAIM_GIVEN_BACK, SDG_KIND
 from controllers.ledger.records import resource_version
+from controllers.ledger.release import live_group
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.controllerutil import add_finalizer, remove_finalizer
@@ -44,10 +45,7 @@ class GroupWriter:
 
     async def live(self, name: str) -> Obj | None:
         """The group as the API server has it now (None: it does not exist)."""
-        try:
-            return await self.client.get(SDG_KIND, name)
-        except errors.NotFound:
-            return None
+        return await live_group(self.client, name)
 
     async def status(self, group: Mapping[str, Any], status: Mapping[str, Any]) -> Obj | None:
         """Write ``status`` conditionally on ``group``'s resourceVersion; no write when it

@@ -43,6 +43,14 @@ Obj = Mapping[str, Any]
 Fence = Callable[[Obj, str], Awaitable[Obj | None]]
 
 
+async def live_group(client: Client, name: str) -> dict[str, Any] | None:
+    """Group ``name`` as the API server has it now (None: it does not exist)."""
+    try:
+        return await client.get(SDG_KIND, name)
+    except errors.NotFound:
+        return None
+
+
 def bound_pods(cache: Cache, name: str) -> list[Obj]:
     """Active pods naming group ``name`` that are bound to a node (cache, read-only)."""
     return [
@@ -87,12 +95,6 @@ class ClaimReleaser:
         self.client = client
         self.fence = fence
 
-    async def _live(self, name: str) -> Obj | None:
-        """The group as the API server has it now (None: it does not exist)."""
-        try:
-            return await self.client.get(SDG_KIND, name)
-        except errors.NotFound:
-            return None
 
     async def release_stale(
         self, name: str, *, adoptable_on: str | None = None, live: Obj | None = None
@@ -107,7 +109,7 @@ class ClaimReleaser:
         # is still exactly this one (a bind that adopts a claim renews it first).
         seen = {node: self.claims.claim(node, name) for node in nodes}
         if live is None:
-            live = await self._live(name)
+            live = await live_group(self.client, name)
         running = {(p.get("spec") or {}).get("nodeName") for p in bound_pods(self.cache, name)}
         for node in nodes:
             stale = should_release(
@@ -147,7 +149,7 @@ class ClaimReleaser:
         finalizer may go."""
         name = group["metadata"]["name"]
         seen = {node: self.claims.claim(node, name) for node in self.claims.nodes_claiming(name)}
-        live = await self._live(name)
+        live = await live_group(self.client, name)
         if live is None or live["metadata"].get("uid") != group["metadata"].get("uid"):
             return False  # gone already, or recreated: its reconcile will judge
         if not live["metadata"].get("deletionTimestamp"):
