@@ -96,10 +96,12 @@ from controllers.watches import (
     pod_matters_to_group,
     pods_of_group,
     record_frees_devices,
+    record_takes_devices,
 )
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
+from sdgruntime.controller import Controller
 from sdgruntime.controllerutil import contains_finalizer
 from sdgruntime.events import EventRecorder
 from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
@@ -118,6 +120,9 @@ HOLDER_RETRY_SECONDS = 10.0
 #: are given their devices well within it: one status write and Event less per group).
 HOLDER_QUIET_SECONDS = 3.0
 REASON_RECORD_MALFORMED = "ClaimRecordMalformed"
+#: How soon a Pending group is judged again after another bind took devices: its message
+#: says how many are free. Each waits at most once per interval however many binds come.
+PENDING_RECHECK_SECONDS = 3.0
 
 Obj = dict[str, Any]
 
@@ -832,16 +837,25 @@ def setup(
             nodes = set(claims.offers)
         yield from groups_bound_on(cache, sorted(nodes))
 
+    built: list[Controller] = []
+
+    def recheck_pending(_cm: Mapping[str, Any]) -> Iterator[Request]:
+        """Devices were taken: Pending groups re-judge once, delayed (their counts)."""
+        for request in pending_groups(cache):
+            built[0].enqueue(request, after=PENDING_RECHECK_SECONDS)
+        return iter(())
+
     builder = mgr.controller("group-scheduler").for_(SDG_KIND, [group_changed])
     if resource_slices:
         builder = builder.watches(RESOURCESLICES, MapTo(for_slice))
         builder = builder.watches(RESOURCECLAIMS, MapTo(for_claim), [allocation_changed()])
     if taint_rules:
         builder = builder.watches(DEVICETAINTRULES, MapTo(for_taint_rule))
-    (
+    controller = (
         builder.watches(NODES, MapTo(for_node), [node_changed])
         .watches(CONFIGMAPS, MapTo(for_record))
         .watches(CONFIGMAPS, MapTo(lambda _cm: pending_groups(cache)), [record_frees_devices])
+        .watches(CONFIGMAPS, MapTo(recheck_pending), [record_takes_devices])
         # A deleted group's status held its devices until now: Pending groups retry.
         .watches(SDG_KIND, MapTo(lambda _gone: pending_groups(cache)), [only_deletes])
         .watches(PODS, MapTo(group_of_pod), [pod_matters_to_group])
@@ -850,3 +864,4 @@ def setup(
         .with_options(max_concurrent_reconciles=workers)
         .complete(scheduler)
     )
+    built.append(controller)

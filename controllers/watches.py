@@ -88,6 +88,20 @@ def _frees(old: Obj, new: Obj) -> bool:
 record_frees_devices = Funcs(create=lambda _cm: False, update=_frees)
 
 
+def _takes(old: Obj | None, new: Obj) -> bool:
+    held_a = record_holdings(old)[2] if old is not None else frozenset()
+    held_b = record_holdings(new)[2]
+    return held_b is not None and bool(held_b - (held_a or frozenset()))
+
+
+#: Claim record events that take devices: nothing fits better after them, but a Pending
+#: group's message counts the free devices, so it is judged once more (after a delay that
+#: folds a burst of binds into one pass: see ``PENDING_RECHECK_SECONDS``).
+record_takes_devices = Funcs(
+    create=lambda cm: _takes(None, cm), update=_takes, delete=lambda _cm: False
+)
+
+
 def _node_facts(node: Obj) -> tuple[Any, ...]:
     meta, spec, status = (
         node.get("metadata") or {},

@@ -95,7 +95,6 @@ class ClaimReleaser:
         self.client = client
         self.fence = fence
 
-
     async def release_stale(
         self, name: str, *, adoptable_on: str | None = None, live: Obj | None = None
     ) -> Obj | None:

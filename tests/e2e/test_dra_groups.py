@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -145,19 +145,23 @@ async def test_devices_a_claim_holds_are_never_given_to_a_group(
     assert taken is not None and len(taken) == 6
     async with run_sdg(dra_cp, webhooks=False):
         await admin.create(SDG_KIND, group("too-many", {GPU: 4}))
+
+        def pending_with(free: str) -> Callable[[], Awaitable[str | None]]:
+            async def check() -> str | None:
+                live = await admin.get(SDG_KIND, "too-many")
+                conds = {c["type"]: c for c in (live.get("status") or {}).get("conditions") or []}
+                message = conds.get("Scheduled", {}).get("message")
+                return message if message and free in message else None
+
+            return check
+
+        # The claim's 6 leave 2: not enough for 4.
+        await eventually(pending_with("2 free"), what="too-many Pending, 2 free")
         await admin.create(SDG_KIND, group("two", {GPU: 2}))
         g = await wait_bound(admin, "two")
         assert group_devices(g).isdisjoint(taken)
-
-        async def pending_with_reason() -> str | None:
-            # Judged once more after 'two' took its 2 (it may first be judged before).
-            live = await admin.get(SDG_KIND, "too-many")
-            conds = {c["type"]: c for c in (live.get("status") or {}).get("conditions") or []}
-            message = conds.get("Scheduled", {}).get("message")
-            return message if message and "0 free" in message else None
-
-        # The claim's 6 and the group's 2: nothing left for 4.
-        message = await eventually(pending_with_reason, what="too-many Pending, 0 free")
+        # The claim's 6 and the group's 2: nothing left, and the Pending message says so.
+        message = await eventually(pending_with("0 free"), what="too-many Pending, 0 free")
         assert (await admin.get(SDG_KIND, "too-many"))["status"]["phase"] == "Pending"
         assert "0 free nvidia.com/gpu (need 4)" in message, message
         await delete_group(admin, "too-many")

@@ -1,4 +1,5 @@
-"""Which claim record events wake the Pending groups: only those that can free devices."""
+"""Which claim record events wake the Pending groups: those that can free devices at
+once, those that take devices after a delay (a Pending message counts free devices)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from controllers.ledger.records import record_name
-from controllers.watches import record_frees_devices
+from controllers.watches import record_frees_devices, record_takes_devices
 
 GPU = "nvidia.com/gpu"
 
@@ -59,3 +60,27 @@ def test_updates_that_can_free_devices_wake_pending_groups(old: dict, new: dict)
 def test_creates_free_nothing_and_deletes_may() -> None:
     assert not record_frees_devices.create(cm(A))
     assert record_frees_devices.delete(cm(A))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "takes"),
+    [
+        (cm(A), cm(AB), True),  # a claim added: Pending groups' free counts drop
+        (cm({}), cm(A), True),
+        (cm(A), cm({"a": {GPU: "0"}, "b": {GPU: "1,2"}}), True),  # one given, one taken
+        (cm(AB), cm(A), False),  # only released: record_frees_devices wakes them
+        (cm(A), cm(A, uids={"a": "u1"}), False),
+        (cm(A), cm("["), False),  # broken: the group scheduler reports that instead
+    ],
+    ids=["claim-added", "first-claim", "swapped", "released", "uid", "broken"],
+)
+def test_updates_that_take_devices_recheck_pending_messages(
+    old: dict, new: dict, takes: bool
+) -> None:
+    assert record_takes_devices.update(old, new) is takes
+
+
+def test_a_created_record_with_claims_takes_devices_and_a_delete_takes_none() -> None:
+    assert record_takes_devices.create(cm(A))
+    assert not record_takes_devices.create(cm({}))
+    assert not record_takes_devices.delete(cm(A))
