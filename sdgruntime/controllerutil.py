@@ -6,9 +6,10 @@ As controller-runtime's ``controllerutil``, for plain decoded-JSON objects and t
 - **Owner references**: :func:`set_controller_reference` makes ``owner`` the one
   controller of ``obj`` (refusing a second controller with :class:`AlreadyOwnedError`),
   :func:`set_owner_reference` adds a plain reference; :func:`is_controlled_by`,
-  :func:`has_owner_reference` and :func:`remove_owner_reference` read and undo them. An
-  owner and its object must share a namespace, or the owner be cluster-scoped, because the
-  garbage collector resolves references in the object's namespace only.
+  :func:`has_owner_reference`, :func:`has_controller_reference`,
+  :func:`remove_owner_reference` and :func:`remove_controller_reference` read and undo
+  them. An owner and its object must share a namespace, or the owner be cluster-scoped,
+  because the garbage collector resolves references in the object's namespace only.
 - **create_or_update / create_or_patch**: read the object, let ``mutate`` bring it to the
   desired state, and write only if that changed anything; they say what happened as an
   :class:`OperationResult`.
@@ -39,9 +40,11 @@ __all__ = [
     "contains_finalizer",
     "create_or_patch",
     "create_or_update",
+    "has_controller_reference",
     "has_owner_reference",
     "is_controlled_by",
     "merge_patch",
+    "remove_controller_reference",
     "remove_finalizer",
     "remove_owner_reference",
     "set_controller_reference",
@@ -142,10 +145,18 @@ def _upsert(obj: Obj, ref: Obj) -> None:
     obj["metadata"]["ownerReferences"] = refs
 
 
-def set_controller_reference(owner: Mapping[str, Any], obj: Obj) -> None:
+def set_controller_reference(
+    owner: Mapping[str, Any], obj: Obj, *, block_owner_deletion: bool = True
+) -> None:
     """Make ``owner`` the controller of ``obj`` (in place): a reference with ``controller``
-    and ``blockOwnerDeletion`` true, which ``owns()`` watches and the garbage collector
-    follows. Replaces an existing reference to the same owner.
+    true, which ``owns()`` watches and the garbage collector follows. Replaces an existing
+    reference to the same owner.
+
+    ``block_owner_deletion`` (controller-runtime's ``WithBlockOwnerDeletion``) sets the
+    reference's ``blockOwnerDeletion``: true by default, so a foreground deletion of the
+    owner waits for ``obj``; setting it true needs the ``update`` right on the owner's
+    ``finalizers`` subresource (the OwnerReferencesPermissionEnforcement plugin), so pass
+    False where the writer lacks it.
 
     Raises :class:`AlreadyOwnedError` if another object already controls ``obj``, and
     ``ValueError`` for an owner without apiVersion/kind/name/uid or in another namespace.
@@ -155,16 +166,21 @@ def set_controller_reference(owner: Mapping[str, Any], obj: Obj) -> None:
     for existing in (obj.get("metadata") or {}).get("ownerReferences") or ():
         if existing.get("controller") and not _same_object(existing, ref):
             raise AlreadyOwnedError(obj, existing)
-    _upsert(obj, {**ref, "controller": True, "blockOwnerDeletion": True})
+    _upsert(obj, {**ref, "controller": True, "blockOwnerDeletion": block_owner_deletion})
 
 
-def set_owner_reference(owner: Mapping[str, Any], obj: Obj) -> None:
+def set_owner_reference(
+    owner: Mapping[str, Any], obj: Obj, *, block_owner_deletion: bool | None = None
+) -> None:
     """Add ``owner`` to ``obj``'s owner references (in place), not as its controller: the
     object is garbage-collected once all its owners are gone. As in controller-runtime, an
     existing reference to the same owner is replaced (so a controller reference becomes a
-    plain one)."""
+    plain one). ``block_owner_deletion`` writes ``blockOwnerDeletion`` when given (unset
+    by default, as controller-runtime's ``SetOwnerReference`` leaves it)."""
     ref = _reference(owner)
     _check_namespaces(owner, obj)
+    if block_owner_deletion is not None:
+        ref["blockOwnerDeletion"] = block_owner_deletion
     _upsert(obj, ref)
 
 
@@ -188,6 +204,34 @@ def has_owner_reference(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> boo
     return any(
         _same_object(r, ref) for r in (obj.get("metadata") or {}).get("ownerReferences") or ()
     )
+
+
+def has_controller_reference(obj: Mapping[str, Any]) -> bool:
+    """Whether any object controls ``obj`` (a reference with ``controller: true``)."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return any(r.get("controller") for r in refs)
+
+
+def remove_controller_reference(owner: Mapping[str, Any], obj: Obj) -> None:
+    """Remove ``owner`` as ``obj``'s controller (in place), with every reference to it.
+
+    Raises ``ValueError`` when ``obj`` has no controller, or when its controller is another
+    object (as controller-runtime's ``RemoveControllerReference``): taking away what
+    another controller holds would let two controllers fight over ``obj``.
+    """
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    controller = next((r for r in refs if r.get("controller")), None)
+    name = (obj.get("metadata") or {}).get("name")
+    if controller is None:
+        raise ValueError(f"{obj.get('kind', 'object')} {name} has no controller reference")
+    ref = _reference(owner)
+    if not _same_object(controller, ref):
+        raise ValueError(
+            f"{ref['kind']} {ref['name']} is not the controller of "
+            f"{obj.get('kind', 'object')} {name}: {controller.get('kind')} "
+            f"{controller.get('name')} is; use remove_owner_reference for a plain reference"
+        )
+    remove_owner_reference(owner, obj)
 
 
 def remove_owner_reference(owner: Mapping[str, Any], obj: Obj) -> bool:

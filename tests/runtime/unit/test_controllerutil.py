@@ -12,9 +12,11 @@ from sdgruntime.controllerutil import (
     AlreadyOwnedError,
     add_finalizer,
     contains_finalizer,
+    has_controller_reference,
     has_owner_reference,
     is_controlled_by,
     merge_patch,
+    remove_controller_reference,
     remove_finalizer,
     remove_owner_reference,
     set_controller_reference,
@@ -128,6 +130,36 @@ def test_remove_owner_reference() -> None:
     # Without a controller reference now, another owner may become the controller.
     set_controller_reference(cm("c", "uc"), secret)
     assert is_controlled_by(secret, cm("c", "uc"))
+
+
+def test_block_owner_deletion_can_be_turned_off_or_on_as_in_controller_runtime() -> None:
+    secret = obj()
+    set_controller_reference(cm(), secret, block_owner_deletion=False)
+    (ref,) = secret["metadata"]["ownerReferences"]
+    assert ref["controller"] is True and ref["blockOwnerDeletion"] is False
+    plain = obj()
+    set_owner_reference(cm(), plain)
+    assert "blockOwnerDeletion" not in plain["metadata"]["ownerReferences"][0]
+    set_owner_reference(cm(), plain, block_owner_deletion=True)
+    assert plain["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
+
+
+def test_remove_controller_reference_refuses_what_another_controls() -> None:
+    secret = obj()
+    with pytest.raises(ValueError, match="has no controller reference"):
+        remove_controller_reference(cm(), secret)
+    set_owner_reference(cm("a", "ua"), secret)
+    assert not has_controller_reference(secret)
+    with pytest.raises(ValueError, match="has no controller reference"):
+        remove_controller_reference(cm("a", "ua"), secret)  # a plain owner is no controller
+    set_controller_reference(cm("b", "ub"), secret)
+    assert has_controller_reference(secret)
+    with pytest.raises(ValueError, match=r"ConfigMap a is not the controller .* ConfigMap b is"):
+        remove_controller_reference(cm("a", "ua"), secret)
+    assert [r["name"] for r in secret["metadata"]["ownerReferences"]] == ["a", "b"]
+    remove_controller_reference(cm("b", "ub"), secret)
+    assert [r["name"] for r in secret["metadata"]["ownerReferences"]] == ["a"]
+    assert not has_controller_reference(secret)
 
 
 # --- finalizers -------------------------------------------------------------------------------
