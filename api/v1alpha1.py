@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     field_serializer,
     field_validator,
@@ -64,6 +65,9 @@ class SharedDeviceGroupSpec(_Model):
     resources: dict[str, StrictInt]
     scheduling_strategy: Strategy = "binpack"
     node_selector: dict[str, str] | None = None
+    #: The group's pods may be privileged, add SYS_ADMIN, mount /dev or use hostPID: they
+    #: can reach every device of the node, so SDG's device promise is left to the user.
+    allow_host_access: StrictBool | None = None
 
     @model_validator(mode="after")
     def _check(self) -> SharedDeviceGroupSpec:
@@ -177,6 +181,11 @@ def group_resources(group: Mapping[str, Any]) -> dict[str, int]:
 
 def group_strategy(group: Mapping[str, Any]) -> str:
     return str((group.get("spec") or {}).get("schedulingStrategy") or "binpack")
+
+
+def allows_host_access(group: Mapping[str, Any]) -> bool:
+    """``spec.allowHostAccess`` is true: the group's pods may reach the host's devices."""
+    return (group.get("spec") or {}).get("allowHostAccess") is True
 
 
 def group_phase(group: Mapping[str, Any]) -> str:

@@ -123,6 +123,11 @@ def validate_spec(spec: Any) -> list[str]:
             f"spec.schedulingStrategy: Unsupported value: {strategy!r}: "
             'supported values: "binpack", "spread"'
         )
+    host_access = spec.get("allowHostAccess")
+    if host_access is not None and not isinstance(host_access, bool):
+        errors.append(
+            f"spec.allowHostAccess: Invalid value: {host_access!r}: must be true or false"
+        )
     selector = spec.get("nodeSelector")
     if selector is not None:
         if not isinstance(selector, Mapping):

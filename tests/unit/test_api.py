@@ -28,6 +28,7 @@ from api.v1alpha1 import (
     SharedDeviceGroup,
     SharedDeviceGroupSpec,
     SharedDeviceGroupStatus,
+    allows_host_access,
     format_ids,
     group_phase,
     group_pod_count,
@@ -124,6 +125,7 @@ def test_spec_accepts_snake_case_names_in_python() -> None:
         ({"resources": {"Bad_Prefix.com/gpu": 1}}, "extended resource"),
         ({"resources": {"nvidia.com/gpu": 1}, "schedulingStrategy": "random"}, "binpack"),
         ({"resources": {"nvidia.com/gpu": 1}, "nodeSelector": {"a b": "x"}}, "label key"),
+        ({"resources": {"nvidia.com/gpu": 1}, "allowHostAccess": "yes"}, "bool"),
     ],
 )
 def test_spec_rejects_invalid_input(spec: dict, fragment: str) -> None:
@@ -216,6 +218,16 @@ def test_label_and_subdomain_rules() -> None:
         and not is_dns_subdomain("")
         and not (is_dns_subdomain("a" * 254))
     )
+
+
+def test_validate_spec_wants_allow_host_access_a_boolean() -> None:
+    spec = {"resources": {"nvidia.com/gpu": 1}, "allowHostAccess": "yes"}
+    assert validate_spec(spec) == [
+        "spec.allowHostAccess: Invalid value: 'yes': must be true or false"
+    ]
+    assert validate_spec({**spec, "allowHostAccess": True}) == []
+    group = {"spec": {**spec, "allowHostAccess": True}}
+    assert allows_host_access(group) and not allows_host_access({"spec": spec})
 
 
 def test_validate_spec_reports_every_problem() -> None:
