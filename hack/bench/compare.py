@@ -806,7 +806,7 @@ class Run:
         self.out["profile"] = spy.stop() if spy else None
         last = max(seen.first.values())
         secs = last - made.t_first
-        await self.phase("S1: streaming pods, SDG", sw, pods=n, created_s=made.create_s)
+        await self.phase(S1_SDG, sw, pods=n, created_s=made.create_s)
         self.out["s1_sdg"] = {
             "pods": n,
             "seconds": secs,
@@ -834,7 +834,7 @@ class Run:
             await seen.wait(900)
         last = max(seen.first.values())
         secs = last - made.t_first
-        await self.phase("S1: streaming pods, kube-scheduler", sw, pods=n, created_s=made.create_s)
+        await self.phase(S1_KUBE, sw, pods=n, created_s=made.create_s)
         self.out["s1_kube"] = {
             "pods": n,
             "seconds": secs,
@@ -1060,7 +1060,7 @@ def mib(n: float) -> str:
 
 
 def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
-    """(id, what, SDG, yardstick, ratio, goal) for S1-S8."""
+    """(id, what, SDG, yardstick, ratio, goal) for S1-S10."""
     r: list[tuple[str, str, str, str, str, str]] = []
     sz = out["sizes"]
     a, b = out["s1_sdg"], out["s1_kube"]
@@ -1167,7 +1167,75 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
             "< 1.0x (5 ms)",
         )
     )
+    r.extend(cost_rows(out))
     return r
+
+
+S1_SDG, S1_KUBE = "S1: streaming pods, SDG", "S1: streaming pods, kube-scheduler"
+
+
+def _phase(out: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((ph for ph in out.get("phases") or () if ph["name"] == name), None)
+
+
+def cost_rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
+    """S9 and S10 (issue "cost per pod"): CPU-s per pod in S1, SDG's run against
+    kube-scheduler's, for the scheduler itself and for the API server it drives."""
+    a, b = _phase(out, S1_SDG), _phase(out, S1_KUBE)
+    if a is None or b is None:
+        return []
+    pods_a, pods_b = a.get("pods") or 1, b.get("pods") or 1
+    mine = a["cpu"].get("manager", 0.0) / pods_a
+    theirs = b["cpu"].get("kube-scheduler", 0.0) / pods_b
+    api_a = a["cpu"].get("kube-apiserver", 0.0) / pods_a
+    api_b = b["cpu"].get("kube-apiserver", 0.0) / pods_b
+    return [
+        (
+            "S9",
+            "S1's CPU-s per pod: SDG's manager (pod webhook, binds, status, Events) against "
+            "kube-scheduler",
+            f"{mine * 1e3:.2f} ms/pod",
+            f"kube-scheduler {theirs * 1e3:.2f} ms/pod",
+            f"{mine / theirs:.2f}x" if theirs else "n/a",
+            "<= 1.0x",
+        ),
+        (
+            "S10",
+            "S1's kube-apiserver CPU-s per pod in SDG's run against kube-scheduler's run",
+            f"{api_a * 1e3:.2f} ms/pod",
+            f"{api_b * 1e3:.2f} ms/pod",
+            f"{api_a / api_b:.2f}x" if api_b else "n/a",
+            "<= 1.15x",
+        ),
+    ]
+
+
+def cost_parts(out: dict[str, Any]) -> list[str]:
+    """S9/S10's parts: CPU-s per pod by component, and API writes per pod by kind, in
+    both runs, so a regression names its cause."""
+    a, b = _phase(out, S1_SDG), _phase(out, S1_KUBE)
+    if a is None or b is None:
+        return []
+    pods_a, pods_b = a.get("pods") or 1, b.get("pods") or 1
+    lines = [
+        "",
+        "S9/S10 parts, per pod in S1 (SDG's run | kube-scheduler's run):",
+        "",
+        "| part | SDG's run | kube-scheduler's run |",
+        "| --- | ---: | ---: |",
+    ]
+    for who in sorted(set(a["cpu"]) | set(b["cpu"])):
+        ca, cb = a["cpu"].get(who), b["cpu"].get(who)
+        lines.append(
+            f"| CPU {who} | {f'{ca / pods_a * 1e3:.2f} ms' if ca is not None else '-'} | "
+            f"{f'{cb / pods_b * 1e3:.2f} ms' if cb is not None else '-'} |"
+        )
+    wa, wb = a.get("writes") or {}, b.get("writes") or {}
+    for kind in sorted(set(wa) | set(wb), key=lambda k: -(wa.get(k, 0) + wb.get(k, 0))):
+        lines.append(
+            f"| {kind} | {wa.get(kind, 0) / pods_a:.2f} | {wb.get(kind, 0) / pods_b:.2f} |"
+        )
+    return lines
 
 
 def markdown(out: dict[str, Any], command: str) -> str:
@@ -1208,6 +1276,7 @@ def markdown(out: dict[str, Any], command: str) -> str:
         f"{out['s7_sdg']['settle_s']:.0f} s after Ready, kube-scheduler "
         f"{out['s7_kube']['settle_s']:.0f} s. S4 peak RSS is VmHWM reset at the start of "
         "the phase (`/proc/PID/clear_refs`), CPU-s from the first create to convergence.",
+        *cost_parts(out),
         "",
         "CPU seconds per phase (from /proc; `bench` is this script: load generator and watches):",
         "",
