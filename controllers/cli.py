@@ -5,6 +5,8 @@
     sdg explain GROUP [-o json|yaml]            why a group is Pending, or where it is bound
     sdg explain pod/NAME [-n NS] [-o json|yaml] why a pod is not running on its group's node
     sdg doctor [-o json]                        check the installation; exit status 1 on a problem
+    sdg doctor --pre                            before installing: what the cluster offers SDG
+    sdg doctor --probe                          what a group pod's container sees, per shared node
 
 ``-w``/``--watch`` keeps going until Ctrl-C (exit status 130): ``get`` prints a row per
 change, ``devices`` the whole map again after each change. This module only fetches
@@ -29,7 +31,7 @@ import anyio
 from api.constants import SDG_KIND
 from api.pods import cached_pod, pod_group
 from api.v1alpha1 import group_name
-from controllers import doctor
+from controllers import doctor, doctorprobe
 from controllers.cliviews import (
     GROUP_HEADERS,
     column_widths,
@@ -184,7 +186,65 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="the RuntimeClass of delivery runtimeclass; default: read from its Deployment",
     )
+    mode = check.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--pre",
+        action="store_true",
+        help="before installing (reads only; nothing of SDG needs to be there): Kubernetes "
+        "version, nodes' runtimes and runtime handlers, CDI/NRI as far as the API shows "
+        "them, DRA drivers' ResourceSlices, the RuntimeClass, and the delivery each shared "
+        "node (else each node with devices) would get",
+    )
+    mode.add_argument(
+        "--probe",
+        action="store_true",
+        help="per shared node, a throwaway group of one device with one pod that prints what "
+        "its container sees (device variables, /dev entries, nvidia-smi -L), compared with "
+        "what the group holds; exit status 1 on a mismatch. Creates and deletes a group "
+        "and a pod (in -n): needs a manager running and the right to create both",
+    )
+    check.add_argument(
+        "--probe-image",
+        default=doctorprobe.DEFAULT_PROBE_IMAGE,
+        help="image of the probe pod: anything with sh, ls and head "
+        f"(default {doctorprobe.DEFAULT_PROBE_IMAGE})",
+    )
+    check.add_argument(
+        "--probe-image-pull-policy",
+        choices=doctorprobe.PULL_POLICIES,
+        default="IfNotPresent",
+        help="imagePullPolicy of the probe pod (default IfNotPresent)",
+    )
+    check.add_argument(
+        "--probe-timeout",
+        type=_probe_timeout,
+        default=doctorprobe.DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="how long one node's probe may wait for its group and pod (default "
+        f"{doctorprobe.DEFAULT_TIMEOUT:g}; cleaning up has its own "
+        f"{doctorprobe.CLEANUP_TIMEOUT:g} s)",
+    )
+    check.add_argument(
+        "--probe-node",
+        action="append",
+        default=[],
+        metavar="NODE",
+        help="probe only this shared node (repeatable; default: every shared node)",
+    )
     return parser
+
+
+def _probe_timeout(text: str) -> float:
+    """--probe-timeout: seconds, more than 0 and bounded."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= doctorprobe.MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"{text}: give more than 0 and at most {doctorprobe.MAX_TIMEOUT:g} seconds"
+        )
+    return value
 
 
 def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
@@ -528,6 +588,13 @@ def _group_node(groups: Sequence[dict[str, Any]], pod: dict[str, Any]) -> str | 
 
 
 async def _doctor(client: Client, args: argparse.Namespace, write: Write) -> int:
+    if args.pre:
+        pre = await doctor.collect_pre(
+            client, delivery=args.delivery, runtime_class_name=args.runtime_class_name
+        )
+        return _report(doctor.judge_pre(pre), args, write)
+    if args.probe:
+        return await _probe(client, args, write)
     facts = await doctor.collect(
         client,
         namespace=args.namespace or _context_namespace(args.kubeconfig, args.context),
@@ -535,12 +602,41 @@ async def _doctor(client: Client, args: argparse.Namespace, write: Write) -> int
         delivery=args.delivery,
         runtime_class_name=args.runtime_class_name,
     )
-    checks = doctor.judge(facts)
+    return _report(doctor.judge(facts), args, write)
+
+
+def _report(checks: list[doctor.Check], args: argparse.Namespace, write: Write) -> int:
     if args.output == "json":
         write(doctor.render_json(checks))
     else:
         write(doctor.render_text(checks, color=_color()))
     return doctor.exit_code(checks)
+
+
+async def _probe(client: Client, args: argparse.Namespace, write: Write) -> int:
+    """sdg doctor --probe, with the manager's device variables and DRA drivers as its
+    Deployment runs it (its defaults where it cannot be read)."""
+    namespace = args.manager_namespace or args.claims_namespace
+    try:
+        deployment = await _get_or_none(
+            client, doctor.DEPLOYMENTS, doctor.MANAGER_DEPLOYMENT, namespace
+        )
+    except errors.Forbidden:
+        deployment = None
+    config = doctor.manager_config(deployment, namespace)
+    try:
+        options = doctorprobe.ProbeOptions(
+            namespace=args.namespace or _context_namespace(args.kubeconfig, args.context),
+            image=args.probe_image,
+            pull_policy=args.probe_image_pull_policy,
+            timeout=args.probe_timeout,
+            nodes=tuple(args.probe_node),
+            env_table=config.env_table,
+            dra_drivers=config.dra_drivers,
+        )
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    return _report(await doctorprobe.run_probes(client, options), args, write)
 
 
 _COMMANDS = {"get": _get, "devices": _devices, "explain": _explain, "doctor": _doctor}

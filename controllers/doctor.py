@@ -16,6 +16,7 @@ Two halves, so the judging is tested on hand-made objects without a server:
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shlex
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
@@ -26,6 +27,7 @@ from typing import Any, Final
 
 from api.constants import (
     DEFAULT_ENV_TABLE,
+    DELIVERY_CDI,
     GROUP,
     GROUP_ANNOTATION,
     NODE_MODE_LABEL,
@@ -1417,4 +1419,260 @@ async def collect(
         facts.runtime_class = await _read(
             client.get(RUNTIMECLASSES, facts.config.runtime_class_name)
         )
+    return facts
+
+
+# --- sdg doctor --pre: before installing ------------------------------------------------------
+
+#: The oldest Kubernetes SDG installs on: the pod webhook's ``matchConditions`` and the
+#: admission policies (``ValidatingAdmissionPolicy`` v1) are GA in 1.30.
+MIN_KUBERNETES: Final = (1, 30)
+#: resource.k8s.io/v1 (DRA's ResourceSlices, the best device inventory) is served from 1.34.
+DRA_V1_KUBERNETES: Final = (1, 34)
+#: Nodes given their own checks under --pre (the others are counted).
+MAX_PRE_NODES: Final = 50
+
+
+@dataclass
+class PreFacts:
+    """What ``sdg doctor --pre`` reads: only reads, nothing of SDG needs to be installed."""
+
+    version: Fetched = None
+    nodes: list[Obj] | Unreadable = field(default_factory=list)
+    slices: list[Obj] | Unreadable | None = field(default_factory=list)
+    runtime_class: Fetched = None
+    config: ManagerConfig = field(default_factory=ManagerConfig)
+
+
+def _minor_of(version: str) -> tuple[int, int] | None:
+    """``v1.37.2-eks-1`` -> ``(1, 37)``."""
+    m = re.match(r"v?(\d+)\.(\d+)", version.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def judge_version(version: Fetched) -> Check:
+    """The API server's version (GET /version) against what SDG needs."""
+    name = "Kubernetes version"
+    need = f"{MIN_KUBERNETES[0]}.{MIN_KUBERNETES[1]}"
+    if isinstance(version, Unreadable):
+        return Check(name, False, _unreadable("the server version (GET /version)", version))
+    text = str((version or {}).get("gitVersion") or "")
+    minor = _minor_of(text)
+    if minor is None:
+        return Check(name, None, f"the server reports no version SDG can read ({text!r})")
+    if minor < MIN_KUBERNETES:
+        return Check(
+            name,
+            False,
+            f"{text}: SDG needs {need}+ (the pod webhook's matchConditions, "
+            "ValidatingAdmissionPolicy v1)",
+            f"upgrade the cluster to Kubernetes {need} or later",
+        )
+    dra = (
+        "DRA's resource.k8s.io/v1 is served from 1.34"
+        if minor >= DRA_V1_KUBERNETES
+        else "no DRA resource.k8s.io/v1 before 1.34: devices come from annotations or counts"
+    )
+    return Check(name, True, f"{text} (SDG needs {need}+; {dra})")
+
+
+def judge_pre_nodes(nodes: Sequence[Obj] | Unreadable) -> Check:
+    """Which nodes are labelled shared; before install none yet is only a warning."""
+    name = "shared nodes"
+    if isinstance(nodes, Unreadable):
+        return Check(name, False, _unreadable("nodes", nodes))
+    shared = sorted(_name(n) for n in nodes if is_shared(n))
+    if shared:
+        return Check(
+            name,
+            True,
+            f"{len(shared)} of {len(nodes)} labelled {NODE_MODE_LABEL}={NODE_MODE_SHARED}: "
+            f"{_names(shared)}",
+        )
+    with_devices = sorted(_name(n) for n in nodes if node_offers(n))
+    target = with_devices[0] if with_devices else "NODE"
+    detail = f"none of {len(nodes)} node(s) is labelled {NODE_MODE_LABEL}={NODE_MODE_SHARED} yet"
+    detail += (
+        f"; shown below: the nodes with devices ({_names(with_devices)})"
+        if with_devices
+        else "; no node advertises devices"
+    )
+    return Check(
+        name, None, detail, f"kubectl label node {target} {NODE_MODE_LABEL}={NODE_MODE_SHARED}"
+    )
+
+
+def judge_dra_drivers(
+    slices: Sequence[Obj] | Unreadable | None, drivers: Mapping[str, str] = DEFAULT_DRA_DRIVERS
+) -> Check:
+    """DRA drivers publishing ResourceSlices: per driver its nodes and device counts (all
+    devices published, MIG and partitions included; each node's devices check says what
+    SDG hands out of them)."""
+    name = "DRA drivers"
+    if slices is None:
+        return Check(name, True, "resource.k8s.io/v1 is not served: no DRA driver")
+    if isinstance(slices, Unreadable):
+        return Check(name, None, _unreadable("ResourceSlices", slices))
+    counts: dict[str, dict[str, int]] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        driver = str(spec.get("driver") or "?")
+        node = node_of_slice(s) or "(no single node)"
+        per = counts.setdefault(driver, {})
+        per[node] = per.get(node, 0) + len([d for d in spec.get("devices") or () if d])
+    if not counts:
+        return Check(
+            name, True, "no ResourceSlice: no DRA driver publishes devices (device plugins may)"
+        )
+    parts = []
+    for driver in sorted(counts):
+        nodes = [f"{n} {c}" for n, c in sorted(counts[driver].items())]
+        used = (
+            f" -> {drivers[driver]}" if driver in drivers else " (not read by SDG: --dra-drivers)"
+        )
+        parts.append(f"{driver}{used}: {_names(nodes)}")
+    return Check(name, True, "devices per node: " + "; ".join(parts))
+
+
+def _runtime_of(node: Obj) -> tuple[str, tuple[int, int] | None]:
+    """(``containerd``, (2, 4)) from ``status.nodeInfo.containerRuntimeVersion``."""
+    text = str(
+        ((node.get("status") or {}).get("nodeInfo") or {}).get("containerRuntimeVersion") or ""
+    )
+    kind, _, version = text.partition("://")
+    return kind, _minor_of(version)
+
+
+def judge_runtime(node: Obj) -> Check:
+    """The node's kubelet and runtime, and the runtime handlers it reports (delivery auto
+    finds RuntimeClass handlers only there)."""
+    node_name = _name(node)
+    name = f"node {node_name}: runtime"
+    info = (node.get("status") or {}).get("nodeInfo") or {}
+    runtime = str(info.get("containerRuntimeVersion") or "unknown runtime")
+    kubelet = str(info.get("kubeletVersion") or "unknown")
+    handlers = runtime_handlers(node)
+    shown = ", ".join(h or '"" (default)' for h in handlers)
+    base = f"{runtime}, kubelet {kubelet}"
+    if handlers:
+        return Check(name, True, f"{base}; status.runtimeHandlers: {shown}")
+    return Check(
+        name,
+        None,
+        f"{base}; no status.runtimeHandlers (containerd before 2.0 and older kubelets report "
+        "none): delivery auto cannot see a RuntimeClass handler such as nvidia here",
+        f"kubectl label node {node_name} {DELIVERY_LABEL}=runtimeclass   (where NVIDIA's "
+        "runtime runs only under RuntimeClass nvidia)",
+    )
+
+
+_NOT_VISIBLE: Final = (
+    "not visible from the API: the CDI specs (nvidia-ctk cdi generate, amd-ctk cdi generate) "
+    "and whether NRI's device-injector plugin runs"
+)
+
+
+def judge_cdi_nri(node: Obj, slices: Sequence[Obj] = ()) -> Check:
+    """CDI and NRI as far as the API shows them: the runtime's version (its defaults) and
+    DRA drivers on the node (they hand devices over as CDI). Delivery ``cdi`` (the node
+    label) needs both and the device-injector, which no API shows."""
+    node_name = _name(node)
+    name = f"node {node_name}: CDI/NRI"
+    kind, version = _runtime_of(node)
+    wants_cdi = _labels(node).get(DELIVERY_LABEL) == DELIVERY_CDI
+    ok: bool | None = True
+    if kind == "containerd" and version is not None:
+        if version >= (2, 0):
+            said = "containerd 2.x: CDI and NRI are on by default"
+        elif version >= (1, 7):
+            said = (
+                'containerd 1.7: CDI (enable_cdi) and NRI ([plugins."io.containerd.nri.v1.nri"] '
+                "disable = false) are off by default"
+            )
+            ok = None if wants_cdi else True
+        else:
+            said = f"containerd {version[0]}.{version[1]}: no CDI, no NRI"
+            ok = not wants_cdi
+    elif kind == "cri-o":
+        said = "CRI-O: CDI on (1.23+); NRI from 1.26 (enable_nri)"
+    elif kind == "docker":
+        said = "Docker (cri-dockerd): no NRI"
+        ok = not wants_cdi
+    else:
+        said = f"runtime {kind or 'unknown'}: its CDI/NRI support is not known to SDG"
+        ok = None if wants_cdi else True
+    if any(node_of_slice(s) == node_name for s in slices):
+        said += (
+            "; a DRA driver publishes devices here, so CDI works (DRA hands devices over as CDI)"
+        )
+    use = (
+        f"labelled {DELIVERY_LABEL}={DELIVERY_CDI}: needs CDI, NRI and the device-injector"
+        if wants_cdi
+        else f"needed only for delivery {DELIVERY_CDI}"
+    )
+    fix = ""
+    if ok is not True:
+        fix = (
+            "enable CDI and NRI in the runtime and run NRI's device-injector there, or\n"
+            f"kubectl label node {node_name} {DELIVERY_LABEL}=<env|runtimeclass> --overwrite"
+        )
+    return Check(
+        name, ok, f"{said}; {use}; {_NOT_VISIBLE} (sdg doctor --probe shows what pods get)", fix
+    )
+
+
+def judge_pre(facts: PreFacts) -> list[Check]:
+    """Every --pre check: the cluster, then per shared node (or, before any is labelled,
+    per node with devices), then the RuntimeClass."""
+    config = facts.config
+    checks = [
+        judge_version(facts.version),
+        judge_pre_nodes(facts.nodes),
+        judge_dra_drivers(facts.slices, config.dra_drivers),
+    ]
+    nodes = [] if isinstance(facts.nodes, Unreadable) else facts.nodes
+    slices = facts.slices if isinstance(facts.slices, list) else []
+    by_node: dict[str, list[Obj]] = {}
+    for s in slices:
+        if (n := node_of_slice(s)) is not None:
+            by_node.setdefault(n, []).append(s)
+    shown = [n for n in nodes if is_shared(n)] or [
+        n for n in nodes if node_offers(n, by_node.get(_name(n), ()), config.dra_drivers)
+    ]
+    shown.sort(key=_name)
+    for node in shown[:MAX_PRE_NODES]:
+        own = by_node.get(_name(node), [])
+        checks.append(judge_runtime(node))
+        checks.append(judge_cdi_nri(node, own))
+        checks.append(judge_devices(node, own, config.dra_drivers))
+        checks.append(
+            judge_delivery(node, config, facts.runtime_class, node_env_vars(node, own, config))
+        )
+    if len(shown) > MAX_PRE_NODES:
+        checks.append(
+            Check(
+                "more nodes",
+                None,
+                f"{len(shown) - MAX_PRE_NODES} more node(s) not checked one by one",
+                "sdg doctor --pre checks the first "
+                f"{MAX_PRE_NODES} by name; label fewer, or check those after install",
+            )
+        )
+    checks.append(judge_runtime_class(config, facts.nodes, facts.runtime_class))
+    return checks
+
+
+async def collect_pre(
+    client: Client, *, delivery: str | None = None, runtime_class_name: str | None = None
+) -> PreFacts:
+    """Read what --pre needs: /version, nodes, ResourceSlices, the RuntimeClass."""
+    facts = PreFacts()
+    facts.config = manager_config(
+        None, MANAGER_NAMESPACE, delivery=delivery, runtime_class_name=runtime_class_name
+    )
+    facts.version = await _read(client.request("GET", "/version"))
+    nodes = await _list(client, NODES)
+    facts.nodes = [] if nodes is None else nodes
+    facts.slices = await _list(client, RESOURCESLICES)
+    facts.runtime_class = await _read(client.get(RUNTIMECLASSES, facts.config.runtime_class_name))
     return facts
