@@ -1,11 +1,11 @@
 """Where the API server is and who we are to it: kubeconfig, in-cluster, credentials.
 
-Kubeconfig files and the in-cluster ServiceAccount are read by
-:mod:`sdgruntime.rest.kubeconfig` into a :class:`RestConfig`: importing the ``kubernetes``
-package's loaders costs a process about 32 MiB. Only a kubeconfig user with an ``exec``
-credential plugin or an ``auth-provider`` is loaded by that package (imported then, not
-before), into a ``kubernetes.client.Configuration``, whose ``refresh_api_key_hook``
-:class:`Credentials` runs when due. A :class:`~sdgruntime.client.Client` takes either.
+Kubeconfig files (exec credential plugins included) and the in-cluster ServiceAccount are
+read by :mod:`sdgruntime.rest.kubeconfig` into a :class:`RestConfig`. Only a user with an
+``auth-provider`` is loaded by the ``kubernetes`` package (the ``auth-providers`` extra;
+imported then, not before: it costs a process about 32 MiB), into a
+``kubernetes.client.Configuration``, whose ``refresh_api_key_hook`` :class:`Credentials`
+runs when due. A :class:`~sdgruntime.client.Client` takes either.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: What a client is built from: our own :class:`RestConfig`, or a
-#: ``kubernetes.client.Configuration`` (exec plugins, auth-providers, or one made by hand).
+#: ``kubernetes.client.Configuration`` (auth-providers, or one made by hand).
 ClientConfiguration: TypeAlias = "RestConfig | kubernetes.client.Configuration"
 
 
@@ -75,7 +75,13 @@ class ConnectionSettings:
                 check_hostname=True,
                 tls_server_name=cfg.tls_server_name,
                 # called as hook(cfg), like the kubernetes package's hook
-                refresh_hook=RestConfig.reload_token if cfg.token_file else None,
+                refresh_hook=(
+                    RestConfig.reload_token
+                    if cfg.token_file
+                    else RestConfig.run_exec
+                    if cfg.exec_plugin
+                    else None
+                ),
             )
         return cls(
             host=str(cfg.host).rstrip("/"),
@@ -127,8 +133,8 @@ def kubeconfig_configuration(
     path: str | os.PathLike[str] | None = None, context: str | None = None
 ) -> ClientConfiguration:
     """A kubeconfig's configuration (default: $KUBECONFIG, else ~/.kube/config; a
-    ``:``-separated list is merged): a :class:`RestConfig`, or for a user with an ``exec``
-    plugin or an ``auth-provider`` the ``kubernetes`` package's ``Configuration``."""
+    ``:``-separated list is merged): a :class:`RestConfig`, or for a user with an
+    ``auth-provider`` the ``kubernetes`` package's ``Configuration``."""
     spec = os.fspath(path) if path is not None else default_kubeconfig_path()
     try:
         return kubeconfig_rest_config(spec, context)
@@ -138,8 +144,15 @@ def kubeconfig_configuration(
 
 def _kubernetes_kubeconfig(spec: str, context: str | None) -> kubernetes.client.Configuration:
     """The ``kubernetes`` package's loader, imported only for the users that need it."""
-    import kubernetes.client  # about 32 MiB with its dependencies: only when needed
-    import kubernetes.config
+    try:
+        import kubernetes.client  # about 32 MiB with its dependencies: only when needed
+        import kubernetes.config
+    except ImportError as err:
+        raise KubeconfigError(
+            f"kubeconfig {spec}: the user has an auth-provider, which needs the kubernetes "
+            "package: pip install 'sdgruntime[auth-providers]' (or use an exec plugin or a "
+            "token: client-go itself dropped the built-in auth-providers)"
+        ) from err
 
     cfg = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(config_file=spec, context=context, client_configuration=cfg)
@@ -209,7 +222,10 @@ class Credentials:
         """
         cfg = self.configuration
         if isinstance(cfg, RestConfig):
-            await self._reload_token(cfg, force)
+            if cfg.exec_plugin is not None:
+                await self._rerun_exec(cfg, force)
+            else:
+                await self._reload_token(cfg, force)
             return
         hook = self.hook
         if hook is None or (not force and time.monotonic() < self._next_refresh):
@@ -220,11 +236,28 @@ class Credentials:
             await anyio.to_thread.run_sync(hook, cfg)
             self._next_refresh = time.monotonic() + self._interval
             self._set_header()
-            cert = (cfg.cert_file or None, cfg.key_file or None)
-            if cert != self._loaded_cert and cert[0]:
-                # an exec plugin handed out a new client certificate: new connections use it
-                self._ssl.load_cert_chain(cert[0], cert[1])
-                self._loaded_cert = cert
+            self._load_cert(cfg.cert_file or None, cfg.key_file or None)
+
+    def _load_cert(self, cert_file: str | None, key_file: str | None) -> None:
+        """An exec plugin handed out a new client certificate: new connections use it."""
+        if (cert_file, key_file) != self._loaded_cert and cert_file:
+            self._ssl.load_cert_chain(cert_file, key_file)
+            self._loaded_cert = (cert_file, key_file)
+
+    async def _rerun_exec(self, cfg: RestConfig, force: bool) -> None:
+        """Run the exec plugin when its credential expired, or after a 401 (``force``);
+        an expired credential is renewed at most once per ``refresh_interval``."""
+        now = time.monotonic()
+        if not force and not (cfg.exec_due(now) and now >= self._next_refresh):
+            return
+        async with self._lock:
+            now = time.monotonic()
+            if not force and not (cfg.exec_due(now) and now >= self._next_refresh):
+                return
+            await anyio.to_thread.run_sync(cfg.run_exec)
+            self._next_refresh = time.monotonic() + self._interval
+            self._set_header()
+            self._load_cert(cfg.cert_file, cfg.key_file)
 
     async def _reload_token(self, cfg: RestConfig, force: bool) -> None:
         """Re-read a token file when due (every ``token_period``) or forced (a 401, at most

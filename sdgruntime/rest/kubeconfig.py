@@ -5,8 +5,9 @@ Why: importing ``kubernetes.config`` costs a manager about 32 MiB of RSS (it pul
 requests, oauthlib, urllib3, websocket, dateutil, ...) to read a few YAML keys once. The
 static cases are read here into a :class:`RestConfig` (client-go's ``rest.Config``, in
 small); :func:`needs_kubernetes_package` tells the callers in :mod:`sdgruntime.rest.config`
-when a user needs what only that package handles (``exec`` credential plugins,
-``auth-provider``), and they load that user with it, lazily.
+when a user needs what only that package handles (an ``auth-provider``), and they load
+that user with it, lazily (``pip install 'sdgruntime[auth-providers]'``). ``exec``
+credential plugins are run here (:mod:`sdgruntime.rest.execplugin`).
 
 What is read, as the ``kubernetes`` package's loader did, so configurations that worked go
 on working:
@@ -19,7 +20,8 @@ on working:
   its ``namespace``; certificates are used for ``https`` servers only;
 * the user's ``client-certificate(-data)`` / ``client-key(-data)``, ``token`` (wins over
   ``tokenFile``), ``tokenFile`` (re-read every minute, as client-go does), and
-  ``username``/``password`` (basic auth);
+  ``username``/``password`` (basic auth), ``exec`` (run at load and again when its
+  credential expires or the server answers 401);
 * ``*-data`` wins over the file; relative paths resolve against the directory of the file
   the entry came from (client-go's rule). Inline data is written to private temporary
   files, removed at exit, because :mod:`ssl` loads certificates from files.
@@ -41,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from sdgruntime.rest.execplugin import ExecPlugin, ExecPluginError
 
 __all__ = [
     "SERVICE_ACCOUNT_DIR",
@@ -64,6 +68,8 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 #: one minute for ``tokenFile`` and the in-cluster token; the kubelet rotates the
 #: projected token well before it expires).
 TOKEN_FILE_PERIOD = 60.0
+#: An exec credential is renewed this long before its expirationTimestamp.
+EXEC_EXPIRY_SKEW = 10.0
 
 
 class KubeconfigError(ValueError):
@@ -99,7 +105,10 @@ class RestConfig:
     password: str | None = field(default=None, repr=False)
     namespace: str | None = None  # the context's, or the pod's; None: not set
     token_period: float = TOKEN_FILE_PERIOD
+    exec_plugin: ExecPlugin | None = None  # the user's exec credential plugin
     _token_read_at: float | None = field(default=None, repr=False)
+    _exec_expires: float | None = field(default=None, repr=False)
+    _exec_ran: bool = field(default=False, repr=False)
 
     def authorization(self) -> str | None:
         """The Authorization header value now (no file read)."""
@@ -119,6 +128,31 @@ class RestConfig:
         return (time.monotonic() if now is None else now) - self._token_read_at >= (
             self.token_period
         )
+
+    def exec_due(self, now: float | None = None) -> bool:
+        """Whether the exec plugin should run again: never run, or its credential expired
+        (``EXEC_EXPIRY_SKEW`` early, so a request does not race the expiry)."""
+        if self.exec_plugin is None:
+            return False
+        if not self._exec_ran:
+            return True
+        now = time.monotonic() if now is None else now
+        return self._exec_expires is not None and now >= self._exec_expires - EXEC_EXPIRY_SKEW
+
+    def run_exec(self) -> None:
+        """Run the exec plugin now (blocking) and take its token or client certificate.
+        Raises :class:`KubeconfigError` with the plugin's error."""
+        if self.exec_plugin is None:
+            return
+        try:
+            cred = self.exec_plugin.run()
+        except ExecPluginError as err:
+            raise KubeconfigError(str(err)) from err
+        self.token = cred.token
+        if cred.cert_pem is not None and cred.key_pem is not None:
+            self.cert_file, self.key_file = _temp_file(cred.cert_pem), _temp_file(cred.key_pem)
+        self._exec_expires = cred.expires
+        self._exec_ran = True
 
     def reload_token(self) -> None:
         """Read ``token_file`` now (blocking). A file that cannot be read or is empty keeps
@@ -250,8 +284,9 @@ def select_context(
 
 
 def needs_kubernetes_package(user: Mapping[str, Any] | None) -> bool:
-    """Whether the user authenticates in a way only the ``kubernetes`` package handles."""
-    return user is not None and ("exec" in user or "auth-provider" in user)
+    """Whether the user authenticates in a way only the ``kubernetes`` package handles
+    (an ``auth-provider``: client-go's deprecated gcp/azure/oidc plugins)."""
+    return user is not None and "auth-provider" in user
 
 
 def kubeconfig_rest_config(
@@ -269,9 +304,7 @@ def kubeconfig_rest_config(
 
 def _rest_config(name: str, ctx: Entry, user: Entry | None, cluster: Entry) -> RestConfig:
     if user is not None and needs_kubernetes_package(user.body):
-        raise NeedsKubernetesPackage(
-            f"context {name!r}: its user has an exec plugin or an auth-provider"
-        )
+        raise NeedsKubernetesPackage(f"context {name!r}: its user has an auth-provider")
     server = cluster.body.get("server")
     if not server or not isinstance(server, str):
         raise KubeconfigError(f"context {name!r}: its cluster has no server")
@@ -288,7 +321,15 @@ def _rest_config(name: str, ctx: Entry, user: Entry | None, cluster: Entry) -> R
             out.key_file = _file_or_data(user, "client-key")
     if user is not None:
         body = user.body
-        if body.get("token"):
+        if "exec" in body:
+            try:
+                out.exec_plugin = ExecPlugin.parse(
+                    body["exec"], user.base, _cluster_info(out, cluster, server)
+                )
+            except ExecPluginError as err:
+                raise KubeconfigError(f"context {name!r}: {err}") from err
+            out.run_exec()
+        elif body.get("token"):
             out.token = str(body["token"]).strip()
         elif body.get("tokenFile"):
             out.token_file = str(user.base / str(body["tokenFile"]))
@@ -296,6 +337,25 @@ def _rest_config(name: str, ctx: Entry, user: Entry | None, cluster: Entry) -> R
         elif "username" in body and "password" in body:
             out.username, out.password = str(body["username"]), str(body["password"])
     return out
+
+
+def _cluster_info(out: RestConfig, cluster: Entry, server: str) -> dict[str, Any]:
+    """The cluster as an exec plugin is told it (``provideClusterInfo``)."""
+    info: dict[str, Any] = {"server": server}
+    if out.ca_file:
+        with contextlib.suppress(OSError):
+            info["certificate-authority-data"] = base64.b64encode(
+                Path(out.ca_file).read_bytes()
+            ).decode()
+    if not out.verify:
+        info["insecure-skip-tls-verify"] = True
+    if out.tls_server_name:
+        info["tls-server-name"] = out.tls_server_name
+    extensions = cluster.body.get("extensions") or []
+    for ext in extensions if isinstance(extensions, list) else ():
+        if isinstance(ext, Mapping) and ext.get("name") == "client.authentication.k8s.io/exec":
+            info["config"] = ext.get("extension")
+    return info
 
 
 def _file_or_data(entry: Entry, key: str) -> str | None:

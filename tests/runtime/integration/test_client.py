@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
@@ -11,11 +12,12 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import yaml
 
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
-from sdgruntime.kinds import CONFIGMAPS, NAMESPACES, NODES, PODS
+from sdgruntime.kinds import CONFIGMAPS, NAMESPACES, NODES, PODS, Kind
 from sdgruntime.metrics import REST_CLIENT_REQUESTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -436,3 +438,41 @@ async def test_expired_continue_token_raises_gone_and_list_all_restarts(
         False,
         False,
     ]
+
+
+async def test_an_exec_plugin_user_is_who_the_api_server_sees(
+    control_plane: ControlPlane, tmp_path: Any
+) -> None:
+    """A kubeconfig whose user is an exec plugin (here handing out a client certificate,
+    as cloud plugins do) authenticates as that plugin's identity, with no kubernetes
+    package: the API server's SelfSubjectReview names the user."""
+    made = yaml.safe_load(control_plane.user_kubeconfig("exec-user", ["exec-group"]).read_text())
+    creds = made["users"][0]["user"]
+    status = {
+        "clientCertificateData": base64.b64decode(creds["client-certificate-data"]).decode(),
+        "clientKeyData": base64.b64decode(creds["client-key-data"]).decode(),
+    }
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(
+        "import json\nprint(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1', "
+        f"'kind': 'ExecCredential', 'status': {status!r}}}))\n"
+    )
+    made["users"][0]["user"] = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": sys.executable,
+            "args": [str(plugin)],
+            "interactiveMode": "Never",
+        }
+    }
+    path = tmp_path / "exec.kubeconfig"
+    path.write_text(yaml.safe_dump(made))
+    review_kind = Kind(
+        "authentication.k8s.io", "v1", "SelfSubjectReview", "selfsubjectreviews", namespaced=False
+    )
+    async with Client.from_kubeconfig(path) as client:
+        review = await client.create(
+            review_kind, {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        )
+    info = review["status"]["userInfo"]
+    assert info["username"] == "exec-user" and "exec-group" in info["groups"]

@@ -1,6 +1,6 @@
 """sdgruntime's own kubeconfig and in-cluster reader (sdgruntime.rest.kubeconfig), and that
 a process using the client does not import the ``kubernetes`` package unless a kubeconfig
-user needs it (exec plugins, auth-providers): that package's import costs ~32 MiB of RSS.
+user needs it (auth-providers): that package's import costs ~32 MiB of RSS.
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ def test_empty_kubeconfig_is_an_error(tmp_path: Path) -> None:
         kubeconfig_configuration(tmp_path / "config")
 
 
-# --- exec plugins and auth-providers: the kubernetes package ---------------------------
+# --- auth-providers: the kubernetes package; exec plugins: our own -----------------------
 
 
 def _exec_user(tmp_path: Path) -> dict[str, Any]:
@@ -316,43 +316,39 @@ def _exec_user(tmp_path: Path) -> dict[str, Any]:
     }
 
 
-def test_exec_and_auth_provider_users_fall_back_to_the_kubernetes_package(tmp_path: Path) -> None:
-    path = _write(
+def _two_users(tmp_path: Path, current: str) -> Path:
+    return _write(
         tmp_path / "config",
         _config(
             {"c": {"server": "https://h:6443", "insecure-skip-tls-verify": True}},
             {"ex": _exec_user(tmp_path), "ap": {"auth-provider": {"name": "custom"}, "token": "t"}},
             {"ex": {"cluster": "c", "user": "ex"}, "ap": {"cluster": "c", "user": "ap"}},
-            "ex",
+            current,
         ),
     )
-    with pytest.raises(NeedsKubernetesPackage):
-        kubeconfig_rest_config(path)
+
+
+def test_exec_users_are_ours_and_auth_providers_fall_back_to_kubernetes(tmp_path: Path) -> None:
+    path = _two_users(tmp_path, "ex")
+    assert kubeconfig_rest_config(path).authorization() == "Bearer exec-token"
+    with pytest.raises(NeedsKubernetesPackage, match="auth-provider"):
+        kubeconfig_rest_config(path, "ap")
     import kubernetes.client
 
-    for context, header in (("ex", "Bearer exec-token"), ("ap", "Bearer t")):
-        cfg = kubeconfig_configuration(path, context)
-        assert isinstance(cfg, kubernetes.client.Configuration), context
-        assert authorization(cfg) == header
-        assert cfg.refresh_api_key_hook is not None
+    cfg = kubeconfig_configuration(path, "ap")
+    assert isinstance(cfg, kubernetes.client.Configuration)
+    assert authorization(cfg) == "Bearer t"
+    assert cfg.refresh_api_key_hook is not None
 
 
-def test_a_token_client_does_not_import_kubernetes_but_an_exec_one_does(tmp_path: Path) -> None:
-    path = _write(
-        tmp_path / "config",
-        _config(
-            {"c": {"server": "https://h:6443", "insecure-skip-tls-verify": True}},
-            {"tok": {"token": "t"}, "ex": _exec_user(tmp_path)},
-            {"tok": {"cluster": "c", "user": "tok"}, "ex": {"cluster": "c", "user": "ex"}},
-            "tok",
-        ),
-    )
+def test_only_an_auth_provider_client_imports_kubernetes(tmp_path: Path) -> None:
+    path = _two_users(tmp_path, "ex")
     probe = (
         "import sys\n"
         "import sdgruntime.manager, sdgruntime.securemetrics, sdgruntime.webhook.server\n"
         "from sdgruntime.client import Client\n"
         f"Client.from_kubeconfig({str(path)!r}, sys.argv[1])\n"
-        "heavy = ('kubernetes', 'requests', 'urllib3', 'oauthlib', 'websocket', 'cryptography')\n"
+        "heavy = ('kubernetes', 'requests', 'urllib3', 'oauthlib', 'websocket')\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
     )
 
@@ -367,8 +363,8 @@ def test_a_token_client_does_not_import_kubernetes_but_an_exec_one_does(tmp_path
         result: list[str] = json.loads(out.stdout.strip().replace("'", '"'))
         return result
 
-    assert loaded("tok") == []
-    assert "kubernetes" in loaded("ex")
+    assert loaded("ex") == []
+    assert "kubernetes" in loaded("ap")
 
 
 # --- in-cluster ------------------------------------------------------------------------
