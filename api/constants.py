@@ -130,6 +130,22 @@ DEVICE_ENV_FLAG: Final = "--device-env"
 #: one record of a pod's devices (env values may be UUIDs or empty); the API server's
 #: policy (config/policy) keeps it from changing after creation.
 DEVICES_ANNOTATION: Final = "deviceshare.io/devices"
+#: Pod annotation the pod webhook stamps beside ``DEVICES_ANNOTATION``: how the devices
+#: were delivered, as space-separated tokens the API server's policy
+#: (config/policy/group_pods.yaml) checks the stored pod against, so a mutating webhook
+#: running after SDG's cannot change them unseen: ``mode=<mode>``;
+#: ``env:<VAR>=<value>`` per device variable every container carries exactly (the value
+#: may be empty); ``off:<VAR>`` per other vendor's variable, which may name no device;
+#: ``runtimeClassName=<name>`` (mode runtimeclass); ``cdi:<prefix>=<value>`` (mode cdi:
+#: every container's ``<prefix><name>`` annotation is ``<value>``, and no other CDI,
+#: device-node or mount annotation of NRI's device-injector is set).
+DELIVERED_ANNOTATION: Final = "deviceshare.io/delivered"
+#: Pod annotation the pod webhook stamps only on pods of a group with
+#: ``spec.allowHostAccess: true`` (value ``HOST_ACCESS_ALLOWED``): the API server's policy
+#: then admits privileged containers, SYS_ADMIN, hostPath under /dev and hostPID. Set by
+#: anyone else on a pod of a group without it, the webhook refuses the pod.
+HOST_ACCESS_ANNOTATION: Final = "deviceshare.io/host-access"
+HOST_ACCESS_ALLOWED: Final = "allowed"
 
 #: Node label overriding the manager's delivery mode for the pods of groups on that node.
 DELIVERY_LABEL: Final = "deviceshare.io/delivery"

@@ -596,6 +596,27 @@ def cdi_delivery(
     return ops
 
 
+def delivered_record(
+    devices: Sequence[ResourceDevices], delivery: Delivery, off: Collection[str] = ()
+) -> str:
+    """The ``deviceshare.io/delivered`` value for ``devices`` given by ``delivery`` (a
+    mode), ``off`` the other vendors' variables (``api.constants.DELIVERED_ANNOTATION``
+    says the tokens). No token holds a space: names, IDs, UUIDs and CDI names have none."""
+    mode = delivery.mode
+    tokens = [f"mode={mode}"]
+    if mode == DELIVERY_RUNTIMECLASS:
+        tokens.append(f"runtimeClassName={delivery.runtime_class_name}")
+    for d in devices:
+        value = NO_DEVICES if mode == DELIVERY_CDI else ",".join(d.names(delivery.device_ids))
+        tokens.append(f"env:{d.env_var}={value}")
+    tokens.extend(f"off:{var}" for var in sorted(set(off) - {d.env_var for d in devices}))
+    if mode == DELIVERY_CDI:
+        tokens.append(
+            f"cdi:{delivery.cdi_annotation_prefix}={cdi_value(devices, delivery.device_ids)}"
+        )
+    return " ".join(tokens)
+
+
 #: Each mode's patch builder, by the name the settings and node label use.
 MODES: Final = {
     DELIVERY_ENV: env_delivery,

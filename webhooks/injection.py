@@ -36,11 +36,14 @@ from api.constants import (
     CONFLICT_REASONS,
     DEFAULT_ENV_TABLE,
     DEFAULT_SCHEDULER_NAME,
+    DELIVERED_ANNOTATION,
     DEVICE_ENV_FLAG,
     DEVICE_IDS_INDEX,
     DEVICE_NODE_ANNOTATION_FAMILIES,
     DEVICES_ANNOTATION,
     GROUP_ANNOTATION,
+    HOST_ACCESS_ALLOWED,
+    HOST_ACCESS_ANNOTATION,
     MOUNT_ANNOTATION_FAMILIES,
     NO_DEVICES,
     PHASE_BOUND,
@@ -51,7 +54,7 @@ from api.constants import (
 )
 from api.envvars import device_env_vars, env_var_for, env_vars_reached, names_no_device
 from api.pods import parse_devices_annotation, tolerates
-from api.v1alpha1 import format_ids, parse_ids
+from api.v1alpha1 import allows_host_access, format_ids, parse_ids
 from api.validation import is_dns_subdomain
 from webhooks.delivery import (
     CUDA_DEVICE_ORDER,
@@ -59,7 +62,9 @@ from webhooks.delivery import (
     Denial,
     Patch,
     ResourceDevices,
+    annotation_ops,
     containers,
+    delivered_record,
     delivery_ops,
     env_ops,
     escape_pointer,
@@ -353,6 +358,25 @@ def _toleration_ops(pod: Obj) -> list[dict[str, Any]]:
     return [{"op": "add", "path": "/spec/tolerations/-", "value": dict(SHARED_TOLERATION)}]
 
 
+def _host_access(pod: Obj, group: Obj, name: str) -> dict[str, str | None] | Denial:
+    """The host-access annotation to stamp: ``allowed`` for a group that opts out of the
+    device promise (``spec.allowHostAccess``), else none; a pod that sets it itself in a
+    group that does not opt out is refused (the API server's policy trusts it)."""
+    if allows_host_access(group):
+        return {HOST_ACCESS_ANNOTATION: HOST_ACCESS_ALLOWED}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if HOST_ACCESS_ANNOTATION in annotations:
+        return Denial(
+            f"pod sets annotation {HOST_ACCESS_ANNOTATION}, which only SDG sets, on pods of "
+            "groups with spec.allowHostAccess: true; SharedDeviceGroup "
+            f"{name!r} does not allow host access. Remove the annotation (and any privileged "
+            "container, SYS_ADMIN, hostPath under /dev or hostPID), or let the group's pods "
+            f"reach every device of the node: kubectl patch sdg {name} --type=merge -p "
+            """'{"spec":{"allowHostAccess":true}}'"""
+        )
+    return {}
+
+
 def conflict_denial(name: str, group: Obj) -> Denial | None:
     """Deny joining while the group's devices are disputed (``Ready=False`` with a conflict
     reason): a new pod would run on devices another group or pod may also be using."""
@@ -436,6 +460,9 @@ def build_injection(
     ):
         if denial is not None:
             return denial
+    host_access = _host_access(pod, group, name)
+    if isinstance(host_access, Denial):
+        return host_access
     scheduler = (pod.get("spec") or {}).get("schedulerName")
     if scheduler not in (None, "", DEFAULT_SCHEDULER_NAME, scheduler_name):
         return Denial(
@@ -455,6 +482,8 @@ def build_injection(
     if isinstance(delivered, Denial):
         return delivered
     ops = list(delivered)
+    record = delivered_record(devices, how, device_env_vars(env_table))
+    ops.extend(annotation_ops(pod, {DELIVERED_ANNOTATION: record, **host_access}))
     stripped = owned_cdi_changes(pod, ops, how.cdi_annotation_prefix)
     ops.extend(_toleration_ops(pod))
     if scheduler != scheduler_name:

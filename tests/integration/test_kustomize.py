@@ -496,6 +496,7 @@ def test_admission_policies_deny_and_fail_closed(
     assert set(policies) == {
         "deviceshare-group-membership",
         "deviceshare-ephemeral-container-devices",
+        "deviceshare-group-pods",
     }
     bindings = [o for o in answered if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)

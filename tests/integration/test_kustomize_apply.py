@@ -125,7 +125,11 @@ def test_apply_k_config_default_is_stored(control_plane: ControlPlane) -> None:
             in (names)
         )
         # Stored as written: the API server compiled every CEL expression on the way in.
-        for name in ("deviceshare-group-membership", "deviceshare-ephemeral-container-devices"):
+        for name in (
+            "deviceshare-group-membership",
+            "deviceshare-ephemeral-container-devices",
+            "deviceshare-group-pods",
+        ):
             policy = yaml.safe_load(
                 kubectl(kc, "get", "validatingadmissionpolicy", name, "-o", "yaml")
             )

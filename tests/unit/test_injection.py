@@ -99,6 +99,11 @@ RECORD = {
     "path": "/metadata/annotations/deviceshare.io~1devices",
     "value": '{"nvidia.com/gpu":"0,1"}',
 }
+#: What the API server's policy checks the stored pod against (env mode, default table).
+DELIVERED = (
+    "mode=env env:NVIDIA_VISIBLE_DEVICES=0,1 off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES"
+)
+STAMP = {"op": "add", "path": "/metadata/annotations/deviceshare.io~1delivered", "value": DELIVERED}
 
 
 def test_injects_env_into_every_container_and_sets_the_scheduler() -> None:
@@ -114,6 +119,7 @@ def test_injects_env_into_every_container_and_sets_the_scheduler() -> None:
         {"op": "add", "path": "/spec/containers/0/env", "value": [GPUS, ORDER]},
         {"op": "add", "path": "/spec/containers/1/env", "value": [GPUS, ORDER]},
         RECORD,
+        STAMP,
         {"op": "add", "path": "/spec/tolerations", "value": [dict(SHARED_TOLERATION)]},
         {"op": "replace", "path": "/spec/schedulerName", "value": "deviceshare-scheduler"},
     ]
@@ -121,6 +127,7 @@ def test_injects_env_into_every_container_and_sets_the_scheduler() -> None:
     assert out["metadata"]["annotations"] == {
         **p["metadata"]["annotations"],
         "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
+        "deviceshare.io/delivered": DELIVERED,
     }
 
 
@@ -194,6 +201,7 @@ def test_already_correct_value_needs_no_env_operation() -> None:
     p = pod(containers=[c], scheduler="deviceshare-scheduler")
     p["spec"]["tolerations"] = [dict(SHARED_TOLERATION)]
     p["metadata"]["annotations"]["deviceshare.io/devices"] = '{"nvidia.com/gpu":"0,1"}'
+    p["metadata"]["annotations"]["deviceshare.io/delivered"] = DELIVERED
     assert build_injection(p, group()) == Patch([])
 
 
@@ -459,6 +467,9 @@ def test_env_modes_remove_the_pods_own_cdi_annotations_with_a_warning(mode: str)
         "other": "x",
         "cdi-devices.example.com/x": "kept: another family",
         "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
+        "deviceshare.io/delivered": DELIVERED.replace(
+            "mode=env", "mode=runtimeclass runtimeClassName=nvidia" if mode != "env" else "mode=env"
+        ),
     }
     assert out["spec"]["containers"][0]["env"] == [GPUS, ORDER]
     assert result.warnings == (
@@ -898,6 +909,8 @@ def test_cdi_mode_annotates_every_container_and_empties_the_vendor_env() -> None
         "deviceshare.io/group": "g",
         "other": "x",
         "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
+        "deviceshare.io/delivered": "mode=cdi env:NVIDIA_VISIBLE_DEVICES= "
+        f"off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES cdi:{CDI}={names}",
         CDI + "setup": names,
         CDI + "proxy": names,
         CDI + "app": names,
@@ -963,6 +976,8 @@ def test_cdi_mode_owns_the_injectors_annotations_on_a_group_pod() -> None:
         "deviceshare.io/group": "g",
         "other": "x",
         "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
+        "deviceshare.io/delivered": "mode=cdi env:NVIDIA_VISIBLE_DEVICES= off:AMD_VISIBLE_DEVICES "
+        f'off:ASCEND_VISIBLE_DEVICES cdi:{CDI}=["nvidia.com/gpu=0","nvidia.com/gpu=1"]',
         CDI + "app": '["nvidia.com/gpu=0","nvidia.com/gpu=1"]',
     }
     assert out["spec"]["containers"][0]["env"] == [EMPTY, ORDER]
@@ -1213,3 +1228,38 @@ def test_a_debug_container_of_a_pod_whose_record_differs_is_denied() -> None:
             else "container 'app' has no NVIDIA_VISIBLE_DEVICES"
         )
         assert f"holds now ({why})" in msg
+
+
+def test_only_a_group_that_allows_host_access_gets_the_host_access_stamp() -> None:
+    """The API server's pod policy admits privileged group pods only with this stamp."""
+    opted = group()
+    opted["spec"]["allowHostAccess"] = True
+    out = patched(pod(), opted)
+    assert out["metadata"]["annotations"]["deviceshare.io/host-access"] == "allowed"
+    assert build_injection(out, opted) == Patch([])
+    assert "deviceshare.io/host-access" not in patched(pod(), group())["metadata"]["annotations"]
+    # Set by the pod itself in a group that does not allow it: refused, saying what to do.
+    forged = pod()
+    forged["metadata"]["annotations"]["deviceshare.io/host-access"] = "allowed"
+    assert denial(forged, group()) == (
+        "pod sets annotation deviceshare.io/host-access, which only SDG sets, on pods of groups "
+        "with spec.allowHostAccess: true; SharedDeviceGroup 'g' does not allow host access. "
+        "Remove the annotation (and any privileged container, SYS_ADMIN, hostPath under /dev "
+        "or hostPID), or let the group's pods reach every device of the node: kubectl patch "
+        """sdg g --type=merge -p '{"spec":{"allowHostAccess":true}}'"""
+    )
+    # Any value the pod set is SDG's to decide in a group that allows it.
+    forged["metadata"]["annotations"]["deviceshare.io/host-access"] = "yes"
+    assert patched(forged, opted)["metadata"]["annotations"]["deviceshare.io/host-access"] == (
+        "allowed"
+    )
+
+
+def test_the_delivered_stamp_names_uuids_and_every_resource() -> None:
+    g = group(resources={GPU: 1, "amd.com/gpu": 1}, devices={GPU: "3", "amd.com/gpu": "0"})
+    g["status"]["physicalDevices"] = {GPU: "GPU-ddd"}
+    out = patched(pod(), g)
+    assert out["metadata"]["annotations"]["deviceshare.io/delivered"] == (
+        "mode=env env:AMD_VISIBLE_DEVICES=0 env:NVIDIA_VISIBLE_DEVICES=GPU-ddd "
+        "off:ASCEND_VISIBLE_DEVICES"
+    )

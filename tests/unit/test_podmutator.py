@@ -201,7 +201,11 @@ async def test_the_managers_delivery_settings_are_used_without_a_label() -> None
     mutator = PodMutator(cache, LiveClient({}), delivery=rc)  # type: ignore[arg-type]
     response = await mutator.mutate(review("CREATE", new_pod()))
     assert {"op": "add", "path": "/spec/runtimeClassName", "value": "gpu"} in (response.patch or [])
-    assert annotations_of(response.patch) == {"deviceshare.io~1devices": '{"nvidia.com/gpu":"0"}'}
+    assert annotations_of(response.patch) == {
+        "deviceshare.io~1devices": '{"nvidia.com/gpu":"0"}',
+        "deviceshare.io~1delivered": "mode=runtimeclass runtimeClassName=gpu "
+        "env:NVIDIA_VISIBLE_DEVICES=0 off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES",
+    }
 
 
 async def test_a_node_the_cache_has_not_seen_is_read_live_and_a_gone_one_is_none() -> None:
@@ -217,7 +221,11 @@ async def test_a_node_the_cache_has_not_seen_is_read_live_and_a_gone_one_is_none
     mutator = PodMutator(GroupCache({"g": BOUND}), LiveClient({}))  # type: ignore[arg-type]
     response = await mutator.mutate(review("CREATE", new_pod()))
     assert response.allowed
-    assert annotations_of(response.patch) == {"deviceshare.io~1devices": '{"nvidia.com/gpu":"0"}'}
+    assert annotations_of(response.patch) == {
+        "deviceshare.io~1devices": '{"nvidia.com/gpu":"0"}',
+        "deviceshare.io~1delivered": "mode=env env:NVIDIA_VISIBLE_DEVICES=0 "
+        "off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES",
+    }
 
 
 async def test_a_debug_container_warning_reaches_the_response() -> None:
