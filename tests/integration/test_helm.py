@@ -108,8 +108,12 @@ class Helm:
             assert out.returncode == 0, f"helm {' '.join(args)}:\n{out.stderr}"
         return out
 
-    def template(self, *args: str, namespace: str = NAMESPACE, chart: Path = CHART) -> list[Obj]:
-        out = self.run("template", RELEASE, str(chart), "--namespace", namespace, *args)
+    def template(
+        self, *args: str, namespace: str = NAMESPACE, chart: Path = CHART, tests: bool = False
+    ) -> list[Obj]:
+        """The chart's objects; its `helm test` hooks only with ``tests``."""
+        skip = () if tests else ("--skip-tests",)
+        out = self.run("template", RELEASE, str(chart), "--namespace", namespace, *skip, *args)
         return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
@@ -763,3 +767,72 @@ def test_metrics_are_https_with_token_review_unless_turned_off(helm: Helm) -> No
     plain = helm.template("--set=metrics.secure=false", "--set=metrics.serviceMonitor.enabled=true")
     assert settings_of(container(plain)).metrics_secure is False
     assert one(plain, "ServiceMonitor")["spec"]["endpoints"][0]["scheme"] == "http"
+
+
+# --- helm test ------------------------------------------------------------------------------
+
+DOCTOR_TEST = "deviceshare-doctor-test"
+
+
+def test_helm_test_runs_doctor_with_the_doctor_roles(
+    helm: Helm, cluster: ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`helm test` runs `sdg doctor` in the manager's image as a ServiceAccount bound to
+    config/rbac's doctor roles as their comment says; as that account doctor reaches the
+    same verdicts as the admin, none of them a refused read."""
+    from controllers import cli
+
+    objs = helm.template(tests=True)
+    hooks = [o for o in objs if (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]
+    assert {o["metadata"]["annotations"]["helm.sh/hook"] for o in hooks} == {"test"}
+    # Only the hooks are added (by kind and name: generated certificates differ per run).
+    assert by_key(helm.template()).keys() == by_key([o for o in objs if o not in hooks]).keys()
+    pod = one(hooks, "Pod", DOCTOR_TEST)
+    (c,) = pod["spec"]["containers"]
+    manager = container(objs)
+    assert c["image"] == manager["image"] and c["imagePullPolicy"] == manager["imagePullPolicy"]
+    assert c["command"] == ["sdg", "doctor", "--claims-namespace", NAMESPACE]
+    assert c["securityContext"] == manager["securityContext"]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["serviceAccountName"] == one(hooks, "ServiceAccount")["metadata"]["name"]
+    bindings = {
+        (b["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+        for b in hooks
+        if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
+    }
+    assert bindings == {
+        ("ClusterRoleBinding", "deviceshare-doctor", None),
+        ("RoleBinding", "deviceshare-doctor-probe", NAMESPACE),
+        ("RoleBinding", "deviceshare-doctor-records", NAMESPACE),
+    }
+    roles = {o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRole"}
+    assert {role for _, role, _ in bindings} <= roles
+    # Valid for the API server (unknown fields fail); nothing stored.
+    dry_run(cluster.kubeconfig_path, hooks, "sdg-helm-test-hooks")
+
+    # As that ServiceAccount (a client certificate with its user name and groups).
+    for role in yaml.safe_load_all((ROOT / "config" / "rbac" / "doctor_role.yaml").read_text()):
+        cluster.apply(role)
+    stored_hooks = [o for o in hooks if o["kind"] != "Pod"]
+    for obj in stored_hooks:
+        cluster.apply(obj)
+    try:
+        account = f"system:serviceaccount:{NAMESPACE}:{DOCTOR_TEST}"
+        kubeconfig = cluster.user_kubeconfig(
+            account, ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"]
+        )
+        args = ["doctor", "--claims-namespace", NAMESPACE, "-n", NAMESPACE, "-o", "json"]
+        cli.main(["--kubeconfig", str(kubeconfig), *args])
+        as_account = json.loads(capsys.readouterr().out)
+        cli.main(["--kubeconfig", str(cluster.kubeconfig_path), *args])
+        as_admin = json.loads(capsys.readouterr().out)
+    finally:
+        for obj in stored_hooks:
+            meta = obj["metadata"]
+            cluster.delete(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+    assert len(as_account) > 10, as_account
+    refused = [c for c in as_account if "forbidden" in c["detail"].lower()]
+    assert not refused, refused
+    assert [(c["name"], c["status"]) for c in as_account] == [
+        (c["name"], c["status"]) for c in as_admin
+    ]
