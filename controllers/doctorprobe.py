@@ -495,6 +495,9 @@ async def probe_node(
             f"kubectl describe pod -n {options.namespace} {group}   (while it runs), or "
             "sdg doctor --probe --probe-timeout SECONDS",
         )
+    except anyio.get_cancelled_exc_class():
+        say(f"interrupted: deleting the probe's pod and group {group}")
+        raise
     finally:
         await _cleanup(client, group, options.namespace, made, say)
 

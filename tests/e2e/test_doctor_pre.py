@@ -230,4 +230,5 @@ async def test_ctrl_c_cleans_up(
                 proc.kill()
         assert proc.returncode == 130, (out, err)
         assert "probing node probe-int" in err
+        assert "interrupted: deleting the probe's pod and group sdg-doctor-probe-" in err
         assert leftovers(cluster, namespace) == [], err

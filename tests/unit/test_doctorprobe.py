@@ -141,6 +141,13 @@ def test_device_nodes_are_counted() -> None:
     assert other.ok is False
 
 
+def test_cdi_that_reaches_the_container_passes() -> None:
+    """Under cdi the variable is empty by design; the device node is the evidence."""
+    cdi = Held(node="gpu-1", group="g", resource=GPU, env_var=ENV, ids=("3",), uuids=("GPU-ddd",))
+    check = judge_seen(cdi, Seen(env={ENV: ""}, dev=("/dev/nvidia3", "/dev/nvidiactl")))
+    assert check.ok is True, check
+
+
 def test_cut_short_report_fails() -> None:
     check = judge_seen(HELD, Seen(env={ENV: "GPU-ddd"}, complete=False))
     assert check.ok is False and "cut short" in check.detail
