@@ -52,6 +52,7 @@ from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, RUNTIMECLASSES
 from sdgruntime.manager import Manager, ManagerOptions
 from sdgruntime.webhook import WebhookServer
+from webhooks.bindingvalidator import BindingValidator
 from webhooks.groupdefaulter import GroupDefaulter
 from webhooks.groupvalidator import GroupValidator
 from webhooks.podmutator import PodMutator
@@ -59,6 +60,7 @@ from webhooks.podmutator import PodMutator
 POD_WEBHOOK_PATH = "/mutate-v1-pod"
 GROUP_WEBHOOK_PATH = "/validate-deviceshare-io-v1alpha1-shareddevicegroup"
 GROUP_DEFAULTER_PATH = "/mutate-deviceshare-io-v1alpha1-shareddevicegroup"
+BINDING_WEBHOOK_PATH = "/validate-v1-binding"
 
 Obj = dict[str, Any]
 
@@ -138,6 +140,7 @@ class SDG:
             holders_namespace=settings.namespace,
             kubelet_counts=self._kubelet_counts,
             claims_counted=settings.resource_slices != "off",
+            shared_only=True,
         )
         self.dra = DraAllocations(settings.namespace) if settings.resource_slices != "off" else None
         if self.dra is not None:
@@ -223,6 +226,7 @@ class SDG:
         server.register(POD_WEBHOOK_PATH, self.pod_mutator)
         server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))
         server.register(GROUP_DEFAULTER_PATH, GroupDefaulter())
+        server.register(BINDING_WEBHOOK_PATH, BindingValidator(cache, mgr.client))
         #: Every recorder above: an object's Event aggregation keys go when it is deleted.
         self.recorders = [
             mgr.event_recorder(name)
@@ -255,13 +259,20 @@ class SDG:
 
         def node_upserted(node: Obj) -> None:
             inventory.observe_node(node)
-            self._count_foreign(node["metadata"]["name"])  # its shared label may have changed
+            name = node["metadata"]["name"]
+            # Its shared label may have changed: the foreign mirror takes or drops its pods.
+            self.foreign.set_shared(name, is_shared(node), lambda: self._pods_on(name))
+            self._count_foreign(name)
+
+        def node_deleted(node: Obj) -> None:
+            inventory.forget_node(node)
+            self.foreign.set_shared(node["metadata"]["name"], False, list)
 
         inventory.on_change = offers_changed
         informers.informer(NODES).add_handler(
             on_add=node_upserted,
             on_update=lambda _o, n: node_upserted(n),
-            on_delete=inventory.forget_node,
+            on_delete=node_deleted,
         )
         if self.settings.resource_slices != "off":
             informers.informer(RESOURCESLICES).add_handler(
@@ -290,6 +301,12 @@ class SDG:
             on_update=lambda _old, pod: self.foreign.observe(pod),
             on_delete=self.foreign.forget,
         )
+
+    def _pods_on(self, node: str) -> list[Obj]:
+        """The cached pods bound to ``node`` (read only; before the pod cache has synced,
+        those seen so far: the rest arrive as events)."""
+        store = self.manager.cache.informer(PODS).store
+        return store.by_index(POD_NODE_INDEX, node, copy=False)
 
     def _kubelet_counts(self, node: str, resource: str) -> bool:
         """Whether ``node``'s kubelet counts ``resource`` for the groups too: holder pods

@@ -470,6 +470,7 @@ def test_webhooks_get_a_certificate_and_ca_from_cert_manager(
         },
         "ValidatingWebhookConfiguration": {
             "vsdg.deviceshare.io": "/validate-deviceshare-io-v1alpha1-shareddevicegroup",
+            "vbinding.deviceshare.io": "/validate-v1-binding",
         },
     }
     for kind, hooks in paths.items():
