@@ -35,8 +35,6 @@ def setup_logging(settings: Settings) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level.upper())
-    if settings.log_level != "debug":
-        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 async def resource_kinds_served(settings: Settings) -> set[str]:

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import yaml
 
+from sdgruntime.envtest.adminhttp import AdminHTTP, TransportError
 from sdgruntime.envtest.build import BINARIES, ensure_binaries
 from sdgruntime.envtest.certs import CertificateAuthority, KeyPair, service_account_keys
 
@@ -140,7 +140,7 @@ class ControlPlane:
         self.binaries: Path | None = None
         self.kubeconfig_path = self.work_dir / "admin.kubeconfig"
         self._admin = self.ca.client(ADMIN_USER, ["system:masters"])
-        self._http: httpx.Client | None = None
+        self._http: AdminHTTP | None = None
 
     # --- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> ControlPlane:
@@ -261,7 +261,7 @@ class ControlPlane:
                 ):
                     return
                 last = r.text
-            except httpx.TransportError as e:
+            except TransportError as e:
                 last = str(e)
             time.sleep(0.2)
         raise ControlPlaneError(
@@ -303,29 +303,32 @@ class ControlPlane:
             ]
         self._spawn(name, [*args, *self.component_flags.get(name, ())])
         deadline = time.monotonic() + self.start_timeout
-        with httpx.Client(verify=False, timeout=5) as http:  # self-signed serving cert
-            while time.monotonic() < deadline:
-                proc = self._procs[name]
-                if proc.poll() is not None:
-                    raise ControlPlaneError(
-                        f"{name} exited with {proc.returncode}:\n{self._log_tail(name)}"
-                    )
-                with contextlib.suppress(httpx.TransportError):
-                    if http.get(f"https://127.0.0.1:{port}/healthz").status_code == 200:
-                        return
-                time.sleep(0.2)
+        unverified = ssl.create_default_context()
+        unverified.check_hostname = False
+        unverified.verify_mode = ssl.CERT_NONE  # its serving certificate is self-signed
+        http = AdminHTTP(f"https://127.0.0.1:{port}", unverified, timeout=5)
+        while time.monotonic() < deadline:
+            proc = self._procs[name]
+            if proc.poll() is not None:
+                raise ControlPlaneError(
+                    f"{name} exited with {proc.returncode}:\n{self._log_tail(name)}"
+                )
+            with contextlib.suppress(*TransportError):
+                if http.get("/healthz").status_code == 200:
+                    return
+            time.sleep(0.2)
         raise ControlPlaneError(f"{name} not healthy within {self.start_timeout}s")
 
     # --- access ----------------------------------------------------------------------
     @property
-    def http(self) -> httpx.Client:
+    def http(self) -> AdminHTTP:
         """A synchronous admin HTTP client for setup work (not for code under test)."""
         if self._http is None:
             pki = self.work_dir / "pki"
             cert, key = self._admin.write(pki, "admin.crt", "admin.key")
             ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
             ctx.load_cert_chain(str(cert), str(key))
-            self._http = httpx.Client(base_url=self.host, verify=ctx, timeout=30)
+            self._http = AdminHTTP(self.host, ctx, timeout=30)
         return self._http
 
     def _write_kubeconfig(self, path: Path, pair: KeyPair, user: str = ADMIN_USER) -> Path:

@@ -11,6 +11,7 @@ Needs the package index (the build backend, the dependencies), like test_dockerf
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -196,3 +197,25 @@ def test_envtest_finds_its_binaries_from_any_project(fresh_venv: Path, tmp_path:
     assert Path(source).is_relative_to(fresh_venv.parents[1])  # the wheel's copy of the module
     assert Path(binaries) == cached
     assert version.startswith("v1.") and "go was called" not in proc.stderr
+
+
+def test_a_bare_install_pulls_neither_httpx_nor_kubernetes(wheel: Path, tmp_path: Path) -> None:
+    """``pip install sdgruntime`` (no extras) resolves no second HTTP stack and not the
+    kubernetes package: exec plugins and envtest's admin client need neither."""
+    report = tmp_path / "report.json"
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "-q",
+        "--report",
+        report,
+        wheel,
+        cwd=tmp_path,
+    )
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert "aiohttp" in names  # the report is the whole resolution
+    assert not names & {"httpx", "httpcore", "kubernetes", "requests", "urllib3"}, names

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from sdgruntime.envtest import ControlPlane
+from sdgruntime.envtest.adminhttp import AdminHTTP
 from sdgruntime.envtest.images import BUSYBOX_IMAGE
 from sdgruntime.envtest.node import Node, preflight
 
@@ -72,7 +72,7 @@ def wait_for(cond: Any, what: str, within: float = 90.0) -> Any:
     raise AssertionError(f"timed out after {within}s waiting for {what}")
 
 
-def printed(http: httpx.Client, name: str, until: str = "=== end") -> str:
+def printed(http: AdminHTTP, name: str, until: str = "=== end") -> str:
     """Pod ``name``'s log once it holds ``until``: read through the API server from the
     kubelet, as kubectl logs does."""
 
