@@ -6,9 +6,11 @@ judged against what its throwaway group held.
 On this node no NVIDIA runtime turns the variable into device nodes (there is no GPU), so
 what a group pod's container sees is the variable itself: the probe passes with a warning
 saying exactly that, naming the one GPU (UUID and ID) the group held, which is the GPU the
-kubelet gave the group's holder pod. Labelled ``deviceshare.io/delivery=cdi`` (which needs
-NRI's device-injector, not running here), the container sees no device: exit 1, naming
-the node, the GPU expected and what was seen.
+kubelet gave the group's holder pod. Labelled ``deviceshare.io/delivery=cdi`` with an NRI
+plugin that injects the annotated CDI devices (``hack/node/cdiinject``, as NRI's
+device-injector does), the container gets exactly the group's GPU as a device node from
+the simulator's CDI spec: ✓. Labelled cdi without that plugin, the container sees no
+device: exit 1, naming the node, the GPU expected and what was seen.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import pytest
 from api.constants import SDG_KIND
 from controllers import cli
 from controllers.doctorprobe import PROBE_GROUP_PREFIX
+from hack.node.nri import CdiInjector
 from hack.node.simulators import DevicePluginSim, make_gpus
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.envtest.node import Node
 from sdgruntime.kinds import NODES, PODS
-from tests.e2e.harness import GPU, run_sdg
+from tests.e2e.harness import GPU, eventually, group, run_sdg, wait_bound
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -83,6 +86,11 @@ async def probe(real_cp: ControlPlane, namespace: str, capsys: Any) -> tuple[int
 
 
 async def nothing_left(client: Client, namespace: str) -> None:
+    async def no_groups() -> bool:
+        groups, _ = await client.list_all(SDG_KIND)
+        return not groups
+
+    await eventually(no_groups, within=60, interval=0.3, what="every group gone")
     groups, _ = await client.list_all(SDG_KIND)
     pods, _ = await client.list_all(PODS, namespace)
     left = [g["metadata"]["name"] for g in groups] + [p["metadata"]["name"] for p in pods]
@@ -112,6 +120,40 @@ async def test_the_container_sees_exactly_the_groups_gpu(
     # What the container printed is the one GPU the group held, and that is the simulated
     # GPU with that ID (the kubelet gave it to the group's holder pod).
     assert seen == held == GPUS[index].uuid
+    await nothing_left(rclient, rns)
+
+
+async def test_cdi_through_nri_gives_the_container_exactly_the_groups_gpu(
+    manager: None,
+    node: Node,
+    real_cp: ControlPlane,
+    rclient: Client,
+    rns: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Another group holds two GPUs first, so the probe's is not simply the first one.
+    await rclient.create(SDG_KIND, group("other", {GPU: 2}))
+    other = await wait_bound(rclient, "other", within=30)
+    taken = {int(i) for i in other["status"]["selectedDevices"][GPU].split(",")}
+    await rclient.patch(NODES, node.name, {"metadata": {"labels": {DELIVERY_LABEL: "cdi"}}})
+    try:
+        with CdiInjector(node.work_dir / "cdiinject.log"):
+            code, check = await probe(real_cp, rns, capsys)
+    finally:
+        await rclient.patch(NODES, node.name, {"metadata": {"labels": {DELIVERY_LABEL: None}}})
+        await rclient.delete(SDG_KIND, "other")
+    assert (code, check["status"]) == (0, "ok"), check
+    m = re.match(
+        r'/dev/nvidia(\d+) and NVIDIA_VISIBLE_DEVICES="": 1 device\(s\), as the group holds '
+        r"nvidia\.com/gpu (GPU-\S+) \(ID (\d+)\) \(device node numbers are not IDs; group "
+        r"sdg-doctor-probe-[0-9a-f]+, delivery cdi \(",
+        check["detail"],
+    )
+    assert m, check["detail"]
+    minor, held, index = int(m.group(1)), m.group(2), int(m.group(3))
+    # The simulator's device node for a GPU is /dev/nvidia<index>: the very GPU held.
+    assert held == GPUS[index].uuid and minor == GPUS[index].index
+    assert index not in taken
     await nothing_left(rclient, rns)
 
 
