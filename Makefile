@@ -20,10 +20,11 @@ node-binaries: install  ## Also build a real node's kubelet, kube-controller-man
 	$(BIN)/python -m sdgruntime.envtest.build --node
 
 # The real-node tier (tests/realnode) runs as root only; elsewhere it is skipped with the reason.
-realnode: install  ## As root: build the real node's parts and the GPU simulator (hack/node) once per machine
+realnode: install  ## As root: build the real node's parts, the GPU simulator and the NRI CDI plugin (hack/node) once per machine
 	@if [ "$$(id -u)" = 0 ]; then \
 	  $(MAKE) --no-print-directory node-binaries && \
-	  $(BIN)/python -c 'from hack.node.simulators import ensure_gpusim; print(ensure_gpusim())'; \
+	  $(BIN)/python -c 'from hack.node.simulators import ensure_gpusim; print(ensure_gpusim())' && \
+	  $(BIN)/python -c 'from hack.node.nri import ensure_cdiinject; print(ensure_cdiinject())'; \
 	else echo "not root: tests/realnode will be skipped (a kubelet and containerd need root)"; fi
 
 helm: install  ## Build the helm CLI from hack/helm once per machine (cached), for the chart tests
@@ -32,6 +33,7 @@ helm: install  ## Build the helm CLI from hack/helm once per machine (cached), f
 test: controlplane helm realnode docs typecheck  ## Type-check, lint, then run every test (unit + integration against the real local API server)
 	$(BIN)/ruff check .
 	cd hack/node/gpusim && GOFLAGS=-mod=mod go test ./...  # the GPU simulator against a fake kubelet
+	cd hack/node/cdiinject && GOFLAGS=-mod=mod go test ./...  # the NRI CDI plugin's annotation parsing
 	$(BIN)/pytest -q
 
 unit: install  ## Fast unit tests only (no control plane)
