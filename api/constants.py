@@ -40,6 +40,12 @@ SHARED_TAINT_VALUE: Final = NODE_MODE_SHARED
 #: and placement says why. It also bounds every per-device loop and allocation.
 MAX_DEVICES_PER_RESOURCE: Final = 1024
 
+#: ``spec.devices`` pins at most this many devices of one resource (the CRD's maxItems):
+#: pinning is for a handful of GPUs; a larger group lets SDG choose.
+MAX_PINNED_DEVICES: Final = 64
+#: The longest pinned device (a UUID such as NVIDIA's ``GPU-<36 hex and dashes>``).
+MAX_PIN_LENGTH: Final = 128
+
 #: ``status.allocatedPods`` lists at most this many pods (``podCount`` stays exact), so
 #: a group's object stays far below etcd's size limit.
 MAX_ALLOCATED_PODS: Final = 1000

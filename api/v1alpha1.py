@@ -65,6 +65,9 @@ class SharedDeviceGroupSpec(_Model):
     resources: dict[str, StrictInt]
     scheduling_strategy: Strategy = "binpack"
     node_selector: dict[str, str] | None = None
+    #: Pinned devices per resource: IDs (``"3"``) or UUIDs (``"GPU-6f1c..."``), exactly as
+    #: many as requested; the group binds only where exactly these are free.
+    devices: dict[str, list[str]] | None = None
     #: The group's pods may be privileged, add SYS_ADMIN, mount /dev or use hostPID: they
     #: can reach every device of the node, so SDG's device promise is left to the user.
     allow_host_access: StrictBool | None = None
@@ -177,6 +180,19 @@ def group_name(group: Mapping[str, Any]) -> str:
 def group_resources(group: Mapping[str, Any]) -> dict[str, int]:
     """``spec.resources`` (empty if missing)."""
     return dict((group.get("spec") or {}).get("resources") or {})
+
+
+def spec_pins(spec: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """``spec.devices``: resource -> the pinned IDs or UUIDs (empty: nothing pinned).
+    Entries that are not lists of strings are skipped (the CRD refuses them)."""
+    raw = spec.get("devices")
+    if not isinstance(raw, Mapping):
+        return {}
+    return {
+        str(res): tuple(pins)
+        for res, pins in raw.items()
+        if isinstance(pins, list) and pins and all(isinstance(p, str) for p in pins)
+    }
 
 
 def group_strategy(group: Mapping[str, Any]) -> str:

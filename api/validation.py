@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from api.constants import MAX_DEVICES_PER_RESOURCE
+from api.constants import MAX_DEVICES_PER_RESOURCE, MAX_PIN_LENGTH, MAX_PINNED_DEVICES
 
 DNS1123_LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 #: A DNS-1123 subdomain (object names, annotation/resource prefixes); at most 253 chars.
@@ -33,7 +33,14 @@ MAX_RESOURCES: Final = 16
 MAX_NODE_SELECTOR: Final = 64
 MAX_RESOURCE_NAME_LEN: Final = MAX_SUBDOMAIN_LEN + 1 + MAX_NAME_PART_LEN
 
+#: A pinned device in ``spec.devices``: a number is SDG's device ID (as in
+#: ``status.selectedDevices``), anything else a UUID (``GPU-6f1c...``).
+PIN: Final = r"[A-Za-z0-9][-A-Za-z0-9_.:]*"
+#: A pin that is a device ID: digits only.
+PIN_ID: Final = r"[0-9]+"
+
 _SUBDOMAIN_RE = re.compile(DNS1123_SUBDOMAIN)
+_PIN_RE = re.compile(PIN)
 _NAME_PART_RE = re.compile(QUALIFIED_NAME_PART)
 _LABEL_VALUE_RE = re.compile(LABEL_VALUE)
 
@@ -128,6 +135,7 @@ def validate_spec(spec: Any) -> list[str]:
         errors.append(
             f"spec.allowHostAccess: Invalid value: {host_access!r}: must be true or false"
         )
+    errors += validate_pins(spec.get("devices"), resources)
     selector = spec.get("nodeSelector")
     if selector is not None:
         if not isinstance(selector, Mapping):
@@ -144,4 +152,63 @@ def validate_spec(spec: Any) -> list[str]:
                         f"spec.nodeSelector[{key}]: Invalid value: {value!r}: "
                         "must be a valid label value"
                     )
+    return errors
+
+
+def pin_id(pin: str) -> int | None:
+    """The device ID a pin names (``"3"`` -> 3), or None when the pin is a UUID."""
+    return int(pin) if pin.isascii() and pin.isdigit() else None
+
+
+def validate_pins(devices: Any, resources: Any) -> list[str]:
+    """Field errors of ``spec.devices`` (the CRD's rules, worded as the API server's)."""
+    if devices is None:
+        return []
+    if not isinstance(devices, Mapping):
+        return [
+            "spec.devices: Invalid value: must map a resource to its device IDs or UUIDs, "
+            'e.g. nvidia.com/gpu: ["0", "3"]'
+        ]
+    errors: list[str] = []
+    if len(devices) > MAX_RESOURCES:
+        errors.append(
+            f"spec.devices: Too many: {len(devices)}: must have at most {MAX_RESOURCES} items"
+        )
+    requested = resources if isinstance(resources, Mapping) else {}
+    for res, pins in devices.items():
+        field = f"spec.devices[{res}]"
+        if res not in requested:
+            errors.append(
+                f"{field}: Invalid value: pins a resource spec.resources does not request; "
+                "add it to spec.resources or remove it here"
+            )
+        if not isinstance(pins, list) or not all(isinstance(p, str) for p in pins):
+            errors.append(f"{field}: Invalid value: must be a list of device IDs or UUIDs")
+            continue
+        if len(pins) > MAX_PINNED_DEVICES:
+            errors.append(
+                f"{field}: Too many: {len(pins)}: must have at most {MAX_PINNED_DEVICES} items"
+            )
+        count = requested.get(res)
+        if isinstance(count, int) and not isinstance(count, bool) and len(pins) != count:
+            errors.append(
+                f"{field}: Invalid value: lists {len(pins)} device(s) but spec.resources "
+                f"requests {count}: pin exactly as many devices as requested"
+            )
+        seen: set[str] = set()
+        for i, pin in enumerate(pins):
+            if pin in seen:
+                errors.append(f"{field}[{i}]: Duplicate value: {pin!r}")
+            seen.add(pin)
+            if len(pin) > MAX_PIN_LENGTH or _PIN_RE.fullmatch(pin) is None:
+                errors.append(
+                    f"{field}[{i}]: Invalid value: {pin!r}: must be a device ID (a number) "
+                    f"or a UUID of at most {MAX_PIN_LENGTH} letters, digits, '-', '_', '.' "
+                    "or ':'"
+                )
+            elif (n := pin_id(pin)) is not None and n >= MAX_DEVICES_PER_RESOURCE:
+                errors.append(
+                    f"{field}[{i}]: Invalid value: {pin!r}: device IDs are below "
+                    f"{MAX_DEVICES_PER_RESOURCE}"
+                )
     return errors

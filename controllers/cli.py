@@ -22,7 +22,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -539,9 +539,9 @@ async def _explanation(client: Client, args: argparse.Namespace) -> tuple[str, d
         records = await _claim_records(client, args.claims_namespace)
         pods = await _list(client, PODS)
         slices = await _resource_slices(client) or []
-        delivery, runtime_classes = await _delivery_settings(client, args.claims_namespace)
+        delivery, runtime_classes, holders = await _delivery_settings(client, args.claims_namespace)
         return group_explanation(
-            name, groups, nodes, records, pods, slices, runtime_classes, delivery
+            name, groups, nodes, records, pods, slices, runtime_classes, delivery, holders
         )
     namespace = args.namespace or _context_namespace(args.kubeconfig, args.context)
     pod = await _get_or_none(client, PODS, name, namespace)
@@ -559,21 +559,24 @@ async def _explanation(client: Client, args: argparse.Namespace) -> tuple[str, d
 
 async def _delivery_settings(
     client: Client, namespace: str
-) -> tuple[Delivery, dict[str, dict[str, Any]]]:
+) -> tuple[Delivery, dict[str, dict[str, Any]], bool | None]:
     """The manager's delivery settings, from its Deployment's flags as ``sdg doctor``
-    reads them (its defaults where it cannot be read), and its RuntimeClass by name."""
+    reads them (its defaults where it cannot be read), its RuntimeClass by name, and
+    whether it runs holder pods (None: no Deployment says)."""
     try:
         deployment = await _get_or_none(
             client, doctor.DEPLOYMENTS, doctor.MANAGER_DEPLOYMENT, namespace
         )
     except errors.Forbidden:
         deployment = None
-    settings = doctor.delivery_settings(doctor.manager_config(deployment, namespace))
+    config = doctor.manager_config(deployment, namespace)
+    settings = doctor.delivery_settings(config)
+    holders = config.holders != "off" if isinstance(deployment, Mapping) else None
     try:
         rc = await _get_or_none(client, RUNTIMECLASSES, settings.runtime_class_name)
     except errors.Forbidden:
         rc = None
-    return settings, ({settings.runtime_class_name: rc} if rc is not None else {})
+    return settings, ({settings.runtime_class_name: rc} if rc is not None else {}), holders
 
 
 def _group_node(groups: Sequence[dict[str, Any]], pod: dict[str, Any]) -> str | None:

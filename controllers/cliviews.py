@@ -42,6 +42,7 @@ from api.v1alpha1 import (
     is_bound,
     pods_truncated,
     selected_devices,
+    spec_pins,
 )
 from controllers.inventory import (
     SOURCE_ANNOTATION,
@@ -55,6 +56,7 @@ from controllers.inventory import (
 from controllers.ledger.book import Ledger
 from controllers.ledger.tracker import Devices
 from controllers.ledger.view import Pod, ResourceClaim, describe
+from controllers.pinning import LedgerPins
 from controllers.placement import (
     node_device_capacity,
     node_name,
@@ -955,14 +957,18 @@ def group_explanation(
     slices: Iterable[Obj] = (),
     runtime_classes: Mapping[str, Obj] | None = None,
     delivery: Delivery | None = None,
+    holders: bool | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """:func:`explain_group`'s text and :func:`explain_group_data`'s facts, made together.
 
     ``delivery`` is the manager's delivery settings (default: its defaults) and
     ``runtime_classes`` the RuntimeClasses known by name: with the group's node they say
-    how its pods get their devices (the pod webhook's rule) and by which names."""
+    how its pods get their devices (the pod webhook's rule) and by which names.
+    ``holders``: whether the manager runs holder pods (None: unknown), which a pinned
+    group's verdict per node depends on."""
     delivery = delivery if delivery is not None else Delivery()
     groups, nodes = list(groups), list(nodes)
+    configmaps, pods, slices = list(configmaps), list(pods), list(slices)
     by_group = {group_name(g): g for g in groups}
     group = by_group.get(name)
     if group is None:
@@ -1072,8 +1078,18 @@ def group_explanation(
         nodes=None,
     )
     nodes_section = None
+    pins = spec_pins(spec)
+    if pins:
+        info.append(("Pinned", _pins_text(pins)))
+    facts["pinned"] = {r: list(p) for r, p in sorted(pins.items())} or None
     if not is_bound(group) and resources:
-        nodes_section, facts["nodes"] = _nodes_now(spec, nodes, view)
+        resolver = None
+        if pins:
+            by_slices = _slices_of(slices)
+            inventory = {n: node_offers(o, by_slices.get(n, ())) for n, o in by_node.items()}
+            book = claim_view(groups, configmaps, inventory, pods).ledger
+            resolver = LedgerPins(book, name, holders=holders)
+        nodes_section, facts["nodes"] = _nodes_now(spec, nodes, view, resolver)
 
     member_pods = sorted((p for p in pods if pod_group(p) == name), key=lambda p: pod_key(p))
     seen = {pod_key(p) for p in member_pods}
@@ -1115,18 +1131,24 @@ def group_explanation(
     return text, facts
 
 
+def _pins_text(pins: Mapping[str, Sequence[str]]) -> str:
+    """``spec.devices`` for people: ``nvidia.com/gpu=GPU-a,GPU-b``."""
+    return ", ".join(f"{r}={','.join(p)}" for r, p in sorted(pins.items()))
+
+
 def _nodes_now(
-    spec: Obj, nodes: Sequence[Obj], view: ClaimView
+    spec: Obj, nodes: Sequence[Obj], view: ClaimView, pins: LedgerPins | None = None
 ) -> tuple[str, list[dict[str, Any]]]:
-    """Each shared node's verdict for the group right now (the scheduler's own filters),
-    as text and as ``{"node", "fits", "reason"}`` facts."""
+    """Each shared node's verdict for the group right now (the scheduler's own filters,
+    with ``pins`` for a group's pinned devices), as text and as ``{"node", "fits",
+    "reason"}`` facts."""
     free: dict[str, dict[str, int]] = {}
     for node in nodes:
         name = node_name(node)
         free[name] = {
             res: view.free(name, res, cap) for res, cap in node_device_capacity(node).items()
         }
-    decision = place(spec, nodes, free)
+    decision = place(spec, nodes, free, pins=pins)
     shared = [n for n in nodes if _is_shared(n)]
     rows = []
     for node in sorted(shared, key=node_name):

@@ -83,6 +83,7 @@ from controllers.ledger.book import Ledger
 from controllers.ledger.records import nodes_named_by
 from controllers.ledger.release import ClaimReleaser, bound_pods
 from controllers.ledger.tracker import Devices, DeviceTracker, InsufficientDevices
+from controllers.pinning import LedgerPins, claim_matches_pins
 from controllers.placement import filter_node, place
 from controllers.recovery import Recovery, restore_record
 from controllers.watches import (
@@ -281,7 +282,13 @@ class GroupScheduler:
             # two decisions see the same devices free. The writes after it overlap; the
             # claim book serialises those per node.
             nodes = self.cache.list(NODES, copy=False)
-            decision = place(spec, nodes, self.claims.tracker, blocked=self._blocked(resources))
+            decision = place(
+                spec,
+                nodes,
+                self.claims.tracker,
+                blocked=self._blocked(resources),
+                pins=self._pins(name),
+            )
             span.set_attribute("sdg.candidates", decision.candidates)
             for node_name, why in sorted(decision.reasons.items())[:50]:
                 span.set_attribute(f"sdg.filter.{node_name}", "; ".join(why))
@@ -294,7 +301,9 @@ class GroupScheduler:
                 sdg_metrics.DECISION_LATENCY.labels("group").observe(time.perf_counter() - started)
                 await self._set_pending(group, message)
                 return None
-            devices = self.claims.reserve(name, decision.node, resources)
+            devices = self.claims.reserve(
+                name, decision.node, resources, decision.pinned.get(decision.node)
+            )
             span.set_attribute("sdg.node", decision.node)
             wanted = self.holders.needed(resources, self.claims.offers.get(decision.node))
             if wanted:
@@ -568,8 +577,15 @@ class GroupScheduler:
             offer = offers.get(res)
             if offer is None or not set(ids) <= set(offer.usable()):
                 return False  # a device of the claim is gone or unhealthy
+        if not claim_matches_pins(spec, devices, offers):
+            return False  # a claim for other pinned devices (spec.devices changed)
         blocked = self._blocked(want)
-        return not filter_node(spec, node_obj, _FreeWithOwnClaim(tracker, devices), blocked=blocked)
+        free = _FreeWithOwnClaim(tracker, devices)
+        return not filter_node(spec, node_obj, free, blocked=blocked, pins=self._pins(meta["name"]))
+
+    def _pins(self, group: str) -> LedgerPins:
+        """Where ``group``'s pinned devices (``spec.devices``) are free, by the ledger."""
+        return LedgerPins(self.claims, group, holders=self.holders.enabled)
 
     async def _bind_status(
         self, group: Obj, node: str, devices: Devices, started: float

@@ -33,6 +33,7 @@ from api.constants import (
     SHARED_TAINT_KEY,
     SHARED_TAINT_VALUE,
 )
+from api.v1alpha1 import spec_pins
 from api.validation import is_resource_name
 from controllers.ledger.tracker import DeviceTracker
 from controllers.quantity import parse_quantity
@@ -42,6 +43,21 @@ class FreeCounts(Protocol):
     """Anything that can say how many devices are free (``DeviceTracker`` is one)."""
 
     def free(self, node: str, resource: str) -> int: ...
+
+
+#: resource -> the pinned IDs or UUIDs of ``spec.devices``.
+Pins = Mapping[str, tuple[str, ...]]
+
+
+class PinResolver(Protocol):
+    """Which IDs a node gives a group's pinned devices (``controllers.pinning``)."""
+
+    def resolve(
+        self, node: str, resource: str, pins: tuple[str, ...]
+    ) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """``(ids, ())`` when every pinned device is on ``node`` and free, else
+        ``((), reasons)``: one filter reason per pin that is held, missing or unhealthy."""
+        ...
 
 
 class _MappingFree:
@@ -68,6 +84,9 @@ class PlacementDecision:
     scores: Mapping[str, int] = field(default_factory=dict)
     free_after: Mapping[str, int] = field(default_factory=dict)
     ranked: tuple[str, ...] = ()
+    #: For a group with ``spec.devices``: per feasible node, the IDs its pins name there
+    #: (what the reservation must take, never the lowest free).
+    pinned: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
 
     @property
     def feasible(self) -> int:
@@ -282,6 +301,7 @@ def filter_node(
     node: Mapping[str, Any],
     free: FreeCounts,
     blocked: Blocked | None = None,
+    pins: PinResolver | None = None,
 ) -> tuple[str, ...]:
     """Why the group cannot go to ``node`` (empty when it can).
 
@@ -290,8 +310,10 @@ def filter_node(
     Groups carry no tolerations except for the shared-node taint (``is_shared_taint``),
     so any other NoSchedule/NoExecute taint filters the node. ``blocked`` names resources
     the caller knows are used outside SDG (node -> resource -> reason); such a resource
-    fails with that reason before its free count is looked at.
+    fails with that reason before its free count is looked at. A resource the spec pins
+    (``spec.devices``) fits only where ``pins`` finds every pinned device free.
     """
+    pinned = _pins_of(spec, pins)
     facts = _facts(node)
     selector = tuple((spec.get("nodeSelector") or _EMPTY).items())
     why = _static_reasons(facts, selector)
@@ -299,7 +321,18 @@ def filter_node(
         return why
     wanted = sorted((spec.get("resources") or _EMPTY).items())
     node_blocked = blocked.get(facts.name) if blocked else None
-    return _devices(facts, node, facts.name, wanted, free, _capacity_of(free), node_blocked)[0]
+    return _devices(
+        facts, node, facts.name, wanted, free, _capacity_of(free), node_blocked, pinned, pins
+    )[0]
+
+
+def _pins_of(spec: Mapping[str, Any], pins: PinResolver | None) -> Pins:
+    """The spec's pinned devices; a pinned spec without a resolver is a caller's bug (it
+    would be placed as if nothing were pinned)."""
+    pinned = spec_pins(spec)
+    if pinned and pins is None:
+        raise ValueError("a group with spec.devices is placed only with a PinResolver")
+    return pinned
 
 
 def _no_devices(facts: _NodeFacts | None, node: Mapping[str, Any], res: str) -> tuple[str, ...]:
@@ -353,9 +386,13 @@ def _devices(
     free: FreeCounts,
     known_capacity: Callable[[str, str], int] | None,
     node_blocked: Mapping[str, str] | None,
+    pinned: Pins | None = None,
+    pins: PinResolver | None = None,
+    chosen: dict[str, tuple[int, ...]] | None = None,
 ) -> tuple[tuple[str, ...], int]:
     """The device filter's reasons (every short resource) and, when the node fits, the
-    free devices left after placement, summed over the requested resources."""
+    free devices left after placement, summed over the requested resources. A pinned
+    resource fits only where ``pins`` resolves every pin; its IDs go into ``chosen``."""
     short: list[str] = []
     left = 0
     for res, need in wanted:
@@ -366,6 +403,17 @@ def _devices(
         if node_blocked and res in node_blocked:
             short.append(node_blocked[res])
             continue
+        wanted_pins = pinned.get(res) if pinned else None
+        if wanted_pins is not None and pins is not None:
+            if len(wanted_pins) != need:  # the CRD refuses such a spec
+                short.append(f"cannot give {len(wanted_pins)} pinned {res} for a request of {need}")
+                continue
+            ids, why = pins.resolve(name, res, wanted_pins)
+            if why:
+                short.extend(why)
+                continue
+            if chosen is not None:
+                chosen[res] = ids
         available = free.free(name, res)
         if available < need:
             short.append(f"have {available} free {res} (need {need})")
@@ -378,13 +426,15 @@ def place(
     nodes: Iterable[Mapping[str, Any]],
     free: FreeCounts | Mapping[str, Mapping[str, int]],
     blocked: Blocked | None = None,
+    pins: PinResolver | None = None,
 ) -> PlacementDecision:
     """Filter and score every node for a group spec; pick the best (or none).
 
     binpack scores a node by the fewest free devices left after placement (summed over
     the requested resources), spread by the most. ``blocked`` is as for ``filter_node``.
     Raises ValueError for a spec without resources (the CRD forbids it; a caller must not
-    bind such a group).
+    bind such a group). A spec with ``spec.devices`` needs ``pins`` (``filter_node``);
+    ``PlacementDecision.pinned`` then says which IDs each feasible node gives the pins.
 
     The same filters as ``filter_node``, written out in one loop because this runs over
     the whole fleet for every Pending group (hack/bench/bench_placement.py): per node, a
@@ -400,13 +450,15 @@ def place(
     if strategy not in ("binpack", "spread"):
         raise ValueError(f"unknown schedulingStrategy {strategy!r}")
     counts: FreeCounts = free if hasattr(free, "free") else _MappingFree(free)
+    pinned = _pins_of(spec, pins)
+    pinned_ids: dict[str, Mapping[str, tuple[int, ...]]] = {}
     wanted = sorted(resources.items())
     known_capacity = _capacity_of(counts)
     selector = tuple((spec.get("nodeSelector") or _EMPTY).items())
     blocked_of = blocked.get if blocked else None
     free_of = counts.free
     ((res, need),) = wanted[:1]
-    single = len(wanted) == 1
+    single = len(wanted) == 1 and not pinned
     # A DeviceTracker never counts more free than capacity, so a node with enough free
     # devices has the resource: its capacity need not be read first.
     trusted: DeviceTracker | None = (
@@ -452,11 +504,25 @@ def place(
             continue
         if not single:
             node_blocked = blocked_of(name) if blocked_of is not None else None
-            why, left = _devices(facts, node, name, wanted, counts, known_capacity, node_blocked)
+            chosen: dict[str, tuple[int, ...]] | None = {} if pinned else None
+            why, left = _devices(
+                facts,
+                node,
+                name,
+                wanted,
+                counts,
+                known_capacity,
+                node_blocked,
+                pinned,
+                pins,
+                chosen,
+            )
             if why:
                 reasons[name] = why
             else:
                 free_after[name] = left
+                if chosen:
+                    pinned_ids[name] = chosen
             continue
         if trusted is not None:
             available = free_of(name, res)
@@ -500,6 +566,7 @@ def place(
         scores=scores,
         free_after=free_after,
         ranked=tuple(ranked),
+        pinned=pinned_ids,
     )
 
 

@@ -20,7 +20,7 @@ from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed, den
 
 #: How many of a group's pods a denied DELETE names.
 MAX_LISTED_PODS = 5
-_IMMUTABLE_WHEN_BOUND = ("resources", "nodeSelector")
+_IMMUTABLE_WHEN_BOUND = ("resources", "nodeSelector", "devices")
 
 
 class GroupValidator:

@@ -41,6 +41,7 @@ from controllers.ledger.records import (
 )
 from controllers.ledger.tracker import Devices, DeviceTracker, InsufficientDevices, overlaps
 from controllers.ledger.view import (
+    Holder,
     Malformed,
     NodeView,
     ResourceClaim,
@@ -396,17 +397,43 @@ class Ledger:
         self.tracker.remove_node(node)
         self._mirror(node)
 
-    def reserve(self, group: str, node: str, request: Mapping[str, int]) -> Devices:
+    def reserve(
+        self,
+        group: str,
+        node: str,
+        request: Mapping[str, int],
+        pinned: Mapping[str, Iterable[int]] | None = None,
+    ) -> Devices:
         """Pick the lowest free IDs on ``node`` for a decision in flight and hold them until
-        ``unreserve`` (after the record write succeeded or failed)."""
+        ``unreserve`` (after the record write succeeded or failed); a resource in
+        ``pinned`` (``spec.devices``, resolved by placement) takes exactly those IDs, or
+        raises ``InsufficientDevices`` when one of them is not free."""
         picked: Devices = {}
         for res in sorted(request):
+            if pinned is not None and res in pinned:
+                ids = sorted(pinned[res])
+                free_pins = [i for i in ids if self._free_for(group, node, res, i)]
+                if len(free_pins) != len(ids) or len(ids) != request[res]:
+                    raise InsufficientDevices(node, res, len(free_pins), request[res])
+                picked[res] = ids
+                continue
             free = self.tracker.lowest_free(node, res, request[res])
             if len(free) < request[res]:
                 raise InsufficientDevices(node, res, len(free), request[res])
             picked[res] = free
         self._set_reserved(group, (node, picked))
         return picked
+
+    def _free_for(self, group: str, node: str, res: str, device: int) -> bool:
+        """Whether ``device`` is below capacity and held by nobody but ``group``."""
+        holder = self.tracker.holder(node, res, device)
+        return device < self.tracker.capacity(node, res) and holder in (None, f"{group}@{node}")
+
+    def holder(self, node: str, res: str, device: int) -> Holder | None:
+        """Who holds ``device`` of ``res`` on ``node`` in the merge (None: free), typed as
+        ``view`` gives it."""
+        name = self.tracker.holder(node, res, device)
+        return None if name is None else parse(name.removesuffix(f"@{node}"))
 
     def hold(self, group: str, node: str, devices: Devices) -> None:
         """Hold ``devices`` for ``group`` in memory only (a restore whose record write
