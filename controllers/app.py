@@ -187,7 +187,10 @@ class SDG:
             taint_rules=settings.resource_slices != "off" and settings.device_taint_rules != "off",
         )
         self.status_controller = StatusController(
-            mgr.client, cache, mgr.event_recorder("deviceshare-controller")
+            mgr.client,
+            cache,
+            mgr.event_recorder("deviceshare-controller"),
+            batch_period=settings.status_batch_period,
         )
         statuscontroller.setup(mgr, self.status_controller, workers=settings.status_workers)
         self.pod_scheduler = PodScheduler(

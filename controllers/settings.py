@@ -26,7 +26,7 @@ from api.constants import (
 from api.envvars import parse_env_table
 from api.validation import is_dns_subdomain
 from controllers.inventory import DEFAULT_DRA_DRIVERS
-from controllers.statuscontroller import STATUS_WORKERS
+from controllers.statuscontroller import STATUS_BATCH_PERIOD, STATUS_WORKERS
 from webhooks.delivery import Delivery, cdi_prefix_problem
 
 ENV_PREFIX = "SDG_"
@@ -132,6 +132,13 @@ class Settings(BaseModel):
         ge=1,
         le=64,
         description="concurrent status reconciles (each mostly one status PATCH)",
+    )
+    status_batch_period: float = Field(
+        STATUS_BATCH_PERIOD,
+        ge=0,
+        le=60,
+        description="seconds between two status writes of one group (a burst of pods is "
+        "written once per period; 0 writes every change at once)",
     )
     pod_workers: int = Field(
         32, ge=1, le=256, description="concurrent pod reconciles (bind calls are pipelined)"

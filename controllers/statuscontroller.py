@@ -6,10 +6,17 @@ the last reconcile of a group reads the newest cache, so a later write always fo
 earlier one. ``allocatedPods`` lists at most ``MAX_ALLOCATED_PODS`` pods
 (``api.v1alpha1.pod_list_update``) and ``podCount`` stays exact. PodsJoined/PodsLeft
 events are coalesced per group (``controllers.podevents``) instead of one per write.
+
+Writes are batched per group: the first after a quiet ``batch_period`` goes out at once,
+later ones wait until ``batch_period`` has passed since the last, so a burst of pods
+joining one group costs one write per period, and the status is at most that stale.
 """
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Final
 
 from api.constants import SDG_KIND
@@ -26,13 +33,16 @@ from sdgruntime.kinds import PODS
 from sdgruntime.manager import Manager
 from sdgruntime.reconcile import Request, Result
 
-__all__ = ["EVENT_PODS", "STATUS_WORKERS", "StatusController", "setup"]
+__all__ = ["EVENT_PODS", "STATUS_BATCH_PERIOD", "STATUS_WORKERS", "StatusController", "setup"]
 
 #: Concurrent reconciles, each mostly one status PATCH's round trip. After a burst of pods
 #: across 2000 groups nearly every group still needs its last write (~1900 of them); with
 #: 2 workers that drain ran at ~140 writes/s (13-15 s), with 8 at ~250-270/s (7 s), where
 #: the API server, not the workers, is the limit. (A setting: ``--status-workers``.)
 STATUS_WORKERS: Final = 8
+#: Seconds between two status writes of one group (``--status-batch-period``): as the Job
+#: controller's pod update batching, a burst is written once per period, not per pod.
+STATUS_BATCH_PERIOD: Final = 1.0
 
 
 class StatusController:
@@ -45,11 +55,33 @@ class StatusController:
         recorder: EventRecorder,
         *,
         events: PodEvents | None = None,
+        batch_period: float = STATUS_BATCH_PERIOD,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.cache = cache
         self.recorder = recorder
         self.events = events if events is not None else PodEvents(recorder)
+        self.batch_period = batch_period
+        self.clock = clock
+        #: group -> when its status was last written, oldest first; only the writes of the
+        #: last ``batch_period`` are kept (an older one delays nothing).
+        self._written: OrderedDict[str, float] = OrderedDict()
+
+    def _wait(self, name: str, now: float) -> float:
+        """Seconds until ``name`` may be written again (0: now); forgets stale writes."""
+        written = self._written
+        while written:
+            oldest, at = next(iter(written.items()))
+            if now - at < self.batch_period:
+                break
+            del written[oldest]
+        last = written.get(name)
+        return 0.0 if last is None else self.batch_period - (now - last)
+
+    def __len__(self) -> int:
+        """Groups whose last write is recent enough to delay the next."""
+        return len(self._written)
 
     async def reconcile(self, request: Request) -> Result | None:
         try:
@@ -58,6 +90,7 @@ class StatusController:
             group = self.cache.get(SDG_KIND, request.name, copy=False)
         except errors.NotFound:
             self.events.flush(request.name)  # gone: tell what is pending, keep nothing
+            self._written.pop(request.name, None)
             return None
         pods = self.cache.list(PODS, index=POD_GROUP_INDEX, value=request.name, copy=False)
         status = group.get("status") or {}
@@ -71,6 +104,12 @@ class StatusController:
         # scheduler's conditional finalizer patch of the new group conflict.
         if before == update.listed and status.get("podCount", 0) == update.count:
             return None
+        now = self.clock()
+        wait = self._wait(request.name, now)
+        if wait > 0:
+            # Written within the period: once more when it ends, from the cache as it is then
+            # (pod events meanwhile find the same wait and write nothing).
+            return Result(requeue_after=wait)
         patch = {
             "metadata": {"uid": group["metadata"]["uid"]},
             "status": {"allocatedPods": update.listed, "podCount": update.count},
@@ -79,7 +118,11 @@ class StatusController:
             updated = await self.client.patch(SDG_KIND, request.name, patch, subresource="status")
         except errors.NotFound:
             self.events.flush(request.name)
+            self._written.pop(request.name, None)
             return None
+        if self.batch_period > 0:
+            self._written[request.name] = now
+            self._written.move_to_end(request.name)
         self.events.record(updated, update.joined, update.left)
         return None
 

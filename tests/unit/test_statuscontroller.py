@@ -90,7 +90,7 @@ def controller() -> tuple[StatusController, Cache, Client, Recorder, Clock]:
     cache, rec, clock = Cache(), Recorder(), Clock()
     client = Client(cache)
     events = PodEvents(rec, quiet=5.0, clock=clock)  # type: ignore[arg-type]
-    sc = StatusController(client, cache, rec, events=events)  # type: ignore[arg-type]
+    sc = StatusController(client, cache, rec, events=events, clock=clock)  # type: ignore[arg-type]
     return sc, cache, client, rec, clock
 
 
@@ -101,6 +101,7 @@ async def test_writes_the_pod_list_uid_guarded_and_tells_one_event_per_burst() -
     await sc.reconcile(Request("g"))
     cache.groups["g"] = group(allocatedPods=["ns/a"], podCount=1)  # the write's echo
     cache.pods.append(pod("b"))
+    clock.t += sc.batch_period
     await sc.reconcile(Request("g"))
     assert client.patches == [
         ("g", {"metadata": {"uid": "uid-g"}, "status": {"allocatedPods": ["ns/a"], "podCount": 1}}),
@@ -116,6 +117,42 @@ async def test_writes_the_pod_list_uid_guarded_and_tells_one_event_per_burst() -
     clock.t += 5
     sc.events.flush_due()
     assert rec.events == [("PodsJoined", "pods joined: ns/a, ns/b")]
+
+
+async def test_a_burst_is_written_once_per_batch_period_and_the_first_at_once() -> None:
+    sc, cache, client, _, clock = controller()
+    cache.groups["g"] = group(podCount=0)
+    cache.pods = [pod("a")]
+    assert await sc.reconcile(Request("g")) is None  # the first change: written at once
+    cache.groups["g"] = group(allocatedPods=["ns/a"], podCount=1)
+    for i, name in enumerate(("b", "c", "d")):
+        clock.t += 0.25
+        cache.pods.append(pod(name))
+        result = await sc.reconcile(Request("g"))
+        assert result is not None and result.requeue_after == pytest.approx(0.75 - 0.25 * i)
+    assert len(client.patches) == 1  # b, c and d wait for the period's end
+    clock.t += 0.25
+    assert await sc.reconcile(Request("g")) is None
+    assert client.patches[-1][1]["status"]["podCount"] == 4  # all three in one write
+    # State is kept only for the last period's writes, and not for a deleted group.
+    assert len(sc) == 1
+    del cache.groups["g"]
+    await sc.reconcile(Request("g"))
+    assert len(sc) == 0
+
+
+async def test_writes_of_past_periods_are_forgotten() -> None:
+    sc, cache, client, _, clock = controller()
+    for name in ("g1", "g2", "g3"):
+        cache.groups[name] = group(name, podCount=0)
+        cache.pods.append(pod(f"p-{name}", grp=name))
+        await sc.reconcile(Request(name))
+    assert len(sc) == 3 and len(client.patches) == 3
+    clock.t += sc.batch_period
+    cache.groups["g4"] = group("g4", podCount=0)
+    cache.pods.append(pod("p-g4", grp="g4"))
+    await sc.reconcile(Request("g4"))
+    assert len(sc) == 1  # g1-g3 wrote a period ago: nothing of theirs is kept
 
 
 async def test_nothing_changed_nothing_written_and_nothing_copied() -> None:
