@@ -279,10 +279,34 @@ def foreign_changed(env_table: Mapping[str, str], holders_namespace: str | None 
     )
 
 
+def foreign_frees(
+    env_table: Mapping[str, str],
+    counts: Callable[[str], bool],
+    holders_namespace: str | None = None,
+) -> Funcs:
+    """Changes of pods outside any group that may give devices back on a node that
+    ``counts`` (a shared node): the pod is deleted, ends, or stops using some device.
+    A pod starting to use devices only takes (placement reads the mirror then)."""
+
+    def freed(old: Obj, new: Obj | None) -> bool:
+        before = foreign_facts(old, env_table, holders_namespace)
+        if not before or not counts(before[0]):
+            return False
+        after = foreign_facts(new, env_table, holders_namespace) if new is not None else ()
+        if not after or after[0] != before[0]:
+            return True
+        # Still there: it frees only if it stopped some use (every use only adds devices).
+        return any(not b <= a for b, a in zip(before[1:], after[1:], strict=True))
+
+    return Funcs(create=lambda _p: False, update=freed, delete=lambda p: freed(p, None))
+
+
 class ForeignDevices:
     """Per node, the pods outside any group that use devices (a mirror of the pod cache).
 
     Bounded by the number of such pods; entries go when the pods end or are deleted.
+    With ``shared_only``, only pods on nodes marked shared (``set_shared``) are kept:
+    elsewhere device-plugin pods are the norm, and no group is placed there.
     """
 
     def __init__(
@@ -292,9 +316,12 @@ class ForeignDevices:
         holders_namespace: str | None = None,
         kubelet_counts: Callable[[str, str], bool] | None = None,
         claims_counted: bool = False,
+        shared_only: bool = False,
     ) -> None:
         self.env_table = env_table
         self.holders_namespace = holders_namespace
+        #: The nodes whose pods are kept (``set_shared``); None: every node's.
+        self._shared: set[str] | None = set() if shared_only else None
         #: DRA's allocations are read (``controllers.draclaims``): pods' claims are booked.
         self.claims_counted = claims_counted
         #: (node, resource) -> whether that node's kubelet counts the resource for the
@@ -306,9 +333,32 @@ class ForeignDevices:
         self._by_node: dict[str, dict[str, DeviceUse]] = {}
         self._node_of: dict[str, str] = {}
 
+    def counts_node(self, node: str) -> bool:
+        """Whether pods on ``node`` are kept (it is shared, or every node counts)."""
+        return self._shared is None or node in self._shared
+
+    def set_shared(self, node: str, shared: bool, pods: Callable[[], Iterable[Obj]]) -> None:
+        """``node`` is (now) shared or not: its pods come in, read again through ``pods``
+        (the pod cache's pods on the node), or go. No-op without ``shared_only``."""
+        if self._shared is None or shared == (node in self._shared):
+            return
+        if shared:
+            self._shared.add(node)
+            for pod in pods():
+                self.observe(pod)
+            return
+        self._shared.discard(node)
+        dropped = self._by_node.pop(node, {})
+        for key in dropped:
+            del self._node_of[key]
+        if dropped:
+            self._changed(node)
+
     def observe(self, pod: Obj) -> None:
         key = pod_key(pod)
         use = device_use(pod, self.env_table, self.holders_namespace)
+        if use is not None and not self.counts_node(use.node):
+            use = None
         old_node = self._node_of.get(key)
         old = self._by_node.get(old_node, {}).get(key) if old_node else None
         if use == old:
@@ -340,6 +390,10 @@ class ForeignDevices:
             self.on_change(node)
 
     # --- reading ---------------------------------------------------------------------
+    def size(self) -> int:
+        """Pods kept. (No ``__len__``: an empty mirror must not be falsy.)"""
+        return len(self._node_of)
+
     def on(self, node: str) -> list[DeviceUse]:
         """The node's foreign device users, sorted by pod."""
         return sorted(self._by_node.get(node, {}).values(), key=lambda u: u.pod)

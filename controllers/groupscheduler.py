@@ -55,7 +55,7 @@ from controllers.draclaims import (
     group_claim_name,
     is_group_claim,
 )
-from controllers.foreign import ForeignDevices, foreign_changed, foreign_facts
+from controllers.foreign import ForeignDevices, foreign_changed, foreign_facts, foreign_frees
 from controllers.grouppods import survey
 from controllers.groupstatus import (
     Problem,
@@ -811,9 +811,9 @@ def setup(
             yield from (Request(name) for name in (record.claims if record else ()))
 
     def near_foreign_pod(pod: Mapping[str, Any]) -> Iterator[Request]:
-        """Pods outside any group on a node: groups there re-check; Pending groups retry."""
+        """Pods outside any group on a node: the groups bound there re-check. (Pending
+        groups retry when such a pod may free devices: ``foreign_frees``.)"""
         if foreign_facts(pod, table, holders_ns):
-            yield from pending_groups(cache)
             yield from groups_bound_on(cache, [(pod.get("spec") or {}).get("nodeName")])
 
     def holder_of(pod: Mapping[str, Any]) -> Iterator[Request]:
@@ -876,6 +876,11 @@ def setup(
         .watches(SDG_KIND, MapTo(lambda _gone: pending_groups(cache)), [only_deletes])
         .watches(PODS, MapTo(group_of_pod), [pod_matters_to_group])
         .watches(PODS, MapTo(near_foreign_pod), [foreign_changed(table, holders_ns)])
+        .watches(
+            PODS,
+            MapTo(lambda _pod: pending_groups(cache)),
+            [foreign_frees(table, scheduler.foreign.counts_node, holders_ns)],
+        )
         .watches(PODS, MapTo(holder_of), [holder_changed(scheduler.holders.namespace)])
         .with_options(max_concurrent_reconciles=workers)
         .complete(scheduler)

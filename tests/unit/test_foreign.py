@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from api.constants import DEFAULT_ENV_TABLE
-from controllers.foreign import ForeignDevices, device_use
+from controllers.foreign import ForeignDevices, device_use, foreign_frees
 
 GPU = "nvidia.com/gpu"
 
@@ -222,3 +222,59 @@ def test_the_mirror_blocks_every_resource_for_a_pod_injecting_devices() -> None:
     assert set(mirror.blocked([GPU, "amd.com/gpu"])["n0"]) == {GPU, "amd.com/gpu"}
     _reason, message = mirror.problem("n0", {GPU: 1}) or ("", "")
     assert "ns/raw (sets device-injector annotation devices.nri.io/pod)" in message
+
+
+def test_a_shared_only_mirror_keeps_pods_of_shared_nodes_alone() -> None:
+    changed: list[str] = []
+    mirror = ForeignDevices(DEFAULT_ENV_TABLE, on_change=changed.append, shared_only=True)
+    pods = [pod(f"p{i}", node="plain", limits={GPU: "1"}) for i in range(50)]
+    for p in pods:
+        mirror.observe(p)
+    assert mirror.size() == 0 and mirror.blocked([GPU]) == {} and changed == []
+    for p in pods:
+        mirror.forget(p)
+    assert mirror.size() == 0
+    # The node is labelled shared: its pods are read again and kept.
+    mirror.set_shared("plain", True, lambda: pods)
+    assert mirror.size() == 50 and set(mirror.blocked([GPU])) == {"plain"}
+    mirror.observe(pod("later", node="plain", limits={GPU: "1"}))
+    mirror.observe(pod("elsewhere", node="other", limits={GPU: "1"}))
+    assert mirror.size() == 51 and mirror.on("other") == []
+    # The label goes: so do its pods, in one notification.
+    changed.clear()
+    mirror.set_shared("plain", False, lambda: pods)
+    assert mirror.size() == 0 and mirror.blocked([GPU]) == {} and changed == ["plain"]
+
+
+def test_a_mirror_of_every_node_ignores_shared_marks() -> None:
+    mirror = ForeignDevices(DEFAULT_ENV_TABLE)
+    mirror.observe(pod("p", node="any", limits={GPU: "1"}))
+    mirror.set_shared("any", False, list)
+    assert mirror.size() == 1 and mirror.counts_node("any")
+
+
+def test_pending_groups_retry_only_for_changes_that_may_free_devices_on_a_shared_node() -> None:
+    frees = foreign_frees(DEFAULT_ENV_TABLE, lambda node: node == "n0")
+    rogue = pod("rogue", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+    raw = pod(
+        "raw",
+        env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+        annotations={"devices.nri.io/pod": "- path: /dev/nvidia0"},
+    )
+    # Taking devices: a new pod, or a pod that starts using more.
+    assert not frees.create(rogue)
+    assert not frees.update(rogue, raw)
+    assert not frees.update(
+        {**rogue, "metadata": {**rogue["metadata"], "labels": {"a": "b"}}}, rogue
+    )
+    # Giving back: deleted, finished, or a use removed.
+    assert frees.delete(rogue)
+    assert frees.update(rogue, {**rogue, "status": {"phase": "Succeeded"}})
+    assert frees.update(raw, rogue)
+    # Not a foreign pod, or on a node that is not shared: nothing for Pending groups.
+    assert not frees.delete(pod("plain"))
+    assert not frees.delete(pod("away", node="n1", limits={GPU: "1"}))
+    assert not frees.update(
+        pod("away", node="n1", limits={GPU: "1"}),
+        pod("away", node="n1", limits={GPU: "1"}, phase="Failed"),
+    )
