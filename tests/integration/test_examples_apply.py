@@ -32,6 +32,7 @@ EXPECTED_EXAMPLES = {
     "sidecar-shared-gpus.yaml",
     "amd-group.yaml",
     "nodeselector-group.yaml",
+    "pinned-group.yaml",
 }
 
 Obj = dict[str, Any]
