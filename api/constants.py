@@ -142,6 +142,8 @@ DEVICES_ANNOTATION: Final = "deviceshare.io/devices"
 #: running after SDG's cannot change them unseen: ``mode=<mode>``;
 #: ``env:<VAR>=<value>`` per device variable every container carries exactly (the value
 #: may be empty); ``off:<VAR>`` per other vendor's variable, which may name no device;
+#: ``domain:<vendor domain>`` per domain of the env table, whose resources no container
+#: or the pod may request (nor may it have DRA claims);
 #: ``runtimeClassName=<name>`` (mode runtimeclass); ``cdi:<prefix>=<value>`` (mode cdi:
 #: every container's ``<prefix><name>`` annotation is ``<value>``, and no other CDI,
 #: device-node or mount annotation of NRI's device-injector is set).

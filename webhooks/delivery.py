@@ -597,11 +597,15 @@ def cdi_delivery(
 
 
 def delivered_record(
-    devices: Sequence[ResourceDevices], delivery: Delivery, off: Collection[str] = ()
+    devices: Sequence[ResourceDevices],
+    delivery: Delivery,
+    off: Collection[str] = (),
+    domains: Collection[str] = (),
 ) -> str:
     """The ``deviceshare.io/delivered`` value for ``devices`` given by ``delivery`` (a
-    mode), ``off`` the other vendors' variables (``api.constants.DELIVERED_ANNOTATION``
-    says the tokens). No token holds a space: names, IDs, UUIDs and CDI names have none."""
+    mode), ``off`` the other vendors' variables, ``domains`` the vendor domains no request
+    may name (``api.constants.DELIVERED_ANNOTATION`` says the tokens). No token holds a
+    space: names, IDs, UUIDs, domains and CDI names have none."""
     mode = delivery.mode
     tokens = [f"mode={mode}"]
     if mode == DELIVERY_RUNTIMECLASS:
@@ -610,6 +614,7 @@ def delivered_record(
         value = NO_DEVICES if mode == DELIVERY_CDI else ",".join(d.names(delivery.device_ids))
         tokens.append(f"env:{d.env_var}={value}")
     tokens.extend(f"off:{var}" for var in sorted(set(off) - {d.env_var for d in devices}))
+    tokens.extend(f"domain:{domain}" for domain in sorted(set(domains)))
     if mode == DELIVERY_CDI:
         tokens.append(
             f"cdi:{delivery.cdi_annotation_prefix}={cdi_value(devices, delivery.device_ids)}"

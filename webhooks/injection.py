@@ -482,7 +482,8 @@ def build_injection(
     if isinstance(delivered, Denial):
         return delivered
     ops = list(delivered)
-    record = delivered_record(devices, how, device_env_vars(env_table))
+    domains = {d.partition("/")[0] for d in (*env_table, *resources) if "/" in d}
+    record = delivered_record(devices, how, device_env_vars(env_table), domains)
     ops.extend(annotation_ops(pod, {DELIVERED_ANNOTATION: record, **host_access}))
     stripped = owned_cdi_changes(pod, ops, how.cdi_annotation_prefix)
     ops.extend(_toleration_ops(pod))

@@ -352,7 +352,8 @@ async def test_a_node_labelled_cdi_gets_cdi_annotations_and_empty_env(
             DEVICES: '{"nvidia.com/gpu":"0,1"}',
             # What the API server's policy checked the stored pod against.
             "deviceshare.io/delivered": "mode=cdi env:NVIDIA_VISIBLE_DEVICES= "
-            f"off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES cdi:{CDI}={names}",
+            f"off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES "
+            f"domain:amd.com domain:huawei.com domain:nvidia.com cdi:{CDI}={names}",
             CDI + "setup": names,
             CDI + "proxy": names,
             CDI + "c0": names,

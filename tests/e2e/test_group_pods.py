@@ -20,6 +20,7 @@ from sdgruntime.envtest.controlplane import free_port
 from sdgruntime.kinds import PODS
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, WebhookServer, patch_ops
 from tests.e2e.harness import GPU, add_node, group, kubelet, pod, run_sdg, wait_bound
+from tests.e2e.test_delivery import runtime_class
 from tests.e2e.test_membership import add_ephemeral, debugger, kubectl, running
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -326,7 +327,69 @@ async def test_a_later_webhook_cannot_change_a_group_pods_devices_unseen(
         ok = await client.create(PODS, late("ok", "nothing"), namespace)
         assert ok["metadata"]["annotations"][DELIVERED] == (
             "mode=env env:NVIDIA_VISIBLE_DEVICES=0,1 off:AMD_VISIBLE_DEVICES "
-            "off:ASCEND_VISIBLE_DEVICES"
+            "off:ASCEND_VISIBLE_DEVICES domain:amd.com domain:huawei.com domain:nvidia.com"
         )
         for c in ok["spec"]["containers"]:
             assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0,1"} in c["env"]
+
+
+async def test_what_a_late_webhook_could_leave_is_refused_with_sdg_down(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    """The API server alone (no SDG webhook, no manager): pods stamped as SDG stamps them,
+    then changed as a later mutating webhook could."""
+    stamp = (
+        "mode=runtimeclass runtimeClassName=nvidia env:NVIDIA_VISIBLE_DEVICES=GPU-aaa "
+        "off:AMD_VISIBLE_DEVICES domain:amd.com domain:nvidia.com"
+    )
+
+    def stamped(name: str, **container: Any) -> dict[str, Any]:
+        env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-aaa"}]
+        p = group_pod(name, "g", {"containers": [with_container("app", env=env, **container)]})
+        p["metadata"]["annotations"].update(
+            {"deviceshare.io/devices": '{"nvidia.com/gpu":"0"}', DELIVERED: stamp}
+        )
+        p["spec"]["runtimeClassName"] = "nvidia"
+        return p
+
+    async with runtime_class(cluster, "nvidia"), runtime_class(cluster, "runc"):
+        await judge_stamped(client, namespace, stamped)
+
+
+async def judge_stamped(client: Client, namespace: str, stamped: Any) -> None:
+    await client.create(PODS, stamped("as-stamped"), namespace)
+    gpu = stamped("gpu", resources={"limits": {"nvidia.com/mig-1g.10gb": "1"}})
+    msg = await refused(client.create(PODS, gpu, namespace))
+    assert (
+        f"pod {namespace}/gpu of SharedDeviceGroup 'g': container 'app' asks for devices (a "
+        "resource of amd.com/*, nvidia.com/*, or a DRA claim) that SDG's pod webhook admitted "
+        "it without"
+    ) in msg
+    other = stamped("other-runtime")
+    other["spec"]["runtimeClassName"] = "runc"
+    msg = await refused(client.create(PODS, other, namespace))
+    assert (
+        f"pod {namespace}/other-runtime of SharedDeviceGroup 'g' gets its devices through "
+        "RuntimeClass nvidia, but spec.runtimeClassName is runc"
+    ) in msg
+    amd = stamped("amd")
+    amd["spec"]["containers"][0]["env"].append({"name": "AMD_VISIBLE_DEVICES", "value": "all"})
+    msg = await refused(client.create(PODS, amd, namespace))
+    assert "container 'app' does not carry exactly the device env SDG gave it" in msg
+    assert "no device in AMD_VISIBLE_DEVICES" in msg
+    # A value that names no device is what SDG admits too; other variables are the pod's.
+    quiet = stamped("quiet")
+    quiet["spec"]["containers"][0]["env"] += [
+        {"name": "AMD_VISIBLE_DEVICES", "value": "void"},
+        {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+    ]
+    await client.create(PODS, quiet, namespace)
+    # From another source (valueFrom) the group's variable could say anything.
+    indirect = stamped("indirect")
+    indirect["spec"]["containers"][0]["env"] = [
+        {
+            "name": "NVIDIA_VISIBLE_DEVICES",
+            "valueFrom": {"configMapKeyRef": {"name": "gpus", "key": "all"}},
+        }
+    ]
+    await refused(client.create(PODS, indirect, namespace))

@@ -102,6 +102,7 @@ RECORD = {
 #: What the API server's policy checks the stored pod against (env mode, default table).
 DELIVERED = (
     "mode=env env:NVIDIA_VISIBLE_DEVICES=0,1 off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES"
+    " domain:amd.com domain:huawei.com domain:nvidia.com"
 )
 STAMP = {"op": "add", "path": "/metadata/annotations/deviceshare.io~1delivered", "value": DELIVERED}
 
@@ -910,7 +911,8 @@ def test_cdi_mode_annotates_every_container_and_empties_the_vendor_env() -> None
         "other": "x",
         "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
         "deviceshare.io/delivered": "mode=cdi env:NVIDIA_VISIBLE_DEVICES= "
-        f"off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES cdi:{CDI}={names}",
+        "off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES "
+        f"domain:amd.com domain:huawei.com domain:nvidia.com cdi:{CDI}={names}",
         CDI + "setup": names,
         CDI + "proxy": names,
         CDI + "app": names,
@@ -977,7 +979,8 @@ def test_cdi_mode_owns_the_injectors_annotations_on_a_group_pod() -> None:
         "other": "x",
         "deviceshare.io/devices": '{"nvidia.com/gpu":"0,1"}',
         "deviceshare.io/delivered": "mode=cdi env:NVIDIA_VISIBLE_DEVICES= off:AMD_VISIBLE_DEVICES "
-        f'off:ASCEND_VISIBLE_DEVICES cdi:{CDI}=["nvidia.com/gpu=0","nvidia.com/gpu=1"]',
+        "off:ASCEND_VISIBLE_DEVICES domain:amd.com domain:huawei.com domain:nvidia.com "
+        f'cdi:{CDI}=["nvidia.com/gpu=0","nvidia.com/gpu=1"]',
         CDI + "app": '["nvidia.com/gpu=0","nvidia.com/gpu=1"]',
     }
     assert out["spec"]["containers"][0]["env"] == [EMPTY, ORDER]
@@ -1261,5 +1264,5 @@ def test_the_delivered_stamp_names_uuids_and_every_resource() -> None:
     out = patched(pod(), g)
     assert out["metadata"]["annotations"]["deviceshare.io/delivered"] == (
         "mode=env env:AMD_VISIBLE_DEVICES=0 env:NVIDIA_VISIBLE_DEVICES=GPU-ddd "
-        "off:ASCEND_VISIBLE_DEVICES"
+        "off:ASCEND_VISIBLE_DEVICES domain:amd.com domain:huawei.com domain:nvidia.com"
     )

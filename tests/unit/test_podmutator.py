@@ -204,7 +204,8 @@ async def test_the_managers_delivery_settings_are_used_without_a_label() -> None
     assert annotations_of(response.patch) == {
         "deviceshare.io~1devices": '{"nvidia.com/gpu":"0"}',
         "deviceshare.io~1delivered": "mode=runtimeclass runtimeClassName=gpu "
-        "env:NVIDIA_VISIBLE_DEVICES=0 off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES",
+        "env:NVIDIA_VISIBLE_DEVICES=0 off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES"
+        " domain:amd.com domain:huawei.com domain:nvidia.com",
     }
 
 
@@ -224,7 +225,8 @@ async def test_a_node_the_cache_has_not_seen_is_read_live_and_a_gone_one_is_none
     assert annotations_of(response.patch) == {
         "deviceshare.io~1devices": '{"nvidia.com/gpu":"0"}',
         "deviceshare.io~1delivered": "mode=env env:NVIDIA_VISIBLE_DEVICES=0 "
-        "off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES",
+        "off:AMD_VISIBLE_DEVICES off:ASCEND_VISIBLE_DEVICES "
+        "domain:amd.com domain:huawei.com domain:nvidia.com",
     }
 
 
