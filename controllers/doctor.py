@@ -88,7 +88,11 @@ WEBHOOK_CONFIGURATIONS: Final = MappingProxyType(
     }
 )
 #: config/policy: each ValidatingAdmissionPolicy has a Binding of the same name.
-POLICIES: Final = ("deviceshare-group-membership", "deviceshare-ephemeral-container-devices")
+POLICIES: Final = (
+    "deviceshare-group-membership",
+    "deviceshare-ephemeral-container-devices",
+    "deviceshare-group-pods",
+)
 CERT_MANAGER_CRD: Final = "certificates.cert-manager.io"
 SERVING_CERTIFICATE: Final = "deviceshare-serving-cert"
 CERT_MANAGER_INSTALL: Final = (
