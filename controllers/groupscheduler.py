@@ -42,7 +42,7 @@ from api.constants import (
     SDG_KIND,
 )
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
-from api.v1alpha1 import format_ids, selected_devices
+from api.v1alpha1 import format_ids, selected_devices, spec_pins
 from controllers import metrics as sdg_metrics
 from controllers.draclaims import (
     RESOURCECLAIMS,
@@ -367,9 +367,11 @@ class GroupScheduler:
         wanted = self.holders.needed(resources, offers) if node else {}
         if (holder.get("metadata") or {}).get("deletionTimestamp"):
             return None  # its deletion event places the group again
-        if owner_uid(holder) != uid or not wanted or requested(holder) != wanted:
-            # An earlier group's holder, or one for an older spec or a node that no longer
-            # offers the devices: replaced (the deletion's event places the group again).
+        pinned = any(r in wanted for r in spec_pins(spec))
+        if owner_uid(holder) != uid or not wanted or requested(holder) != wanted or pinned:
+            # An earlier group's holder, or one for an older spec (now pinning devices the
+            # kubelet would pick) or a node that no longer offers the devices: replaced
+            # (the deletion's event places the group again).
             self.claims.unreserve(name)
             await self.holders.delete(holder)
             return None

@@ -12,6 +12,7 @@ import pytest
 
 from api.constants import SDG_KIND
 from controllers import cli
+from controllers.holders import holder_name
 from controllers.inventory import annotation_key
 from sdgruntime import errors
 from sdgruntime.client import Client
@@ -173,3 +174,45 @@ async def test_the_api_server_refuses_bad_pins_and_changes_once_bound(
     with pytest.raises(errors.Invalid) as err:
         await client.patch(SDG_KIND, "free", {"spec": {"devices": {GPU: ["3"]}}})
     assert "spec.devices cannot change once the group is Bound" in err.value.message
+
+
+HOLDER_REASON = (
+    f"1 give {GPU} through holder pods, and the kubelet picks which devices: pinned devices "
+    "need a DRA node or the manager's --holders off"
+)
+
+
+async def test_with_holder_pods_the_kubelet_picks_so_pins_wait_with_the_reason(
+    cluster: ControlPlane, client: Client
+) -> None:
+    """With --holders auto a device-plugin node's devices are the kubelet's choice: a pinned
+    group is never placed there (no holder pod is made), and a Pending group whose holder
+    waits is taken back from it once it pins devices."""
+    await add_node(client, "dp-1", 4)
+    async with run_sdg(cluster, holders="auto"):  # no kubelet: a holder waits forever
+        await client.create(SDG_KIND, group("pinned", {GPU: 1}, devices={GPU: ["1"]}))
+        message = await eventually(
+            lambda: pending_message(client, "pinned", "holder pods"), what="pinned: reason"
+        )
+        assert HOLDER_REASON in message
+        assert await holder_pod(client, "pinned") is None
+
+        await client.create(SDG_KIND, group("later", {GPU: 1}))
+        await eventually(lambda: holder_pod(client, "later"), what="later: holder pod")
+        await client.patch(SDG_KIND, "later", {"spec": {"devices": {GPU: ["2"]}}})
+        message = await eventually(
+            lambda: pending_message(client, "later", "holder pods"), what="later: reason"
+        )
+        assert HOLDER_REASON in message
+        await eventually(lambda: _no_holder(client, "later"), what="later: holder gone")
+
+
+async def holder_pod(client: Client, group_name: str) -> dict[str, Any] | None:
+    try:
+        return await client.get(PODS, holder_name(group_name), MANAGER_NS)
+    except errors.NotFound:
+        return None
+
+
+async def _no_holder(client: Client, group_name: str) -> bool | None:
+    return True if await holder_pod(client, group_name) is None else None
