@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from api.constants import MAX_DEVICES_PER_RESOURCE, MAX_PIN_LENGTH, MAX_PINNED_DEVICES
+from api.constants import KIND, MAX_DEVICES_PER_RESOURCE, MAX_PIN_LENGTH, MAX_PINNED_DEVICES
 from api.v1alpha1 import SharedDeviceGroup, spec_pins
 from api.validation import PIN, validate_spec
 from controllers.cliviews import group_explanation
@@ -19,6 +19,8 @@ from controllers.ledger.book import Ledger
 from controllers.ledger.tracker import InsufficientDevices
 from controllers.pinning import LedgerPins, claim_matches_pins
 from controllers.placement import filter_node, place
+from sdgruntime.webhook.admission import AdmissionRequest
+from webhooks.groupvalidator import GroupValidator
 
 GPU = "nvidia.com/gpu"
 NPU = "huawei.com/Ascend910"
@@ -255,3 +257,39 @@ def test_explain_shows_the_pins_and_each_nodes_pin_reason() -> None:
     assert verdicts["a"]["reason"] == f"have pinned {GPU} {UUIDS[1]} held by group other"
     assert "knows no UUIDs" in verdicts["b"]["reason"]
     assert facts["pinned"] == {GPU: [UUIDS[1]]}
+
+
+# --- the group webhook (for API servers whose CRD predates the rules) -----------------
+
+
+@pytest.mark.anyio
+async def test_the_group_webhook_refuses_bad_pins_and_a_change_once_bound() -> None:
+    validator = GroupValidator(cache=None)  # type: ignore[arg-type]  # read on DELETE only
+
+    def request(operation: str, spec: dict[str, Any], old: dict[str, Any] | None) -> Any:
+        return AdmissionRequest.from_dict(
+            {
+                "uid": "u",
+                "operation": operation,
+                "kind": {"group": "deviceshare.io", "version": "v1alpha1", "kind": KIND},
+                "name": "g",
+                "object": {"metadata": {"name": "g"}, "spec": spec},
+                "oldObject": old,
+            }
+        )
+
+    short = await validator.validate(
+        request("CREATE", {"resources": {GPU: 2}, "devices": {GPU: ["0"]}}, None)
+    )
+    assert not short.allowed and "lists 1 device(s) but spec.resources requests 2" in short.message
+    was = {
+        "metadata": {"name": "g"},
+        "spec": pinned("1"),
+        "status": {"phase": "Bound", "nodeName": "a"},
+    }
+    moved = await validator.validate(request("UPDATE", pinned("2"), was))
+    assert (
+        not moved.allowed and "spec.devices cannot change once the group is Bound" in moved.message
+    )
+    pending = {**was, "status": {"phase": "Pending"}}
+    assert (await validator.validate(request("UPDATE", pinned("2"), pending))).allowed
