@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from sdgruntime.cache import Cache
 from sdgruntime.controller import Controller
 from sdgruntime.handler import EnqueueRequestForObject, EnqueueRequestForOwner, EventHandler
 from sdgruntime.kinds import Kind
@@ -28,9 +29,33 @@ from sdgruntime.predicate import Predicate
 from sdgruntime.reconcile import Reconciler, ReconcilerFunc, Request, Result
 
 if TYPE_CHECKING:
-    from sdgruntime.manager import Manager
+    from opentelemetry.trace import TracerProvider
 
-__all__ = ["Builder"]
+__all__ = ["Builder", "ControllerHost"]
+
+
+class _HostOptions(Protocol):
+    @property
+    def cache_sync_timeout(self) -> float: ...
+    @property
+    def graceful_shutdown_timeout(self) -> float: ...
+    @property
+    def skip_name_validation(self) -> bool: ...
+
+
+class ControllerHost(Protocol):
+    """What a builder needs of its manager (:class:`~sdgruntime.manager.Manager` is one):
+    the builder knows the manager only by this, so the manager may hand out builders
+    (``mgr.controller(name)``) without an import cycle."""
+
+    @property
+    def options(self) -> _HostOptions: ...
+    @property
+    def cache(self) -> Cache: ...
+    @property
+    def tracer_provider(self) -> TracerProvider | None: ...
+    def add_controller(self, controller: Controller) -> Controller: ...
+
 
 _OPTIONS = frozenset(
     {
@@ -57,7 +82,7 @@ class _Source:
 class Builder:
     """Collects a controller's watches and options; ``complete`` creates it."""
 
-    manager: Manager
+    manager: ControllerHost
     name: str | None = None
     _for: _Source | None = None
     _owns: list[tuple[Kind, tuple[Predicate, ...]]] = field(default_factory=list)

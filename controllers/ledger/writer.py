@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from api.constants import SDG_KIND
 from api.v1alpha1 import parse_ids
@@ -44,8 +44,21 @@ from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS
 
-if TYPE_CHECKING:
-    from controllers.ledger.book import Ledger
+
+class Books(Protocol):
+    """What the writer reads of, and feeds back to, the ledger (``book.Ledger``; the
+    ledger makes its writer, so the writer knows it only by this)."""
+
+    @property
+    def broken(self) -> Mapping[str, str]: ...
+    @property
+    def records(self) -> Mapping[str, Record]: ...
+    def claim(self, node: str, group: str) -> Claim | None: ...
+    def bound_on(self, node: str) -> dict[str, Devices]: ...
+    def was_deleted(self, node: str) -> bool: ...
+    def written(self, node: str, cm: Mapping[str, Any]) -> None: ...
+    def record_gone(self, node: str) -> None: ...
+    def observe(self, cm: Mapping[str, Any]) -> str | None: ...
 
 
 class ClaimRecordBroken(Exception):
@@ -55,7 +68,7 @@ class ClaimRecordBroken(Exception):
 class RecordWriter:
     """Fenced, coalesced writes of the claim records; each result goes to ``book``."""
 
-    def __init__(self, book: Ledger, client: Client | None, namespace: str) -> None:
+    def __init__(self, book: Books, client: Client | None, namespace: str) -> None:
         self.book = book
         self._client = client
         self.namespace = namespace

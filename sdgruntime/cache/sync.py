@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 
 from sdgruntime import errors
 from sdgruntime.kinds import Kind
-
-if TYPE_CHECKING:
-    from sdgruntime.cache.informer import Informer
 
 __all__ = [
     "CacheNotSynced",
@@ -139,8 +136,20 @@ class Notifier:
         await self._event.wait()
 
 
+class Syncing(Protocol):
+    """What :func:`wait_synced` reads of an informer (the informer module imports this
+    one, not the reverse)."""
+
+    @property
+    def kind(self) -> Kind: ...
+    @property
+    def has_synced(self) -> bool: ...
+    @property
+    def last_sync_error(self) -> BaseException | None: ...
+
+
 async def wait_synced(
-    informers: Callable[[], Sequence[Informer]],
+    informers: Callable[[], Sequence[Syncing]],
     changed: Notifier,
     timeout: float,  # noqa: ASYNC109 - the timeout is part of the error it raises
 ) -> None:
