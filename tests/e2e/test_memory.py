@@ -4,17 +4,38 @@ manager with 300 pods of 1.4 MB env each stays small."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from api.constants import SDG_KIND
 from api.pods import POD_NODE_INDEX
 from controllers import metrics as sdg_metrics
+from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
+from sdgruntime.envtest.controlplane import free_port
 from sdgruntime.kinds import NODES, PODS
-from tests.e2e.harness import GPU, add_node, eventually, group, pod, run_sdg, wait_bound
+from tests.e2e.harness import (
+    GPU,
+    MANAGER_NS,
+    ROOT,
+    add_node,
+    eventually,
+    group,
+    manager_kubeconfig,
+    pod,
+    run_sdg,
+    wait_bound,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -120,3 +141,111 @@ async def test_a_pending_group_binds_when_the_pod_outside_any_group_gives_device
         bound = await wait_bound(client, "waiting")
         assert bound["status"]["nodeName"] == "shared-1"
         assert bound["status"]["selectedDevices"] == {GPU: "0,1"}
+
+
+# --- 300 pods of 1.4 MB env ------------------------------------------------------------
+
+FAT_PODS = 300
+#: Env per pod, split over vars of 175 kB: a pod stays under etcd's 1.5 MiB request limit
+#: (and the API server's 3 MB body limit).
+FAT_ENV_BYTES = 1_400_000
+FAT_VARS = 8
+#: Without the pod cache's transform the manager would keep every pod's env: 300 x 1.4 MB
+#: = 420 MB (and more as Python objects). With it, a cached pod is a few kB, so the growth
+#: is the manager's working memory (decoding one 1.4 MB watch event at a time, allocator
+#: slack). 64 MiB is far from 420 MB either way, and leaves a 512Mi manager room.
+RSS_GROWTH_BOUND = 64 * 2**20
+
+
+def vm_rss(pid: int) -> int:
+    """The process's resident set (VmRSS), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+@contextlib.contextmanager
+def manager_process(cp: ControlPlane, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m controllers`` under the manager's ServiceAccount identity (no webhooks
+    registered with the API server: the pods here are no group's); SIGTERM on exit."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "controllers",
+        f"--kubeconfig={manager_kubeconfig(cp)}",
+        "--webhook-host=127.0.0.1",
+        f"--webhook-port={free_port()}",
+        f"--webhook-cert-dir={cp.webhook_cert_dir()}",
+        "--metrics-bind-address=0",
+        f"--health-probe-bind-address=127.0.0.1:{free_port()}",
+        f"--claims-namespace={MANAGER_NS}",
+        "--holders=off",  # no kubelet here to give a holder its devices
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def fat_pod(name: str, value: str) -> dict[str, Any]:
+    """A Pending pod (no scheduler runs here) whose container carries ``FAT_VARS`` env
+    vars of ``value``: the env is one shared string here, 1.4 MB on the wire."""
+    body = pod(name, None)
+    body["spec"]["containers"][0]["env"] = [
+        {"name": f"BLOB_{i}", "value": value} for i in range(FAT_VARS)
+    ]
+    return body
+
+
+async def test_a_manager_with_300_pods_of_1_4_mb_env_stays_small(
+    cluster: ControlPlane, client: Client, namespace: str, tmp_path: Path
+) -> None:
+    await add_node(client, "shared-1", 8)
+    value = "x" * (FAT_ENV_BYTES // FAT_VARS)
+    names = [f"fat-{i}" for i in range(FAT_PODS)]
+    try:
+        with manager_process(cluster, tmp_path / "manager.log") as proc:
+            await client.create(SDG_KIND, group("g", {GPU: 1}))
+            await wait_bound(client, "g", within=60)
+            await anyio.sleep(2)  # caches synced, first reconciles done
+            assert proc.poll() is None, (tmp_path / "manager.log").read_text()[-3000:]
+            before = vm_rss(proc.pid)
+            for name in names:
+                await client.create(PODS, fat_pod(name, value), namespace)
+            # Last, a pod outside any group on the group's node: once the group says so,
+            # the manager's pod watch has delivered every pod before it.
+            sentinel = foreign_pod("sentinel", "shared-1")
+            sentinel["spec"]["containers"][0]["env"] = [
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
+            ]
+            await client.create(PODS, sentinel, namespace)
+
+            async def flagged() -> bool:
+                g = await client.get(SDG_KIND, "g")
+                return any(
+                    c["type"] == "Ready" and c.get("reason") == "ForeignDevicePods"
+                    for c in (g.get("status") or {}).get("conditions") or ()
+                )
+
+            await eventually(flagged, within=120, what="the sentinel pod seen")
+            assert proc.poll() is None, (tmp_path / "manager.log").read_text()[-3000:]
+            growth = vm_rss(proc.pid) - before
+            print(f"manager VmRSS {before / 2**20:.1f} MiB, +{growth / 2**20:.1f} MiB")
+            assert growth < RSS_GROWTH_BOUND, (
+                f"the manager grew by {growth / 2**20:.1f} MiB with {FAT_PODS} pods of "
+                f"{FAT_ENV_BYTES / 1e6} MB env (bound {RSS_GROWTH_BOUND / 2**20:.0f} MiB)"
+            )
+    finally:
+        # One by one: the cluster's reset would list all 420 MB of them at once.
+        for name in [*names, "sentinel"]:
+            with contextlib.suppress(errors.NotFound):
+                await client.delete(PODS, name, namespace, grace_period_seconds=0)
