@@ -87,7 +87,8 @@ class LedgerPins:
     """``placement.PinResolver`` over a ledger: its inventory (``offers``) and its merge of
     holders. ``group``'s own holdings count as free (a claim it is adopting);
     ``holders``: the manager gives device-plugin resources through holder pods, whose
-    devices the kubelet picks, so pins cannot be honoured there."""
+    devices the kubelet picks, so pins cannot be honoured there (None: not known, as for
+    ``sdg explain`` without the manager's Deployment; judged as off)."""
 
     def __init__(self, ledger: Ledger, group: str = "", *, holders: bool | None = False) -> None:
         self.ledger = ledger
