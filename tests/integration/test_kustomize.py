@@ -550,3 +550,21 @@ def test_manager_pod_is_admitted_under_restricted_pod_security(
     ]
     r = cluster.http.post(url, params={"dryRun": "All"}, json=pod)
     assert r.status_code == 403 and "PodSecurity" in r.text, r.text
+
+
+def test_the_binding_webhook_skips_the_managers_own_identity(
+    applied: tuple[str, list[Obj], list[Obj]],
+) -> None:
+    """Its matchConditions name the ServiceAccount the manager runs as (a stale name would
+    send every one of SDG's binds through the webhook) and kube-scheduler."""
+    _, _, answered = applied
+    deployment = one(answered, "Deployment", "deviceshare-manager")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    namespace = deployment["metadata"]["namespace"]
+    config = one(answered, "ValidatingWebhookConfiguration")
+    (hook,) = [h for h in config["webhooks"] if h["name"] == "vbinding.deviceshare.io"]
+    (condition,) = hook["matchConditions"]
+    assert f"'system:serviceaccount:{namespace}:{account}'" in condition["expression"]
+    assert "'system:kube-scheduler'" in condition["expression"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["rules"][0]["resources"] == ["pods/binding", "bindings"]
