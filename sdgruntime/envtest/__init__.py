@@ -21,12 +21,14 @@ if TYPE_CHECKING:
         load_manifests,
     )
     from sdgruntime.envtest.eventually import eventually
+    from sdgruntime.envtest.fakeclient import FakeClient
 
 __all__ = [
     "BuildError",
     "CertificateAuthority",
     "ControlPlane",
     "ControlPlaneError",
+    "FakeClient",
     "KeyPair",
     "admission_review",
     "ensure_binaries",
@@ -48,6 +50,7 @@ _HOME = {
     "load_manifests": "controlplane",
     "free_port": "controlplane",
     "eventually": "eventually",
+    "FakeClient": "fakeclient",
     "admission_review": "admission",
 }
 

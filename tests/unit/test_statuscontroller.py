@@ -13,6 +13,7 @@ from api.pods import POD_GROUP_INDEX
 from controllers.podevents import PodEvents
 from controllers.statuscontroller import StatusController
 from sdgruntime import errors
+from sdgruntime.envtest import FakeClient
 from sdgruntime.kinds import PODS
 from sdgruntime.reconcile import Request
 
@@ -38,21 +39,23 @@ class Cache:
         return [p for p in self.pods if p["metadata"]["annotations"]["g"] == value]
 
 
-class Client:
-    def __init__(self, cache: Cache) -> None:
-        self.cache = cache
-        self.patches: list[tuple[str, dict[str, Any]]] = []
-        self.gone = False
+class Server(FakeClient):
+    """The API server's groups (status a subresource). The test's cache is apart, as an
+    informer's copy is: ``put`` stores a group in both."""
 
-    async def patch(self, kind: Any, name: str, body: dict[str, Any], **kw: Any) -> Any:
-        assert kw == {"subresource": "status"}
-        if self.gone:
-            raise errors.NotFound(name)
-        self.patches.append((name, copy.deepcopy(body)))
-        obj = copy.deepcopy(self.cache.groups[name])
-        obj["status"].update(body["status"])
-        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
-        return obj
+    def __init__(self) -> None:
+        super().__init__(status_subresource=[SDG_KIND])
+
+    def put(self, cache: Cache | None, obj: dict[str, Any]) -> None:
+        stored = self.add(SDG_KIND, obj)
+        if cache is not None:
+            cache.groups[obj["metadata"]["name"]] = stored
+
+    def patched(self) -> list[str]:
+        return [a.name or "" for a in self.writes() if a.verb == "patch"]
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.stored(SDG_KIND, name).get("status") or {})
 
 
 class Recorder:
@@ -86,54 +89,58 @@ def pod(name: str, grp: str = "g", phase: str = "Pending") -> dict[str, Any]:
     }
 
 
-def controller() -> tuple[StatusController, Cache, Client, Recorder, Clock]:
+def controller() -> tuple[StatusController, Cache, Server, Recorder, Clock]:
     cache, rec, clock = Cache(), Recorder(), Clock()
-    client = Client(cache)
+    server = Server()
     events = PodEvents(rec, quiet=5.0, clock=clock)  # type: ignore[arg-type]
-    sc = StatusController(client, cache, rec, events=events, clock=clock)  # type: ignore[arg-type]
-    return sc, cache, client, rec, clock
+    sc = StatusController(server, cache, rec, events=events, clock=clock)  # type: ignore[arg-type]
+    return sc, cache, server, rec, clock
 
 
 async def test_writes_the_pod_list_uid_guarded_and_tells_one_event_per_burst() -> None:
-    sc, cache, client, rec, clock = controller()
-    cache.groups["g"] = group(podCount=0)
+    sc, cache, server, rec, clock = controller()
+    server.put(cache, group(podCount=0))
     cache.pods = [pod("a")]
     await sc.reconcile(Request("g"))
-    cache.groups["g"] = group(allocatedPods=["ns/a"], podCount=1)  # the write's echo
+    assert server.status("g") == {"phase": "Bound", "allocatedPods": ["ns/a"], "podCount": 1}
+    cache.groups["g"]["status"] = server.status("g")  # the write's echo
     cache.pods.append(pod("b"))
     clock.t += sc.batch_period
     await sc.reconcile(Request("g"))
-    assert client.patches == [
-        ("g", {"metadata": {"uid": "uid-g"}, "status": {"allocatedPods": ["ns/a"], "podCount": 1}}),
-        (
-            "g",
-            {
-                "metadata": {"uid": "uid-g"},
-                "status": {"allocatedPods": ["ns/a", "ns/b"], "podCount": 2},
-            },
-        ),
-    ]
+    assert server.status("g")["allocatedPods"] == ["ns/a", "ns/b"]
+    assert server.patched() == ["g", "g"]
     assert rec.events == []  # not yet: the burst may go on
     clock.t += 5
     sc.events.flush_due()
     assert rec.events == [("PodsJoined", "pods joined: ns/a, ns/b")]
 
 
+async def test_a_group_recreated_under_the_same_name_is_not_written() -> None:
+    # The cache still holds the old group (uid-g); the server has a new one of that name.
+    sc, cache, server, _, _ = controller()
+    server.put(cache, group(podCount=0))
+    server.put(None, {**group(podCount=0), "metadata": {"name": "g", "uid": "new"}})
+    cache.pods = [pod("a")]
+    with pytest.raises(errors.Conflict, match="uid"):
+        await sc.reconcile(Request("g"))  # retried, from the cache's new copy by then
+    assert server.status("g") == {"phase": "Bound", "podCount": 0}
+
+
 async def test_a_burst_is_written_once_per_batch_period_and_the_first_at_once() -> None:
-    sc, cache, client, _, clock = controller()
-    cache.groups["g"] = group(podCount=0)
+    sc, cache, server, _, clock = controller()
+    server.put(cache, group(podCount=0))
     cache.pods = [pod("a")]
     assert await sc.reconcile(Request("g")) is None  # the first change: written at once
-    cache.groups["g"] = group(allocatedPods=["ns/a"], podCount=1)
+    cache.groups["g"]["status"] = server.status("g")
     for i, name in enumerate(("b", "c", "d")):
         clock.t += 0.25
         cache.pods.append(pod(name))
         result = await sc.reconcile(Request("g"))
         assert result is not None and result.requeue_after == pytest.approx(0.75 - 0.25 * i)
-    assert len(client.patches) == 1  # b, c and d wait for the period's end
+    assert server.patched() == ["g"]  # b, c and d wait for the period's end
     clock.t += 0.25
     assert await sc.reconcile(Request("g")) is None
-    assert client.patches[-1][1]["status"]["podCount"] == 4  # all three in one write
+    assert server.status("g")["podCount"] == 4  # all three in one write
     # State is kept only for the last period's writes, and not for a deleted group.
     assert len(sc) == 1
     del cache.groups["g"]
@@ -142,43 +149,43 @@ async def test_a_burst_is_written_once_per_batch_period_and_the_first_at_once() 
 
 
 async def test_writes_of_past_periods_are_forgotten() -> None:
-    sc, cache, client, _, clock = controller()
+    sc, cache, server, _, clock = controller()
     for name in ("g1", "g2", "g3"):
-        cache.groups[name] = group(name, podCount=0)
+        server.put(cache, group(name, podCount=0))
         cache.pods.append(pod(f"p-{name}", grp=name))
         await sc.reconcile(Request(name))
-    assert len(sc) == 3 and len(client.patches) == 3
+    assert len(sc) == 3 and server.patched() == ["g1", "g2", "g3"]
     clock.t += sc.batch_period
-    cache.groups["g4"] = group("g4", podCount=0)
+    server.put(cache, group("g4", podCount=0))
     cache.pods.append(pod("p-g4", grp="g4"))
     await sc.reconcile(Request("g4"))
     assert len(sc) == 1  # g1-g3 wrote a period ago: nothing of theirs is kept
 
 
 async def test_nothing_changed_nothing_written_and_nothing_copied() -> None:
-    sc, cache, client, _, _ = controller()
-    cache.groups["g"] = group(allocatedPods=["ns/a"], podCount=1)
+    sc, cache, server, _, _ = controller()
+    server.put(cache, group(allocatedPods=["ns/a"], podCount=1))
     cache.pods = [pod("a"), pod("done", phase="Succeeded")]
     before = copy.deepcopy(cache.groups["g"])
     await sc.reconcile(Request("g"))
-    assert client.patches == [] and len(sc.events) == 0
+    assert server.patched() == [] and len(sc.events) == 0
     cache.pods = [pod("b")]
     await sc.reconcile(Request("g"))
     assert cache.copies == 0
     assert cache.groups["g"] == before  # read in place, never edited
-    assert client.patches[0][1]["status"] == {"allocatedPods": ["ns/b"], "podCount": 1}
+    assert server.status("g") == {"phase": "Bound", "allocatedPods": ["ns/b"], "podCount": 1}
 
 
 async def test_a_new_group_without_the_fields_is_not_written() -> None:
-    sc, cache, client, _, _ = controller()
-    cache.groups["g"] = group()
+    sc, cache, server, _, _ = controller()
+    server.put(cache, group())
     await sc.reconcile(Request("g"))
-    assert client.patches == []
+    assert server.patched() == []
 
 
 async def test_pods_that_left_are_told_too() -> None:
-    sc, cache, _, rec, clock = controller()
-    cache.groups["g"] = group(allocatedPods=["ns/a", "ns/b"], podCount=2)
+    sc, cache, server, rec, clock = controller()
+    server.put(cache, group(allocatedPods=["ns/a", "ns/b"], podCount=2))
     cache.pods = [pod("b")]
     await sc.reconcile(Request("g"))
     clock.t += 5
@@ -187,8 +194,8 @@ async def test_pods_that_left_are_told_too() -> None:
 
 
 async def test_a_gone_group_has_its_events_told_and_its_state_dropped() -> None:
-    sc, cache, _, rec, _ = controller()
-    cache.groups["g"] = group(podCount=0)
+    sc, cache, server, rec, _ = controller()
+    server.put(cache, group(podCount=0))
     cache.pods = [pod("a")]
     await sc.reconcile(Request("g"))
     assert len(sc.events) == 1
@@ -199,9 +206,9 @@ async def test_a_gone_group_has_its_events_told_and_its_state_dropped() -> None:
 
 
 async def test_a_group_deleted_under_the_write_is_not_an_error() -> None:
-    sc, cache, client, rec, _ = controller()
-    cache.groups["g"] = group(podCount=0)
+    sc, cache, server, rec, _ = controller()
+    server.put(cache, group(podCount=0))
+    await server.delete(SDG_KIND, "g")  # the cache has not seen it go yet
     cache.pods = [pod("a")]
-    client.gone = True
     assert await sc.reconcile(Request("g")) is None
     assert len(sc.events) == 0 and rec.events == []
