@@ -721,6 +721,9 @@ class Run:
         await delete_pods(kube, "s1-sdg")
         await wait_groups_empty(kube)
         await self.stop(mgr)
+        # kube-scheduler runs as the admin here: in a cluster it is system:kube-scheduler,
+        # whose Bindings SDG's binding webhook skips, so none may call the stopped manager.
+        env.webhooks(None)
 
         # --- S1 with kube-scheduler ------------------------------------------------------
         ks, _ = await env.kube_scheduler("s1")
