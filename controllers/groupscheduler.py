@@ -121,6 +121,8 @@ HOLDER_RETRY_SECONDS = 10.0
 #: are given their devices well within it: one status write and Event less per group).
 HOLDER_QUIET_SECONDS = 3.0
 REASON_RECORD_MALFORMED = "ClaimRecordMalformed"
+#: The longest wait between two tries of start-up recovery.
+RECOVERY_RETRY_MAX = 30.0
 #: How soon a Pending group is judged again after another bind took devices: its message
 #: says how many are free. Each waits at most once per interval however many binds come.
 PENDING_RECHECK_SECONDS = 3.0
@@ -170,14 +172,15 @@ class GroupScheduler:
         self.dra = dra
         self.releaser = ClaimReleaser(claims, cache, client, self.writer.fence)
         self.recovery = Recovery(cache, claims, self.writer, self.releaser, recorder, env_table)
-        self._recovered = False
+        #: Set once start-up recovery has run (:meth:`recover`, a leader-only runnable):
+        #: no group is placed before records, statuses and pods agree.
+        self.recovered = anyio.Event()
         #: Group -> (UID of its holder pod the kubelet refused, when SDG saw that); one per
         #: group at most, dropped when the holder is replaced or the group is gone.
         self._refused: dict[str, tuple[str, float]] = {}
         #: Group -> when its holder pod was made (or first seen waiting): a holder is
         #: waited for quietly at first. One per group, dropped at bind or deletion.
         self._holder_since: dict[str, float] = {}
-        self._recover_lock = anyio.Lock()
 
     async def reconcile(self, request: Request) -> Result | None:
         try:
@@ -188,7 +191,7 @@ class GroupScheduler:
             return Result(requeue=True)
 
     async def _reconcile(self, request: Request) -> Result | None:
-        await self._recover_once()
+        await self.recovered.wait()
         name = request.name
         try:
             group = self.cache.get(SDG_KIND, name)
@@ -218,13 +221,21 @@ class GroupScheduler:
             return await self._check_bound(group)
         return await self._schedule(group)
 
-    async def _recover_once(self) -> None:
-        if self._recovered:
-            return
-        async with self._recover_lock:
-            if not self._recovered:
+    async def recover(self) -> None:
+        """Start-up recovery, once per leadership, before any group is reconciled; a
+        failure (the API server away) is retried with backoff up to RECOVERY_RETRY_MAX
+        seconds, the group workers waiting meanwhile. Then it idles until cancelled."""
+        delay = 0.5
+        while True:
+            try:
                 await self.recovery.run()
-                self._recovered = True
+                break
+            except Exception as err:  # retried: nothing may be placed before it succeeds
+                log.warning("start-up recovery failed, retrying in %.1f s: %s", delay, err)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, RECOVERY_RETRY_MAX)
+        self.recovered.set()
+        await anyio.sleep_forever()
 
     # --- scheduling ------------------------------------------------------------------
     async def _schedule(self, group: Obj) -> Result | None:
@@ -795,6 +806,8 @@ def setup(
     cache, claims, table = mgr.cache, scheduler.claims, scheduler.env_table
     holders_ns = scheduler.foreign.holders_namespace
     index_groups(cache)
+    # Recovery first, on the leader, after the caches synced: reconciles wait for it.
+    mgr.add_runnable(scheduler.recover, leader_only=True)
 
     def for_node(node: Mapping[str, Any]) -> Iterator[Request]:
         """A node changed: Pending groups may fit now; bound groups re-check health."""
