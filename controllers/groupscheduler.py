@@ -84,7 +84,7 @@ from controllers.ledger.records import nodes_named_by
 from controllers.ledger.release import ClaimReleaser, bound_pods
 from controllers.ledger.tracker import Devices, DeviceTracker, InsufficientDevices
 from controllers.pinning import LedgerPins, claim_matches_pins
-from controllers.placement import filter_node, place
+from controllers.placement import NodeMemo, filter_node, place
 from controllers.recovery import Recovery, restore_record
 from controllers.watches import (
     group_changed,
@@ -175,6 +175,8 @@ class GroupScheduler:
         #: Set once start-up recovery has run (:meth:`recover`, a leader-only runnable):
         #: no group is placed before records, statuses and pods agree.
         self.recovered = anyio.Event()
+        #: What each cached Node alone decides, kept across placements (placement.NodeMemo).
+        self.node_memo = NodeMemo()
         #: Group -> (UID of its holder pod the kubelet refused, when SDG saw that); one per
         #: group at most, dropped when the holder is replaced or the group is gone.
         self._refused: dict[str, tuple[str, float]] = {}
@@ -299,6 +301,7 @@ class GroupScheduler:
                 self.claims.tracker,
                 blocked=self._blocked(resources),
                 pins=self._pins(name),
+                memo=self.node_memo,
             )
             span.set_attribute("sdg.candidates", decision.candidates)
             for node_name, why in sorted(decision.reasons.items())[:50]:
@@ -594,7 +597,10 @@ class GroupScheduler:
             return False  # a claim for other pinned devices (spec.devices changed)
         blocked = self._blocked(want)
         free = _FreeWithOwnClaim(tracker, devices)
-        return not filter_node(spec, node_obj, free, blocked=blocked, pins=self._pins(meta["name"]))
+        pins = self._pins(meta["name"])
+        return not filter_node(
+            spec, node_obj, free, blocked=blocked, pins=pins, memo=self.node_memo
+        )
 
     def _pins(self, group: str) -> LedgerPins:
         """Where ``group``'s pinned devices (``spec.devices``) are free, by the ledger."""

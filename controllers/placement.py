@@ -11,9 +11,9 @@ is judged from the Node itself. Work per node is bounded by the requested resour
 by a device count.
 
 What a Node alone decides (shared label, cordon, Ready, taints, its reasons) is memoised
-per node name under the Node's identity and resourceVersion (``_facts``), so placing a
-group over the informer cache's fleet re-reads only the tracker's free counts; a Node
-without a resourceVersion is evaluated afresh every time.
+per node name under the Node's identity and resourceVersion (``NodeMemo``, which the
+caller owns and passes), so placing a group over the informer cache's fleet re-reads only
+the tracker's free counts; a Node without a resourceVersion is evaluated afresh.
 """
 
 from __future__ import annotations
@@ -254,46 +254,54 @@ def _static_unfit(node: Mapping[str, Any]) -> tuple[str, ...] | None:
     return None
 
 
-#: Node name -> its facts at the version last seen; a new version or a new object
-#: replaces the entry. Bounded: ``place`` prunes names it was not given once the memo
-#: outgrows the fleet (``_prune``).
-_MEMO: dict[str, _NodeFacts] = {}
+class NodeMemo:
+    """Node name -> its facts at the version last seen; a new version or a new object
+    replaces the entry. Owned by whoever places groups repeatedly over one fleet (the
+    group scheduler holds one); ``place`` without one evaluates every node afresh.
+    Bounded: ``place`` prunes names it was not given once the memo outgrows the fleet."""
 
+    __slots__ = ("entries",)
 
-def _facts(node: Mapping[str, Any]) -> _NodeFacts:
-    """The node's facts, from the memo when this very object at this resourceVersion was
-    seen before.
+    def __init__(self) -> None:
+        self.entries: dict[str, _NodeFacts] = {}
 
-    A resourceVersion names one content of an object (the API server's guarantee; the
-    informer cache replaces a stored Node on update, never edits it), and the identity
-    check keeps a copy someone edited without a new version from reusing old facts.
-    A Node without a resourceVersion (hand-built, tests) is never memoised.
-    """
-    meta = node.get("metadata") or _EMPTY
-    name = meta.get("name")
-    version = meta.get("resourceVersion")
-    facts = _MEMO.get(name) if type(name) is str else None
-    if facts is not None and facts.node is node and facts.version == version:
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def facts(self, node: Mapping[str, Any]) -> _NodeFacts:
+        """The node's facts, from the memo when this very object at this resourceVersion
+        was seen before.
+
+        A resourceVersion names one content of an object (the API server's guarantee; the
+        informer cache replaces a stored Node on update, never edits it), and the identity
+        check keeps a copy someone edited without a new version from reusing old facts.
+        A Node without a resourceVersion (hand-built, tests) is never memoised.
+        """
+        meta = node.get("metadata") or _EMPTY
+        name = meta.get("name")
+        version = meta.get("resourceVersion")
+        entries = self.entries
+        facts = entries.get(name) if type(name) is str else None
+        if facts is not None and facts.node is node and facts.version == version:
+            return facts
+        facts = _NodeFacts(node, version)
+        if version and type(name) is str:
+            entries[name] = facts
         return facts
-    facts = _NodeFacts(node, version)
-    if version and type(name) is str:
-        _MEMO[name] = facts
-    return facts
 
+    def prune(self, seen: int, *names: Iterable[str]) -> None:
+        """Forget nodes not in the last fleet once the memo holds many more than it
+        (deleted nodes, other callers' lists): the memo stays within about the fleet's
+        size, and the pass over it runs only when it has outgrown that."""
+        entries = self.entries
+        if len(entries) > seen + seen // 4 + 64:
+            keep = {n: f for n in chain(*names) if (f := entries.get(n)) is not None}
+            entries.clear()
+            entries.update(keep)
 
-def _prune(seen: int, *names: Iterable[str]) -> None:
-    """Forget nodes not in the last fleet once the memo holds many more than it (deleted
-    nodes, other callers' lists): the memo stays within about the fleet's size, and the
-    pass over it runs only when it has outgrown that."""
-    if len(_MEMO) > seen + seen // 4 + 64:
-        keep = {n: f for n in chain(*names) if (f := _MEMO.get(n)) is not None}
-        _MEMO.clear()
-        _MEMO.update(keep)
-
-
-def clear_memo() -> None:
-    """Forget every memoised node (tests; never needed for correctness)."""
-    _MEMO.clear()
+    def clear(self) -> None:
+        """Forget every memoised node (never needed for correctness)."""
+        self.entries.clear()
 
 
 def filter_node(
@@ -302,6 +310,7 @@ def filter_node(
     free: FreeCounts,
     blocked: Blocked | None = None,
     pins: PinResolver | None = None,
+    memo: NodeMemo | None = None,
 ) -> tuple[str, ...]:
     """Why the group cannot go to ``node`` (empty when it can).
 
@@ -314,7 +323,7 @@ def filter_node(
     (``spec.devices``) fits only where ``pins`` finds every pinned device free.
     """
     pinned = _pins_of(spec, pins)
-    facts = _facts(node)
+    facts = memo.facts(node) if memo is not None else _NodeFacts(node, None)
     selector = tuple((spec.get("nodeSelector") or _EMPTY).items())
     why = _static_reasons(facts, selector)
     if why is not None:
@@ -427,6 +436,7 @@ def place(
     free: FreeCounts | Mapping[str, Mapping[str, int]],
     blocked: Blocked | None = None,
     pins: PinResolver | None = None,
+    memo: NodeMemo | None = None,
 ) -> PlacementDecision:
     """Filter and score every node for a group spec; pick the best (or none).
 
@@ -438,7 +448,7 @@ def place(
 
     The same filters as ``filter_node``, written out in one loop because this runs over
     the whole fleet for every Pending group (hack/bench/bench_placement.py): per node, a
-    memo lookup (``_facts``, inline) and, for the common one-resource request, the
+    memo lookup (``NodeMemo.facts``, inline) and, for the common one-resource request, the
     tracker's free count read inline, with no per-node list, tuple or string unless the
     node is short. tests/unit/test_placement_memo.py checks it decides as a plain
     filter-every-node reference does, on random fleets edited between calls.
@@ -471,7 +481,8 @@ def place(
         else None
     )
     short: dict[int, tuple[str, ...]] = {}  # one-resource reasons, shared per free count
-    memo = _MEMO
+    node_memo = memo if memo is not None else NodeMemo()
+    memo_of = node_memo.entries
     reasons: dict[str, tuple[str, ...]] = {}
     free_after: dict[str, int] = {}
     candidates = 0
@@ -481,10 +492,10 @@ def place(
         meta = node.get("metadata") or _EMPTY
         name = meta.get("name")
         version = meta.get("resourceVersion")
-        if version and type(name) is str:  # _facts, inline
-            facts = memo.get(name)
+        if version and type(name) is str:  # NodeMemo.facts, inline
+            facts = memo_of.get(name)
             if facts is None or facts.node is not node or facts.version != version:
-                facts = memo[name] = _NodeFacts(node, version)
+                facts = memo_of[name] = _NodeFacts(node, version)
             labels = facts.labels
             why = facts.unshared
         else:  # not memoised: the same filters read straight from the Node
@@ -550,7 +561,7 @@ def place(
         if why is None:
             why = short[available] = (f"have {available} free {res} (need {need})",)
         reasons[name] = why
-    _prune(candidates, reasons, free_after)
+    node_memo.prune(candidates, reasons, free_after)
     if strategy == "binpack":
         scores = {name: -left for name, left in free_after.items()}
     else:

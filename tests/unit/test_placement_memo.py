@@ -248,7 +248,7 @@ group_specs = st.fixed_dictionaries(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_memoised_placement_decides_as_the_reference_through_edits(data: st.DataObject) -> None:
-    placement.clear_memo()
+    memo = placement.NodeMemo()
     names = [f"n{i}" for i in range(data.draw(st.integers(1, 10)))]
     nodes = [data.draw(node_objects(n)) for n in names]
     tracker = DeviceTracker()
@@ -275,11 +275,12 @@ def test_memoised_placement_decides_as_the_reference_through_edits(data: st.Data
                 for n in data.draw(st.lists(st.sampled_from(names)))
             }
             for b in (None, blocked):
-                assert_same(place(spec, nodes, free, b), ref_place(spec, nodes, free, b))
+                assert_same(place(spec, nodes, free, b, memo=memo), ref_place(spec, nodes, free, b))
                 if free_kind == "mapping":
                     continue  # filter_node takes FreeCounts only
                 for node in nodes:
-                    assert filter_node(spec, node, free, b) == ref_filter(spec, node, free, b)[0]
+                    got = filter_node(spec, node, free, b, memo=memo)
+                    assert got == ref_filter(spec, node, free, b)[0]
             continue
         i = data.draw(st.integers(0, len(nodes) - 1))
         node = nodes[i]
@@ -338,61 +339,61 @@ SPEC = {"resources": {GPU: 1}}
 
 
 def test_facts_are_reused_for_the_same_object_and_version() -> None:
-    placement.clear_memo()
+    memo = placement.NodeMemo()
     nodes = [shared_node("a"), shared_node("b")]
     t = fresh_tracker(nodes)
-    place(SPEC, nodes, t)
-    first = dict(placement._MEMO)
-    place(SPEC, nodes, t)
-    assert first == placement._MEMO and all(placement._MEMO[n] is first[n] for n in first)
+    place(SPEC, nodes, t, memo=memo)
+    first = dict(memo.entries)
+    place(SPEC, nodes, t, memo=memo)
+    assert first == memo.entries and all(memo.entries[n] is first[n] for n in first)
 
 
 @pytest.mark.parametrize("version", ["1", "2"])
 def test_an_edited_copy_never_reuses_the_originals_facts(version: str) -> None:
     # Same name; the copy is cordoned. Whether or not it kept the resourceVersion, the
     # memo (keyed by identity and version) must not answer for it.
-    placement.clear_memo()
+    memo = placement.NodeMemo()
     original = shared_node("a", version="1")
     t = fresh_tracker([original])
-    assert place(SPEC, [original], t).node == "a"
+    assert place(SPEC, [original], t, memo=memo).node == "a"
     edited = copy.deepcopy(original)
     edited["spec"]["unschedulable"] = True
     edited["metadata"]["resourceVersion"] = version
-    d = place(SPEC, [edited], t)
+    d = place(SPEC, [edited], t, memo=memo)
     assert d.node is None and d.reasons == {"a": ("unschedulable (cordoned)",)}
 
 
 def test_nodes_without_a_resource_version_are_never_memoised() -> None:
-    placement.clear_memo()
+    memo = placement.NodeMemo()
     node = shared_node("a", version=None)
     t = fresh_tracker([node])
-    assert place(SPEC, [node], t).node == "a"
-    assert placement._MEMO == {}
+    assert place(SPEC, [node], t, memo=memo).node == "a"
+    assert memo.entries == {}
     node["spec"]["taints"] = [{"key": "k", "value": "v", "effect": "NoSchedule"}]
-    assert place(SPEC, [node], t).reasons == {"a": ("have untolerated taint {k: v}",)}
+    assert place(SPEC, [node], t, memo=memo).reasons == {"a": ("have untolerated taint {k: v}",)}
 
 
 def test_the_memo_stays_about_the_size_of_the_fleet() -> None:
-    placement.clear_memo()
+    memo = placement.NodeMemo()
     fleet = [shared_node(f"n{i}") for i in range(500)]
     t = fresh_tracker(fleet)
     for round_ in range(10):  # every node updated, and a tenth of the fleet replaced
         fleet = [shared_node(n["metadata"]["name"], version=str(round_ + 2)) for n in fleet]
         fleet[round_ * 50 : round_ * 50 + 50] = [shared_node(f"r{round_}-{i}") for i in range(50)]
-        place(SPEC, fleet, t)
-        assert len(placement._MEMO) <= len(fleet) + len(fleet) // 4 + 64
+        place(SPEC, fleet, t, memo=memo)
+        assert len(memo.entries) <= len(fleet) + len(fleet) // 4 + 64
     small = [shared_node("x")]
-    place(SPEC, small, t)
-    assert set(placement._MEMO) == {"x"}
+    place(SPEC, small, t, memo=memo)
+    assert set(memo.entries) == {"x"}
 
 
 def test_a_tracker_with_stranded_holdings_is_not_trusted_past_its_capacity() -> None:
     # Holdings beyond a shrunk capacity do not count against it: free stays <= capacity.
-    placement.clear_memo()
+    memo = placement.NodeMemo()
     node = shared_node("a", gpus="4")
     t = fresh_tracker([node])
     assert t.add_claim("g", "a", {GPU: [0, 1, 2, 3]}) == []
     t.set_capacity("a", GPU, 0)
-    assert place(SPEC, [node], t).reasons == {"a": (f"have no {GPU}",)}
+    assert place(SPEC, [node], t, memo=memo).reasons == {"a": (f"have no {GPU}",)}
     t.set_capacity("a", GPU, 8)
-    assert place(SPEC, [node], t).free_after == {"a": 3}
+    assert place(SPEC, [node], t, memo=memo).free_after == {"a": 3}
