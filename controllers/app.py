@@ -47,7 +47,13 @@ from controllers.podscheduler import PodScheduler
 from controllers.settings import Settings
 from controllers.statuscontroller import StatusController
 from sdgruntime import errors
-from sdgruntime.cache import CacheNotSynced, KindOptions, drop_managed_fields, intern_strings
+from sdgruntime.cache import (
+    CacheNotSynced,
+    KindOptions,
+    ReflectorOptions,
+    drop_managed_fields,
+    intern_strings,
+)
 from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, RUNTIMECLASSES
 from sdgruntime.manager import Manager, ManagerOptions
@@ -85,8 +91,12 @@ def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
             CONFIGMAPS: KindOptions(
                 namespace=ns, label_selector={RECORD_LABEL: RECORD_LABEL_VALUE}
             ),
-            # Every pod and node is cached, but only the fields SDG reads (api.pods).
-            PODS: KindOptions(transform=pod_transform(device_env_vars(settings.env_table()))),
+            # Every pod and node is cached, but only the fields SDG reads (api.pods); pods
+            # are listed as a stream, one at a time (a page of 500 large pods is GBs).
+            PODS: KindOptions(
+                transform=pod_transform(device_env_vars(settings.env_table())),
+                reflector=ReflectorOptions(watch_list=True),
+            ),
             NODES: KindOptions(transform=cached_node),
             SDG_KIND: KindOptions(transform=lambda g: intern_strings(drop_managed_fields(g))),
             # Every ResourceClaim, but only who it is and what its allocation holds.

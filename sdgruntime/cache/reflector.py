@@ -67,6 +67,9 @@ class ReflectorOptions:
     """Tuning of list/watch; the defaults suit production (client-go's values)."""
 
     page_size: int = 500
+    # list as a streamed list (a watch with sendInitialEvents, Kubernetes 1.27+): one object
+    # in memory at a time instead of a page; paged lists where the server refuses it
+    watch_list: bool = False
     # server-side timeoutSeconds of each watch: uniform in [min, 2*min], as client-go
     min_watch_timeout: float = 300.0
     # client read timeout of the watch stream; None: the watch's timeoutSeconds + 30 s
@@ -140,6 +143,7 @@ class Reflector:
         self.last_sync_error: BaseException | None = None  # of the latest list attempt
         self._backoff = self.options.backoff()
         self._delivered = False  # the current watch delivered an event or bookmark
+        self._stream_refused = False  # the server refused a streamed list: page instead
 
     def __repr__(self) -> str:
         scope = f" in {self.namespace}" if self.namespace else ""
@@ -182,15 +186,37 @@ class Reflector:
                 )
                 await anyio.sleep(delay)
 
-    async def _list(self) -> None:
-        items, rv = await self.client.list_all(
+    async def _list_items(self) -> tuple[list[Obj], str]:
+        """Every object, transformed, and the resourceVersion to watch from."""
+        opts = self.options
+        # A client without streamed lists (a test's stand-in) lists in pages.
+        streamed = getattr(self.client, "list_streamed", None)
+        if opts.watch_list and not self._stream_refused and streamed is not None:
+            timeout_seconds = max(1, int(2 * opts.min_watch_timeout))
+            try:
+                return await streamed(
+                    self.kind,
+                    self.namespace,
+                    label_selector=self.label_selector,
+                    field_selector=self.field_selector,
+                    transform=self.store.transform,
+                    timeout_seconds=timeout_seconds,
+                    read_timeout=opts.read_timeout or timeout_seconds + 30.0,
+                )
+            except (errors.BadRequest, errors.Invalid, errors.MethodNotAllowed) as exc:
+                self._stream_refused = True
+                log.info("%s: no streamed list (%s), listing in pages", self.kind.name, exc)
+        return await self.client.list_all(
             self.kind,
             self.namespace,
             label_selector=self.label_selector,
             field_selector=self.field_selector,
-            page_size=self.options.page_size,
+            page_size=opts.page_size,
             transform=self.store.transform,
         )
+
+    async def _list(self) -> None:
+        items, rv = await self._list_items()
         changes = self.store.replace(items, transformed=True)
         self.resource_version = rv
         self.stats.lists += 1

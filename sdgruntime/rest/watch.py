@@ -16,7 +16,16 @@ from typing import Any
 from sdgruntime import errors
 from sdgruntime.rest.transport import Transport, loads
 
-__all__ = ["LineSplitter", "parse_watch_line", "watch_events", "watch_params"]
+__all__ = [
+    "INITIAL_EVENTS_END",
+    "LineSplitter",
+    "parse_watch_line",
+    "watch_events",
+    "watch_params",
+]
+
+#: The annotation of the bookmark that ends a streamed list's initial events.
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 #: Without an explicit read timeout, a stream the server ends after ``timeoutSeconds`` may
 #: stay silent that long plus this margin before it counts as dead.
@@ -64,12 +73,18 @@ def watch_params(
     field_selector: str | None = None,
     timeout_seconds: int | None = None,
     allow_bookmarks: bool = True,
+    send_initial_events: bool = False,
 ) -> dict[str, Any]:
-    """The query of a watch request."""
+    """The query of a watch request. ``send_initial_events``: a streamed list (KEP-3157):
+    every current object as an ADDED event, then a bookmark marked ``INITIAL_EVENTS_END``."""
     params: dict[str, Any] = {"watch": "1"}
-    if allow_bookmarks:
+    if allow_bookmarks or send_initial_events:
         params["allowWatchBookmarks"] = "true"
-    if resource_version is not None:
+    if send_initial_events:
+        params["sendInitialEvents"] = "true"
+        params["resourceVersionMatch"] = "NotOlderThan"
+        params["resourceVersion"] = resource_version or ""
+    elif resource_version is not None:
         params["resourceVersion"] = resource_version
     if label_selector:
         params["labelSelector"] = label_selector

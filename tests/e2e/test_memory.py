@@ -157,12 +157,12 @@ FAT_VARS = 8
 RSS_GROWTH_BOUND = 64 * 2**20
 
 
-def vm_rss(pid: int) -> int:
-    """The process's resident set (VmRSS), in bytes."""
+def vm(pid: int, field: str = "VmRSS") -> int:
+    """The process's resident set (VmRSS) or its peak (VmHWM), in bytes."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    raise AssertionError(f"no {field} for pid {pid}")
 
 
 @contextlib.contextmanager
@@ -206,6 +206,32 @@ def fat_pod(name: str, value: str) -> dict[str, Any]:
     return body
 
 
+def sentinel_pod(name: str) -> dict[str, Any]:
+    """A pod outside any group on the group's node: the group's Ready condition names it."""
+    body = foreign_pod(name, "shared-1")
+    body["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    return body
+
+
+async def wait_until_seen(
+    client: Client, proc: subprocess.Popen[bytes], sentinel: dict[str, Any], namespace: str
+) -> None:
+    """Create ``sentinel`` and wait until group g's Ready condition names it: the manager's
+    pod cache then holds every pod created before it."""
+    await client.create(PODS, sentinel, namespace)
+    name = f"{namespace}/{sentinel['metadata']['name']}"
+
+    async def named() -> bool:
+        assert proc.poll() is None, f"the manager exited with {proc.returncode}"
+        g = await client.get(SDG_KIND, "g")
+        return any(
+            c["type"] == "Ready" and name in c.get("message", "")
+            for c in (g.get("status") or {}).get("conditions") or ()
+        )
+
+    await eventually(named, within=120, what=f"{name} seen by the manager")
+
+
 async def test_a_manager_with_300_pods_of_1_4_mb_env_stays_small(
     cluster: ControlPlane, client: Client, namespace: str, tmp_path: Path
 ) -> None:
@@ -218,34 +244,31 @@ async def test_a_manager_with_300_pods_of_1_4_mb_env_stays_small(
             await wait_bound(client, "g", within=60)
             await anyio.sleep(2)  # caches synced, first reconciles done
             assert proc.poll() is None, (tmp_path / "manager.log").read_text()[-3000:]
-            before = vm_rss(proc.pid)
+            before, peak_before = vm(proc.pid), vm(proc.pid, "VmHWM")
             for name in names:
                 await client.create(PODS, fat_pod(name, value), namespace)
-            # Last, a pod outside any group on the group's node: once the group says so,
+            # Last, a pod outside any group on the group's node: once the group names it,
             # the manager's pod watch has delivered every pod before it.
-            sentinel = foreign_pod("sentinel", "shared-1")
-            sentinel["spec"]["containers"][0]["env"] = [
-                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
-            ]
-            await client.create(PODS, sentinel, namespace)
-
-            async def flagged() -> bool:
-                g = await client.get(SDG_KIND, "g")
-                return any(
-                    c["type"] == "Ready" and c.get("reason") == "ForeignDevicePods"
-                    for c in (g.get("status") or {}).get("conditions") or ()
-                )
-
-            await eventually(flagged, within=120, what="the sentinel pod seen")
-            assert proc.poll() is None, (tmp_path / "manager.log").read_text()[-3000:]
-            growth = vm_rss(proc.pid) - before
+            await wait_until_seen(client, proc, sentinel_pod("sentinel"), namespace)
+            growth = vm(proc.pid) - before
             print(f"manager VmRSS {before / 2**20:.1f} MiB, +{growth / 2**20:.1f} MiB")
             assert growth < RSS_GROWTH_BOUND, (
                 f"the manager grew by {growth / 2**20:.1f} MiB with {FAT_PODS} pods of "
                 f"{FAT_ENV_BYTES / 1e6} MB env (bound {RSS_GROWTH_BOUND / 2**20:.0f} MiB)"
             )
+        # A manager started while they exist reads them in its first list: streamed, one
+        # pod at a time (in pages of 500 it peaked at 1.3 GB).
+        with manager_process(cluster, tmp_path / "restarted.log") as proc:
+            await wait_until_seen(client, proc, sentinel_pod("sentinel-2"), namespace)
+            peak = vm(proc.pid, "VmHWM") - peak_before
+            print(f"restarted manager: peak +{peak / 2**20:.1f} MiB")
+            assert peak < RSS_GROWTH_BOUND, (
+                f"a manager starting with {FAT_PODS} pods of {FAT_ENV_BYTES / 1e6} MB env "
+                f"peaked {peak / 2**20:.1f} MiB above a fresh one's (bound "
+                f"{RSS_GROWTH_BOUND / 2**20:.0f} MiB)"
+            )
     finally:
         # One by one: the cluster's reset would list all 420 MB of them at once.
-        for name in [*names, "sentinel"]:
+        for name in [*names, "sentinel", "sentinel-2"]:
             with contextlib.suppress(errors.NotFound):
                 await client.delete(PODS, name, namespace, grace_period_seconds=0)
