@@ -113,6 +113,17 @@ CONFLICT_REASONS: Final = frozenset(
 #: Scheduled=False reason while the kubelet has not yet given a new group's holder pod
 #: its devices: the group is placed and binds in a moment (the pod webhook waits for it).
 REASON_WAITING_FOR_HOLDER: Final = "WaitingForHolder"
+#: NodeHealthy=False while the group's node is cordoned.
+REASON_NODE_UNSCHEDULABLE: Final = "NodeUnschedulable"
+#: Ready=False reasons of the group scheduler and recovery: a status it cannot read, a
+#: node's claim record it cannot read, a record recovery could not write back.
+REASON_INVALID_STATUS: Final = "InvalidStatus"
+REASON_RECORD_MALFORMED: Final = "ClaimRecordMalformed"
+REASON_RECOVERY_FAILED: Final = "RecoveryFailed"
+#: ``PodsListed``: present (False/``Truncated``) only while ``status.allocatedPods`` lists
+#: fewer pods than ``podCount`` counts.
+CONDITION_PODS_LISTED: Final = "PodsListed"
+REASON_TRUNCATED: Final = "Truncated"
 
 # --- Device env vars ----------------------------------------------------------------------
 #: Default device resource -> env var table. Keys are fnmatch-style globs matched against

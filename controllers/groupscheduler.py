@@ -36,7 +36,9 @@ from api.constants import (
     REASON_CLAIM_CONFLICT,
     REASON_DEVICES_CONFLICT,
     REASON_HOLDER_LOST,
+    REASON_INVALID_STATUS,
     REASON_NOT_READY,
+    REASON_RECORD_MALFORMED,
     REASON_UNSCHEDULABLE,
     REASON_WAITING_FOR_HOLDER,
     SDG_KIND,
@@ -113,14 +115,12 @@ from sdgruntime.reconcile import Request, Result
 log = logging.getLogger(__name__)
 TRACER_NAME = "deviceshare.io/group-scheduler"
 
-REASON_INVALID_STATUS = "InvalidStatus"
 #: How long a holder pod the kubelet refused is kept (its reason shown) before the group
 #: is placed again.
 HOLDER_RETRY_SECONDS = 10.0
 #: How long a new holder pod is waited for before the group's status says it waits (most
 #: are given their devices well within it: one status write and Event less per group).
 HOLDER_QUIET_SECONDS = 3.0
-REASON_RECORD_MALFORMED = "ClaimRecordMalformed"
 #: The longest wait between two tries of start-up recovery.
 RECOVERY_RETRY_MAX = 30.0
 #: How soon a Pending group is judged again after another bind took devices: its message

@@ -16,6 +16,7 @@ from typing import Any
 from api.conditions import find_condition, set_condition
 from api.constants import (
     CONDITION_NODE_HEALTHY,
+    CONDITION_PODS_LISTED,
     CONDITION_READY,
     CONDITION_SCHEDULED,
     CONFLICT_REASONS,
@@ -27,9 +28,11 @@ from api.constants import (
     REASON_NODE_NOT_FOUND,
     REASON_NODE_NOT_READY,
     REASON_NODE_READY,
+    REASON_NODE_UNSCHEDULABLE,
     REASON_NOT_BOUND,
     REASON_NOT_READY,
     REASON_READY,
+    REASON_TRUNCATED,
     REASON_UNSCHEDULABLE,
 )
 from api.v1alpha1 import format_ids
@@ -39,11 +42,6 @@ from controllers.placement import is_node_ready, node_device_capacity
 Obj = Mapping[str, Any]
 Devices = Mapping[str, Sequence[int]]
 
-REASON_NODE_UNSCHEDULABLE = "NodeUnschedulable"
-#: ``PodsListed``: present (False/``Truncated``) only while ``status.allocatedPods`` lists
-#: fewer pods than ``podCount`` counts.
-CONDITION_PODS_LISTED = "PodsListed"
-REASON_TRUNCATED = "Truncated"
 
 #: A problem that makes Ready False: (reason, message).
 Problem = tuple[str, str]

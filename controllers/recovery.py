@@ -20,7 +20,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from api.constants import PHASE_BOUND, REASON_RECOVERY_CONFLICT, SDG_KIND
+from api.constants import PHASE_BOUND, REASON_RECOVERY_CONFLICT, REASON_RECOVERY_FAILED, SDG_KIND
 from api.pods import delivered_devices, pod_key
 from api.v1alpha1 import selected_devices
 from controllers.groupstatus import Problem, describe, with_ready_problem
@@ -35,7 +35,6 @@ from sdgruntime.events import EventRecorder
 
 log = logging.getLogger(__name__)
 
-REASON_RECOVERY_FAILED = "RecoveryFailed"
 
 Obj = dict[str, Any]
 
