@@ -44,7 +44,7 @@ from api.constants import (
     SDG_KIND,
 )
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
-from api.v1alpha1 import format_ids, selected_devices, spec_pins
+from api.v1alpha1 import format_ids, group_phase, is_bound, selected_devices, spec_pins
 from controllers import metrics as sdg_metrics
 from controllers.draclaims import (
     RESOURCECLAIMS,
@@ -218,8 +218,7 @@ class GroupScheduler:
         if meta.get("deletionTimestamp"):
             return await self._finalize(group)
         group = await self.writer.add_finalizer(group, FINALIZER)
-        status = group.get("status") or {}
-        if status.get("phase") == PHASE_BOUND and status.get("nodeName"):
+        if is_bound(group):
             return await self._check_bound(group)
         return await self._schedule(group)
 
@@ -269,7 +268,7 @@ class GroupScheduler:
                 live = await self.releaser.release_stale(name)
                 if live is None or live["metadata"].get("uid") != uid:
                     return None  # gone or recreated: its own events follow
-                if (live.get("status") or {}).get("phase") == PHASE_BOUND:
+                if group_phase(live) == PHASE_BOUND:
                     return Result(requeue=True)  # our cache is behind: decide on the new copy
                 group = dict(live)  # the fenced copy: our writes below are conditional on it
             stranded = sorted(pod_key(p) for p in bound_pods(self.cache, name))

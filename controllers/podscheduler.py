@@ -21,9 +21,9 @@ import anyio
 from opentelemetry import trace
 
 from api.conditions import find_condition, rfc3339
-from api.constants import DEFAULT_ENV_TABLE, PHASE_BOUND, SCHEDULER_NAME, SDG_KIND
+from api.constants import DEFAULT_ENV_TABLE, SCHEDULER_NAME, SDG_KIND
 from api.pods import POD_NODE_INDEX, delivered_devices, pod_group, pod_key
-from api.v1alpha1 import selected_devices
+from api.v1alpha1 import is_bound, selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.groupstatus import conflict_of
 from controllers.podfit import pod_fits_node
@@ -167,7 +167,7 @@ class PodScheduler:
                 None,
             )
         status = group.get("status") or {}
-        if status.get("phase") != PHASE_BOUND or not status.get("nodeName"):
+        if not is_bound(group):
             cond = find_condition(status.get("conditions"), "Scheduled") or {}
             why = cond.get("message") or "not scheduled yet"
             return f"SharedDeviceGroup {group_name!r} is Pending: {why}", None

@@ -20,9 +20,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from api.constants import PHASE_BOUND, REASON_RECOVERY_CONFLICT, REASON_RECOVERY_FAILED, SDG_KIND
+from api.constants import REASON_RECOVERY_CONFLICT, REASON_RECOVERY_FAILED, SDG_KIND
 from api.pods import delivered_devices, pod_key
-from api.v1alpha1 import selected_devices
+from api.v1alpha1 import is_bound, selected_devices
 from controllers.groupstatus import Problem, describe, with_ready_problem
 from controllers.groupwriter import GroupWriter
 from controllers.ledger.book import Ledger
@@ -103,8 +103,7 @@ class Recovery:
         return True
 
     async def _recover(self, group: Obj) -> str | None:
-        status = group.get("status") or {}
-        if status.get("phase") == PHASE_BOUND and status.get("nodeName"):
+        if is_bound(group):
             return await self._restore_bound(group)
         if self.claims.claim_of(group["metadata"]["name"]) is None:
             return await self._restore_from_pods(group)

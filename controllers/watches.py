@@ -8,6 +8,7 @@ from typing import Any
 
 from api.constants import DEVICES_ANNOTATION, PHASE_BOUND, SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_group
+from api.v1alpha1 import group_phase
 from controllers.inventory import ANNOTATION_PREFIX
 from controllers.ledger.records import record_holdings
 from sdgruntime.cache import Cache
@@ -143,7 +144,7 @@ def _group_node(group: Obj) -> list[str]:
 
 
 def _group_unbound(group: Obj) -> list[str]:
-    return [] if (group.get("status") or {}).get("phase") == PHASE_BOUND else [_UNBOUND]
+    return [] if group_phase(group) == PHASE_BOUND else [_UNBOUND]
 
 
 def index_groups(cache: Cache) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from api.constants import DEFAULT_ENV_TABLE
 from api.envvars import env_var_for
 from api.pods import pod_key as pod_key_of
-from api.v1alpha1 import parse_ids
+from api.v1alpha1 import is_bound, parse_ids
 from controllers.draclaims import CLAIM_HOLDER_PREFIX, DeviceRef, DraAllocations
 from controllers.holders import KubeletHold, kubelet_hold, sdg_id
 from controllers.inventory import SOURCE_SLICE, Offer, count_offer
@@ -267,7 +267,7 @@ class Ledger:
         status = group.get("status") or {}
         held: tuple[str, Devices] | None = None
         uuids: dict[str, tuple[str, ...]] = {}
-        if status.get("phase") == "Bound" and status.get("nodeName"):
+        if is_bound(group):
             try:
                 devices = {
                     r: parse_ids(i) for r, i in (status.get("selectedDevices") or {}).items()

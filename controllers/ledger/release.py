@@ -29,6 +29,7 @@ from typing import Any
 
 from api.constants import PHASE_BOUND, SDG_KIND
 from api.pods import POD_GROUP_INDEX, cached_pod, is_active, pod_group, pod_key
+from api.v1alpha1 import group_phase, is_bound
 from controllers.ledger.book import Ledger
 from sdgruntime import errors
 from sdgruntime.cache import Cache
@@ -69,9 +70,8 @@ def should_release(live: Obj | None, node: str, claim_uid: str, *, adoptable: bo
     uid = (live.get("metadata") or {}).get("uid") or ""
     if claim_uid and claim_uid != uid:
         return True  # an earlier group of the same name made it
-    status = live.get("status") or {}
-    if status.get("phase") == PHASE_BOUND and status.get("nodeName"):
-        return status["nodeName"] != node
+    if is_bound(live):
+        return bool(live["status"]["nodeName"] != node)
     return not adoptable
 
 
@@ -83,7 +83,7 @@ def _same_pending_group(live: Obj | None, claim_uid: str) -> bool:
     uid = (live.get("metadata") or {}).get("uid") or ""
     if claim_uid and claim_uid != uid:
         return False
-    return (live.get("status") or {}).get("phase") != PHASE_BOUND
+    return group_phase(live) != PHASE_BOUND
 
 
 class ClaimReleaser:

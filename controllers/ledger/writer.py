@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from api.constants import SDG_KIND
-from api.v1alpha1 import parse_ids
+from api.v1alpha1 import is_bound, parse_ids
 from controllers.ledger.coalesce import Abandoned, Coalescer
 from controllers.ledger.records import (
     RECORD_LABEL,
@@ -212,12 +212,11 @@ class RecordWriter:
         groups, _ = await self.client.list_all(SDG_KIND)
         out: dict[str, Devices] = {}
         for g in groups:
-            status = g.get("status") or {}
-            if status.get("phase") != "Bound" or status.get("nodeName") != node:
+            if not is_bound(g) or g["status"]["nodeName"] != node:
                 continue
             try:
                 devices = {
-                    r: parse_ids(i) for r, i in (status.get("selectedDevices") or {}).items()
+                    r: parse_ids(i) for r, i in (g["status"].get("selectedDevices") or {}).items()
                 }
             except ValueError:
                 continue
