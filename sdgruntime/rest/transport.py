@@ -1,9 +1,7 @@
 """HTTP/1.1 to the API server: aiohttp pools, TLS, timeouts, metrics, typed errors.
 
 aiohttp parses responses in C (llhttp) and checks a pooled connection by its protocol's
-state, with no syscall; with httpx/httpcore every request polled and ``getpeername``'d each
-pooled connection and, without sniffio installed, retried a failing import on every lock
-(hack/bench/RESULTS.md, section 5). aiohttp runs on asyncio, anyio's default backend: the
+state, with no syscall per request. It runs on asyncio, anyio's default backend: the
 client needs ``anyio.run(..., backend="asyncio")`` (the default), not trio.
 
 Two pools share one TLS context: a bounded one for requests, and an unbounded one for
