@@ -19,6 +19,7 @@ COPY sdgruntime/ sdgruntime/
 COPY api/ api/
 COPY controllers/ controllers/
 COPY webhooks/ webhooks/
+COPY cli/ cli/
 # With the otlp extra (the OTLP/HTTP span exporter): OTEL_TRACES_EXPORTER=otlp works in the
 # image, configured by OTEL_* env alone.
 RUN pip wheel --wheel-dir /wheels ./sdgruntime ".[otlp]" \

@@ -39,7 +39,7 @@ test: controlplane helm realnode docs typecheck  ## Type-check, lint, then run e
 unit: install  ## Fast unit tests only (no control plane)
 	$(BIN)/pytest -q tests/unit tests/runtime -m "not integration"
 
-typecheck: install  ## mypy over sdgruntime, api, controllers, webhooks ([tool.mypy]); then sdgruntime alone, by its own config
+typecheck: install  ## mypy over sdgruntime, api, controllers, webhooks, cli ([tool.mypy]); then sdgruntime alone, by its own config
 	$(BIN)/mypy
 	cd sdgruntime && $(abspath $(BIN))/mypy --cache-dir $(abspath .tmp/mypy-sdgruntime)
 

@@ -33,6 +33,7 @@ from api.constants import (
     SHARED_TAINT_KEY,
     SHARED_TAINT_VALUE,
 )
+from api.nodes import has_shared_label
 from api.v1alpha1 import spec_pins
 from api.validation import is_resource_name
 from controllers.ledger.tracker import DeviceTracker
@@ -94,10 +95,6 @@ class PlacementDecision:
 
     def message(self) -> str:
         return pending_message(self)
-
-
-def node_name(node: Mapping[str, Any]) -> str:
-    return str((node.get("metadata") or {}).get("name") or "")
 
 
 def _is_device_resource(res: str) -> bool:
@@ -219,9 +216,7 @@ class _NodeFacts:
         self.name = str(meta.get("name") or "")
         self.labels: Mapping[str, Any] = labels
         #: The first filter: not a shared node (then nothing else is looked at).
-        self.unshared: tuple[str, ...] | None = (
-            None if labels.get(NODE_MODE_LABEL) == NODE_MODE_SHARED else _NOT_SHARED
-        )
+        self.unshared: tuple[str, ...] | None = None if has_shared_label(labels) else _NOT_SHARED
         #: The filters after the nodeSelector: cordon, Ready, taints (None: all pass).
         self.unfit: tuple[str, ...] | None = None if self.unshared else _static_unfit(node)
         self._capacity: dict[str, int] | None = None
@@ -502,7 +497,7 @@ def place(
             facts = None
             name = str(name or "")
             labels = meta.get("labels") or _EMPTY
-            why = None if labels.get(NODE_MODE_LABEL) == NODE_MODE_SHARED else _NOT_SHARED
+            why = None if has_shared_label(labels) else _NOT_SHARED
         if why is None:
             for key, value in selector:
                 if labels.get(key) != value:

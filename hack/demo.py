@@ -34,7 +34,8 @@ import anyio  # noqa: E402
 import httpx  # noqa: E402
 
 from api.constants import DEFAULT_CDI_ANNOTATION_PREFIX, SDG_KIND  # noqa: E402
-from controllers.cliviews import devices_view, table  # noqa: E402
+from cli.devices import devices_view  # noqa: E402
+from cli.render import table  # noqa: E402
 from controllers.inventory import RESOURCESLICES  # noqa: E402
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE  # noqa: E402
 from sdgruntime import errors  # noqa: E402

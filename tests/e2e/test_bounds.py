@@ -10,7 +10,7 @@ import pytest
 
 from api.constants import SDG_KIND, SHARED_TAINT_KEY, SHARED_TAINT_VALUE
 from api.validation import COUNT_TOO_LARGE
-from controllers.cliviews import explain_group
+from cli.explain import explain_group
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane

@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers import cli
+from cli import main as cli
 from controllers.inventory import annotation_key
 from sdgruntime import errors
 from sdgruntime.client import Client

@@ -23,14 +23,13 @@ import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers import cli
-from controllers.doctor import RUNTIMECLASSES
+from cli import main as cli
 from controllers.inventory import RESOURCESLICES
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.envtest.controlplane import free_port, load_manifests
-from sdgruntime.kinds import NODES, PODS
+from sdgruntime.kinds import NODES, PODS, RUNTIMECLASSES
 from tests.e2e.harness import (
     GPU,
     MANAGER_NS,

@@ -23,8 +23,8 @@ import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers import cli
-from controllers.doctorprobe import PROBE_GROUP_PREFIX
+from cli import main as cli
+from cli.doctor.probe import PROBE_GROUP_PREFIX
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.kinds import NODES, PODS
@@ -203,7 +203,7 @@ async def test_ctrl_c_cleans_up(
     and the pod and group are deleted before it exits."""
     await add_node(client, "probe-int", 1, taints=[TAINT])
     async with run_sdg(cluster):
-        argv = [sys.executable, "-m", "controllers.cli", "--kubeconfig", kubeconfig, "doctor"]
+        argv = [sys.executable, "-m", "cli.main", "--kubeconfig", kubeconfig, "doctor"]
         argv += ["--probe", "-n", namespace, "--probe-timeout", "120"]
         proc = await anyio.to_thread.run_sync(
             lambda: subprocess.Popen(

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers import cli
+from cli import main as cli
 from controllers.holders import holder_name
 from controllers.inventory import annotation_key
 from sdgruntime import errors

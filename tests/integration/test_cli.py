@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from api.constants import SDG_KIND
-from controllers import cli
+from cli import main as cli
 from sdgruntime.envtest.controlplane import ControlPlane
 from sdgruntime.envtest.fakes import make_node
 
@@ -320,7 +320,7 @@ class Watch:
 
     def __init__(self, *argv: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "controllers.cli", *argv],
+            [sys.executable, "-m", "cli.main", *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -780,7 +780,7 @@ def test_helm_test_runs_doctor_with_the_doctor_roles(
     """`helm test` runs `sdg doctor` in the manager's image as a ServiceAccount bound to
     config/rbac's doctor roles as their comment says; as that account doctor reaches the
     same verdicts as the admin, none of them a refused read."""
-    from controllers import cli
+    from cli import main as cli
 
     objs = helm.template(tests=True)
     hooks = [o for o in objs if (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]

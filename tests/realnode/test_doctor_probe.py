@@ -24,8 +24,8 @@ import anyio
 import pytest
 
 from api.constants import SDG_KIND
-from controllers import cli
-from controllers.doctorprobe import PROBE_GROUP_PREFIX
+from cli import main as cli
+from cli.doctor.probe import PROBE_GROUP_PREFIX
 from hack.node.nri import CdiInjector
 from hack.node.simulators import DevicePluginSim, make_gpus
 from sdgruntime.client import Client

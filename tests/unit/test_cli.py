@@ -1,6 +1,6 @@
 """``sdg devices`` and ``sdg explain``: exact output on known states, and the CLI's parsing.
 
-The views are pure (controllers.cliviews); these states are what an operator meets: a
+The views are pure (cli/); these states are what an operator meets: a
 healthy node map, and one where records, statuses and nodes disagree.
 """
 
@@ -12,8 +12,11 @@ from typing import Any
 
 import pytest
 
-from controllers import cli, cliviews
-from controllers.cliviews import device_map, devices_view, explain_group, explain_pod, table
+from cli import main as cli
+from cli.devices import device_map, devices_view, render_device_table
+from cli.explain import explain_group, explain_pod
+from cli.kube import context_namespace
+from cli.render import table
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"
@@ -760,16 +763,16 @@ def test_the_default_namespace_is_the_kubeconfig_contexts(tmp_path: Path) -> Non
         "- {name: work, context: {cluster: c, user: u, namespace: ml}}\n"
         "- {name: bare, context: {cluster: c, user: u}}\n"
     )
-    assert cli._context_namespace(str(config), None) == "ml"
-    assert cli._context_namespace(str(config), "bare") == "default"
-    assert cli._context_namespace(str(config), "unknown") == "default"
-    assert cli._context_namespace(str(tmp_path / "missing"), None) == "default"
+    assert context_namespace(str(config), None) == "ml"
+    assert context_namespace(str(config), "bare") == "default"
+    assert context_namespace(str(config), "unknown") == "default"
+    assert context_namespace(str(tmp_path / "missing"), None) == "default"
 
 
 def test_a_decoy_record_reads_the_same_in_the_cli_as_in_the_manager() -> None:
     """One reader of the record format (the claim book): a labelled ConfigMap under another
     name that names node n0 is no record of it, for `sdg devices` as for placement."""
-    from controllers.cliviews import claim_view
+    from cli.claims import claim_view
     from controllers.ledger.book import Ledger
 
     def record(name: str, claims: dict[str, Any]) -> dict[str, Any]:
@@ -862,5 +865,5 @@ def test_device_map_shows_what_the_kubelet_and_dra_gave_outside_any_group() -> N
         "ResourceClaim lab/mine",
     )
     assert devices[("dra-1", 0)]["state"] == "free"
-    text = cliviews.render_device_table(data)
+    text = render_device_table(data)
     assert "pod ml/notebook" in text and "ResourceClaim lab/mine" in text

@@ -14,22 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from controllers import cli
-from controllers.cliviews import (
-    GROUP_GLYPHS,
-    device_map,
-    devices_grid,
-    devices_view,
-    explain_group,
-    explain_group_data,
-    explain_pod_data,
-    group_row,
-    groups_table,
-    human_age,
-    object_list,
-    render_data,
-    render_device_table,
-)
+from cli import main as cli
+from cli.devices import GROUP_GLYPHS, device_map, devices_grid, devices_view, render_device_table
+from cli.explain import explain_group, explain_group_data, explain_pod_data
+from cli.get import group_row, groups_table, human_age
+from cli.render import object_list, render_data
 from tests.unit.test_cli import (
     GPU,
     GROUPS,

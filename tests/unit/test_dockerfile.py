@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The packages of each wheel the image is built from, by wheel file name prefix.
 WHEELS = {
     "sdgruntime": ("sdgruntime",),
-    "shared_device_group": ("api", "controllers", "webhooks"),
+    "shared_device_group": ("api", "controllers", "webhooks", "cli"),
 }
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]

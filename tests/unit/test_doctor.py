@@ -15,9 +15,51 @@ from typing import Any
 import pytest
 import yaml
 
-from controllers import cli
-from controllers import doctor as d
-from controllers.doctor import Check, Facts, ManagerConfig, Probe, Unreadable
+from cli import main as cli
+from cli.doctor.collect import manager_config, manager_flags
+from cli.doctor.facts import (
+    CERT_MANAGER_INSTALL,
+    CRD_NAME,
+    LEASE_NAME,
+    MANAGER_CONTAINER,
+    MANAGER_DEPLOYMENT,
+    MANAGER_NAMESPACE,
+    MANAGER_POD_SELECTOR,
+    POLICIES,
+    SERVING_CERTIFICATE,
+    WEBHOOK_CONFIGURATIONS,
+    WEBHOOK_SERVICE,
+    Check,
+    Facts,
+    ManagerConfig,
+    Probe,
+    Unreadable,
+)
+from cli.doctor.judge import (
+    exit_code,
+    judge,
+    judge_books,
+    judge_cert_manager,
+    judge_crd,
+    judge_delivery,
+    judge_devices,
+    judge_foreign,
+    judge_holders,
+    judge_lease,
+    judge_manager,
+    judge_policies,
+    judge_probe,
+    judge_resource_slices,
+    judge_runtime_class,
+    judge_shared_nodes,
+    judge_taint,
+    judge_webhook_configurations,
+    node_env_vars,
+    probe_pod,
+    probe_reached_sdg,
+)
+from cli.doctor.render import render_json, render_text
+from controllers.inventory import node_offers
 from controllers.settings import Settings
 from webhooks.injection import Denial, build_injection
 
@@ -122,7 +164,7 @@ def all_webhooks(ca: bool = True) -> dict[str, Any]:
 
 def sdg_denial(group: str) -> str:
     """What the API server answers when SDG's pod webhook denies the probe."""
-    verdict = build_injection(d.probe_pod(group), None)
+    verdict = build_injection(probe_pod(group), None)
     assert isinstance(verdict, Denial)
     return f'admission webhook "mpod.deviceshare.io" denied the request: {verdict.message}'
 
@@ -173,45 +215,50 @@ def deployment(
 
 def test_names_match_config() -> None:
     hooks = {x["kind"]: x["metadata"]["name"] for x in docs("webhook") if "webhooks" in x}
-    assert hooks == dict(d.WEBHOOK_CONFIGURATIONS)
+    assert hooks == dict(WEBHOOK_CONFIGURATIONS)
     service = next(x for x in docs("webhook") if x["kind"] == "Service")
-    assert service["metadata"]["name"] == d.WEBHOOK_SERVICE
+    assert service["metadata"]["name"] == WEBHOOK_SERVICE
     policy_docs = docs("policy")
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
         names = sorted(x["metadata"]["name"] for x in policy_docs if x["kind"] == kind)
-        assert names == sorted(d.POLICIES)
+        assert names == sorted(POLICIES)
     manager = next(x for x in docs("manager") if x["kind"] == "Deployment")
     assert (manager["metadata"]["name"], manager["metadata"]["namespace"]) == (
-        d.MANAGER_DEPLOYMENT,
-        d.MANAGER_NAMESPACE,
+        MANAGER_DEPLOYMENT,
+        MANAGER_NAMESPACE,
     )
-    key, _, value = d.MANAGER_POD_SELECTOR.partition("=")
+    key, _, value = MANAGER_POD_SELECTOR.partition("=")
     assert manager["spec"]["template"]["metadata"]["labels"][key] == value
-    assert manager["spec"]["template"]["spec"]["containers"][0]["name"] == d.MANAGER_CONTAINER
+    assert manager["spec"]["template"]["spec"]["containers"][0]["name"] == MANAGER_CONTAINER
     cert = next(x for x in docs("certmanager") if x["kind"] == "Certificate")
-    assert cert["metadata"]["name"] == d.SERVING_CERTIFICATE
-    assert Settings().leader_election_id == d.LEASE_NAME
+    assert cert["metadata"]["name"] == SERVING_CERTIFICATE
+    assert Settings().leader_election_id == LEASE_NAME
     crd_doc = docs("crd")[0]
-    assert crd_doc["metadata"]["name"] == d.CRD_NAME
+    assert crd_doc["metadata"]["name"] == CRD_NAME
 
 
-def test_delivery_names_match_the_manager_settings() -> None:
-    """doctor reads the manager's delivery settings by name: once api.constants and
-    Settings define them, they must agree with doctor's."""
-    import api.constants as c
-
-    assert getattr(c, "DELIVERY_LABEL", d.DELIVERY_LABEL) == d.DELIVERY_LABEL
-    assert getattr(c, "DELIVERY_RUNTIMECLASS", d.DELIVERY_RUNTIMECLASS) == d.DELIVERY_RUNTIMECLASS
-    assert getattr(c, "DEFAULT_RUNTIME_CLASS", d.DEFAULT_RUNTIME_CLASS) == d.DEFAULT_RUNTIME_CLASS
-    fields = Settings.model_fields
-    if "delivery" in fields:
-        assert fields["delivery"].default == d.DEFAULT_DELIVERY
-        assert fields["runtime_class_name"].default == d.DEFAULT_RUNTIME_CLASS
+def test_doctor_expects_the_manager_defaults_without_a_deployment() -> None:
+    """A manager doctor cannot read (no Deployment) is judged by the manager's own
+    defaults, except the Lease, which config/ turns on."""
+    config = manager_config(None, "deviceshare-system")
+    defaults = Settings()
+    assert (config.delivery, config.runtime_class_name, config.device_ids) == (
+        defaults.delivery,
+        defaults.runtime_class_name,
+        defaults.device_ids,
+    )
+    assert (config.lease_name, config.resource_slices, config.holders) == (
+        defaults.leader_election_id,
+        defaults.resource_slices,
+        defaults.holders,
+    )
+    assert config.holder_priority_class == defaults.holder_priority_class
+    assert config.leader_elect is True
 
 
 def test_config_manager_runs_with_leader_election() -> None:
     manager = next(x for x in docs("manager") if x["kind"] == "Deployment")
-    config = d.manager_config(manager, "deviceshare-system")
+    config = manager_config(manager, "deviceshare-system")
     assert config.leader_elect is True
     assert (config.lease_namespace, config.lease_name) == (
         "deviceshare-system",
@@ -235,7 +282,7 @@ def test_manager_flags_forms_and_precedence() -> None:
         ],
         command=["sdg-manager", "--leader-election-id=sdg-lease"],
     )
-    flags = d.manager_flags(dep)
+    flags = manager_flags(dep)
     assert flags == {
         "delivery": "runtimeclass",  # the flag wins over SDG_DELIVERY
         "runtime_class_name": "nvidia-cdi",  # env, no flag
@@ -243,37 +290,37 @@ def test_manager_flags_forms_and_precedence() -> None:
         "leader_election_id": "sdg-lease",
         "device_env": ["x.com/acc=X_DEVICES"],
     }
-    config = d.manager_config(dep, "sdg")
+    config = manager_config(dep, "sdg")
     assert config.env_table["x.com/acc"] == "X_DEVICES"
     assert config.env_table[GPU] == "NVIDIA_VISIBLE_DEVICES"
     assert (config.lease_name, config.lease_namespace) == ("sdg-lease", "sdg")
 
 
 def test_manager_flags_no_leader_elect_and_env_bool() -> None:
-    assert d.manager_flags(deployment(["--no-leader-elect"]))["leader_elect"] is False
-    assert d.manager_flags(deployment(["--leader-elect=false"]))["leader_elect"] is False
+    assert manager_flags(deployment(["--no-leader-elect"]))["leader_elect"] is False
+    assert manager_flags(deployment(["--leader-elect=false"]))["leader_elect"] is False
     env = [{"name": "SDG_LEADER_ELECT", "value": "true"}]
-    assert d.manager_flags(deployment([], env))["leader_elect"] is True
+    assert manager_flags(deployment([], env))["leader_elect"] is True
     # the manager's default is off: a Deployment that does not ask for it has none
-    assert d.manager_config(deployment([]), "ns").leader_elect is False
+    assert manager_config(deployment([]), "ns").leader_elect is False
 
 
 def test_manager_config_without_deployment_and_doctor_overrides() -> None:
-    config = d.manager_config(None, "sdg-ns")
+    config = manager_config(None, "sdg-ns")
     assert (config.leader_elect, config.lease_namespace, config.source) == (
         True,
         "sdg-ns",
         "defaults",
     )
     assert (config.delivery, config.runtime_class_name) == ("auto", "nvidia")
-    over = d.manager_config(
+    over = manager_config(
         deployment(["--delivery=env"]), "ns", delivery="runtimeclass", runtime_class_name="rc"
     )
     assert (over.delivery, over.runtime_class_name) == ("runtimeclass", "rc")
     assert over.delivery_source == "sdg doctor --delivery"
-    lease_ns = d.manager_config(deployment(["--leader-election-namespace", "other"]), "ns")
+    lease_ns = manager_config(deployment(["--leader-election-namespace", "other"]), "ns")
     assert lease_ns.lease_namespace == "other"
-    drivers = d.manager_config(deployment(["--dra-drivers=gpu.example.com=example.com/gpu"]), "n")
+    drivers = manager_config(deployment(["--dra-drivers=gpu.example.com=example.com/gpu"]), "n")
     assert drivers.dra_drivers["gpu.example.com"] == "example.com/gpu"
 
 
@@ -281,29 +328,29 @@ def test_manager_config_without_deployment_and_doctor_overrides() -> None:
 
 
 def test_crd() -> None:
-    assert d.judge_crd(crd(), None, 3) == Check(
+    assert judge_crd(crd(), None, 3) == Check(
         "CRD",
         True,
         "shareddevicegroups.deviceshare.io Established, deviceshare.io/v1alpha1 served "
         "(3 group(s))",
     )
-    missing = d.judge_crd(None)
+    missing = judge_crd(None)
     assert (missing.ok, missing.fix) == (False, "kubectl apply -k config/default")
     assert "is not installed" in missing.detail
-    assert d.judge_crd(crd(established="False")).detail == (
+    assert judge_crd(crd(established="False")).detail == (
         "shareddevicegroups.deviceshare.io: not Established (Installing)"
     )
-    assert "version v1alpha1 is not served" in d.judge_crd(crd(served=False)).detail
-    broken = d.judge_crd(crd(), "503 ServiceUnavailable the server is currently unable")
+    assert "version v1alpha1 is not served" in judge_crd(crd(served=False)).detail
+    broken = judge_crd(crd(), "503 ServiceUnavailable the server is currently unable")
     assert broken.ok is False
     assert "listing shareddevicegroups fails: 503" in broken.detail
-    assert d.judge_crd(Unreadable("403 Forbidden nope")).detail == (
+    assert judge_crd(Unreadable("403 Forbidden nope")).detail == (
         "cannot read CRD shareddevicegroups.deviceshare.io: 403 Forbidden nope"
     )
 
 
 def test_webhook_configurations() -> None:
-    ok = d.judge_webhook_configurations(all_webhooks())
+    ok = judge_webhook_configurations(all_webhooks())
     assert ok.ok is True
     assert ok.detail == (
         "registered: deviceshare-mutating-webhook-configuration (mpod.deviceshare.io), "
@@ -311,12 +358,12 @@ def test_webhook_configurations() -> None:
     )
     hooks = all_webhooks()
     hooks["deviceshare-mutating-webhook-configuration"] = None
-    missing = d.judge_webhook_configurations(hooks)
+    missing = judge_webhook_configurations(hooks)
     assert (missing.ok, missing.fix) == (False, "kubectl apply -k config/default")
     assert missing.detail == (
         "not registered: MutatingWebhookConfiguration deviceshare-mutating-webhook-configuration"
     )
-    no_ca = d.judge_webhook_configurations(all_webhooks(ca=False))
+    no_ca = judge_webhook_configurations(all_webhooks(ca=False))
     assert no_ca.ok is None
     assert "without a caBundle" in no_ca.detail
     assert (
@@ -324,11 +371,11 @@ def test_webhook_configurations() -> None:
     )
     hooks = all_webhooks()
     hooks["deviceshare-validating-webhook-configuration"] = Unreadable("403 Forbidden no")
-    assert d.judge_webhook_configurations(hooks).ok is False
+    assert judge_webhook_configurations(hooks).ok is False
 
 
 def test_probe_pod_names_the_group_and_is_restricted() -> None:
-    p = d.probe_pod("sdg-doctor-probe-x")
+    p = probe_pod("sdg-doctor-probe-x")
     assert p["metadata"] == {
         "name": "sdg-doctor-probe-x",
         "annotations": {"deviceshare.io/group": "sdg-doctor-probe-x"},
@@ -339,25 +386,25 @@ def test_probe_pod_names_the_group_and_is_restricted() -> None:
 
 
 def test_probe_reached_sdg_only_on_its_own_verdict() -> None:
-    assert d.probe_reached_sdg(REACHED)
-    assert not d.probe_reached_sdg(ADMITTED)
-    assert not d.probe_reached_sdg(UNREACHABLE)
+    assert probe_reached_sdg(REACHED)
+    assert not probe_reached_sdg(ADMITTED)
+    assert not probe_reached_sdg(UNREACHABLE)
     other_group = Probe("sdg-doctor-probe-2", "default", False, 403, REACHED.message)
-    assert not d.probe_reached_sdg(other_group)
+    assert not probe_reached_sdg(other_group)
 
 
 def test_judge_probe() -> None:
-    ok = d.judge_probe(REACHED, "deviceshare-system")
+    ok = judge_probe(REACHED, "deviceshare-system")
     assert ok == Check(
         "pod webhook",
         True,
         "reachable: a dry-run pod in default naming the missing group sdg-doctor-probe-1 was "
         "denied by SDG",
     )
-    admitted = d.judge_probe(ADMITTED, "deviceshare-system")
+    admitted = judge_probe(ADMITTED, "deviceshare-system")
     assert (admitted.ok, admitted.fix) == (False, "kubectl apply -k config/default")
     assert "was admitted: SDG's pod webhook is not registered" in admitted.detail
-    down = d.judge_probe(UNREACHABLE, "sdg")
+    down = judge_probe(UNREACHABLE, "sdg")
     assert down.ok is False
     assert down.detail.startswith("registered, but the API server cannot call it: Internal")
     assert "connect: connection refused" in down.detail
@@ -374,7 +421,7 @@ def test_judge_probe() -> None:
         'failed calling webhook "mpod.deviceshare.io": tls: failed to verify certificate: '
         "x509: certificate signed by unknown authority",
     )
-    assert d.judge_probe(x509, "sdg").fix.splitlines()[-1] == (
+    assert judge_probe(x509, "sdg").fix.splitlines()[-1] == (
         "kubectl -n sdg describe certificate deviceshare-serving-cert"
     )
     rbac = Probe(
@@ -385,23 +432,23 @@ def test_judge_probe() -> None:
         'pods is forbidden: User "bob" cannot create resource "pods" in API group "" in the '
         'namespace "team"',
     )
-    forbidden = d.judge_probe(rbac, "sdg")
+    forbidden = judge_probe(rbac, "sdg")
     assert forbidden.ok is None
     assert forbidden.detail.startswith("cannot dry-run a pod in namespace team")
     quota = Probe("p", "team", False, 422, 'Pod "p" is invalid: spec.containers: Required value')
-    refused = d.judge_probe(quota, "sdg")
+    refused = judge_probe(quota, "sdg")
     assert refused.ok is False
     assert "refused, but not by SDG's verdict" in refused.detail
     pss = Probe("p", "team", False, 403, 'pods "p" is forbidden: violates PodSecurity "x"')
-    assert d.judge_probe(pss, "sdg").ok is False
-    assert d.judge_probe(Unreadable("boom"), "sdg").ok is False
+    assert judge_probe(pss, "sdg").ok is False
+    assert judge_probe(Unreadable("boom"), "sdg").ok is False
 
 
 def test_policies() -> None:
-    present = {p: {"metadata": {"name": p}} for p in d.POLICIES}
-    assert d.judge_policies(present, present).ok is True
+    present = {p: {"metadata": {"name": p}} for p in POLICIES}
+    assert judge_policies(present, present).ok is True
     bindings = {**present, "deviceshare-group-membership": None}
-    missing = d.judge_policies(present, bindings)
+    missing = judge_policies(present, bindings)
     assert missing.ok is False
     assert missing.detail.startswith(
         "missing: ValidatingAdmissionPolicyBinding deviceshare-group-membership "
@@ -443,7 +490,7 @@ def test_policies() -> None:
 def test_cert_manager(
     cm_crd: Obj | None, cert: Obj | None, probe: Probe, ok: bool | None, needle: str
 ) -> None:
-    check = d.judge_cert_manager(cm_crd, cert, probe, "deviceshare-system")
+    check = judge_cert_manager(cm_crd, cert, probe, "deviceshare-system")
     assert check.ok is ok
     assert needle in check.detail
     if ok is not True:
@@ -451,30 +498,30 @@ def test_cert_manager(
 
 
 def test_cert_manager_missing_fix_installs_it() -> None:
-    check = d.judge_cert_manager(None, None, UNREACHABLE, "deviceshare-system")
-    assert check.fix.splitlines() == [d.CERT_MANAGER_INSTALL, "kubectl apply -k config/default"]
+    check = judge_cert_manager(None, None, UNREACHABLE, "deviceshare-system")
+    assert check.fix.splitlines() == [CERT_MANAGER_INSTALL, "kubectl apply -k config/default"]
 
 
 # --- nodes ------------------------------------------------------------------------------------
 
 
 def test_shared_nodes() -> None:
-    assert d.judge_shared_nodes([node("a", 1), node("b", shared=False)]) == Check(
+    assert judge_shared_nodes([node("a", 1), node("b", shared=False)]) == Check(
         "shared nodes", True, "1 labelled deviceshare.io/mode=shared: a"
     )
-    none = d.judge_shared_nodes([node("cpu", shared=False), node("gpu-7", 2, shared=False)])
+    none = judge_shared_nodes([node("cpu", shared=False), node("gpu-7", 2, shared=False)])
     assert none.ok is False
     assert none.detail.endswith("every group stays Pending; nodes with devices: gpu-7")
     assert none.fix == "kubectl label node gpu-7 deviceshare.io/mode=shared"
-    assert d.judge_shared_nodes([]).fix == "kubectl label node NODE deviceshare.io/mode=shared"
-    assert d.judge_shared_nodes(Unreadable("403 x")).ok is False
+    assert judge_shared_nodes([]).fix == "kubectl label node NODE deviceshare.io/mode=shared"
+    assert judge_shared_nodes(Unreadable("403 x")).ok is False
 
 
 def test_taint() -> None:
-    assert d.judge_taint(node("a", taints=[TAINT])) == Check(
+    assert judge_taint(node("a", taints=[TAINT])) == Check(
         "node a: taint", True, "tainted deviceshare.io/mode=shared:NoSchedule"
     )
-    untainted = d.judge_taint(node("a", taints=[{"key": "other", "effect": "NoSchedule"}]))
+    untainted = judge_taint(node("a", taints=[{"key": "other", "effect": "NoSchedule"}]))
     assert untainted == Check(
         "node a: taint",
         False,
@@ -483,9 +530,9 @@ def test_taint() -> None:
         "kubectl taint node a deviceshare.io/mode=shared:NoSchedule",
     )
     # Group pods tolerate the shared taint with every effect: NoExecute also keeps others off.
-    no_execute = d.judge_taint(node("a", taints=[{**TAINT, "effect": "NoExecute"}]))
+    no_execute = judge_taint(node("a", taints=[{**TAINT, "effect": "NoExecute"}]))
     assert no_execute.ok is True
-    other_value = d.judge_taint(node("a", taints=[{**TAINT, "value": "yes"}]))
+    other_value = judge_taint(node("a", taints=[{**TAINT, "value": "yes"}]))
     assert other_value.ok is False
     assert other_value.detail.startswith("tainted deviceshare.io/mode=yes:NoSchedule, not ")
     assert other_value.fix.splitlines() == [
@@ -495,39 +542,39 @@ def test_taint() -> None:
 
 
 def test_devices_sources() -> None:
-    from_slice = d.judge_devices(node("a", 2), [rslice("a", 4)])
+    from_slice = judge_devices(node("a", 2), [rslice("a", 4)])
     assert from_slice == Check(
         "node a: devices", True, "nvidia.com/gpu: 4 from ResourceSlice (0-3)"
     )
     annotated = node(
         "a", 2, annotations={"deviceshare.io/devices.nvidia.com_gpu": "0=G0,1=G1:unhealthy,3=G3"}
     )
-    assert d.judge_devices(annotated) == Check(
+    assert judge_devices(annotated) == Check(
         "node a: devices", True, "nvidia.com/gpu: 2 from annotation (0,3), unhealthy 1"
     )
-    counted = d.judge_devices(node("a", 3))
+    counted = judge_devices(node("a", 3))
     assert counted.ok is None
     assert counted.detail == "nvidia.com/gpu: 3 from count (0-2), IDs are guessed from a count"
     assert counted.fix.splitlines()[0].startswith(
         'kubectl annotate node a deviceshare.io/devices.nvidia.com_gpu="$(nvidia-smi '
     )
     # a slice of an unknown driver is not an inventory source
-    assert d.judge_devices(node("a", 3), [rslice("a", 4, "gpu.example.com")]).ok is None
+    assert judge_devices(node("a", 3), [rslice("a", 4, "gpu.example.com")]).ok is None
     drivers = {"gpu.example.com": "example.com/gpu"}
-    other = d.judge_devices(node("a"), [rslice("a", 2, "gpu.example.com")], drivers)
+    other = judge_devices(node("a"), [rslice("a", 2, "gpu.example.com")], drivers)
     assert other.detail == "example.com/gpu: 2 from ResourceSlice (0-1)"
 
 
 def test_devices_problems() -> None:
-    none = d.judge_devices(node("a"))
+    none = judge_devices(node("a"))
     assert none.ok is False
     assert none.detail.startswith("advertises no devices")
     malformed = node("a", annotations={"deviceshare.io/devices.nvidia.com_gpu": "0=G0,0=G1"})
-    bad = d.judge_devices(malformed)
+    bad = judge_devices(malformed)
     assert bad.ok is False
     assert "nvidia.com/gpu: 0 from annotation, node annotation" in bad.detail
     huge = {"metadata": {"name": "a"}, "status": {"allocatable": {"example.com/mem": "4096"}}}
-    over = d.judge_devices(huge)
+    over = judge_devices(huge)
     assert over.ok is False
     assert (
         over.detail == "example.com/mem: advertises 4096, more than SDG addresses, so offers none"
@@ -536,16 +583,16 @@ def test_devices_problems() -> None:
 
 def test_resource_slices() -> None:
     config = ManagerConfig()
-    assert d.judge_resource_slices(None, config).detail.startswith(
+    assert judge_resource_slices(None, config).detail.startswith(
         "resource.k8s.io/v1 is not served (Kubernetes 1.34+): skipped"
     )
-    served = d.judge_resource_slices([rslice("a", 1), rslice("b", 1, "x.io")], config)
+    served = judge_resource_slices([rslice("a", 1), rslice("b", 1, "x.io")], config)
     assert served == Check(
         "ResourceSlices", True, "resource.k8s.io/v1 served: 1 of a known driver on a (2 in all)"
     )
-    assert d.judge_resource_slices(Unreadable("403 no"), config).ok is None
+    assert judge_resource_slices(Unreadable("403 no"), config).ok is None
     off = ManagerConfig(resource_slices="off")
-    assert "--resource-slices=off" in d.judge_resource_slices([], off).detail
+    assert "--resource-slices=off" in judge_resource_slices([], off).detail
 
 
 def test_foreign_pods() -> None:
@@ -553,11 +600,11 @@ def test_foreign_pods() -> None:
     member = pod("member", env={"NVIDIA_VISIBLE_DEVICES": "0,1"}, group="g")
     quiet = pod("quiet", env={"NVIDIA_VISIBLE_DEVICES": "void"})
     done = pod("done", env={"NVIDIA_VISIBLE_DEVICES": "all"}, phase="Succeeded")
-    assert d.judge_foreign(n, [member, quiet, done]) == Check(
+    assert judge_foreign(n, [member, quiet, done]) == Check(
         "node gpu-1: foreign device pods", True, "none"
     )
     thief = pod("thief", env={"NVIDIA_VISIBLE_DEVICES": "all"})
-    check = d.judge_foreign(n, [member, thief])
+    check = judge_foreign(n, [member, thief])
     assert check == Check(
         "node gpu-1: foreign device pods",
         False,
@@ -570,7 +617,7 @@ def test_foreign_pods() -> None:
 def test_foreign_pods_cut_at_five_and_taint_fix_on_untainted_node() -> None:
     n = node("gpu-1", 2)
     thieves = [pod(f"t{i}", env={"NVIDIA_VISIBLE_DEVICES": "all"}) for i in range(7)]
-    check = d.judge_foreign(n, thieves)
+    check = judge_foreign(n, thieves)
     assert check.detail.startswith("7 pod(s) outside any group use devices here: ml/t0 (")
     assert "ml/t4 (sets NVIDIA_VISIBLE_DEVICES) + 2 more;" in check.detail
     fix = check.fix.splitlines()
@@ -581,34 +628,34 @@ def test_foreign_pods_cut_at_five_and_taint_fix_on_untainted_node() -> None:
         "kubectl taint node gpu-1 deviceshare.io/mode=shared:NoSchedule   (keeps new ones off)"
     )
     assert len(fix) == 6
-    assert d.judge_foreign(n, Unreadable("403 no")).ok is False
+    assert judge_foreign(n, Unreadable("403 no")).ok is False
 
 
 def test_runtime_class() -> None:
     nodes = [node("a"), node("b", labels={"deviceshare.io/delivery": "runtimeclass"}, shared=False)]
-    assert d.judge_runtime_class(ManagerConfig(delivery="env"), nodes, None) == Check(
+    assert judge_runtime_class(ManagerConfig(delivery="env"), nodes, None) == Check(
         "RuntimeClass",
         True,
         "not needed (delivery env; no shared node labelled deviceshare.io/delivery=runtimeclass)",
     )
     # auto (the default) looks for it: missing is fine, present names the nodes it is for.
-    assert d.judge_runtime_class(ManagerConfig(), nodes, None) == Check(
+    assert judge_runtime_class(ManagerConfig(), nodes, None) == Check(
         "RuntimeClass",
         True,
         "RuntimeClass nvidia does not exist, so delivery auto chooses it on no node",
     )
     runs = [with_handlers(node("a"), "", "nvidia"), node("c")]
-    assert d.judge_runtime_class(ManagerConfig(), runs, {"handler": "nvidia"}) == Check(
+    assert judge_runtime_class(ManagerConfig(), runs, {"handler": "nvidia"}) == Check(
         "RuntimeClass",
         True,
         "RuntimeClass nvidia (handler nvidia) exists; delivery auto chooses it where the node "
         "lists handler nvidia in status.runtimeHandlers: node(s) a",
     )
-    assert d.judge_runtime_class(ManagerConfig(), runs, Unreadable("403 no")).ok is None
+    assert judge_runtime_class(ManagerConfig(), runs, Unreadable("403 no")).ok is None
     by_manager = ManagerConfig(
         delivery="runtimeclass", source="Deployment s/m", delivery_source="Deployment s/m"
     )
-    missing = d.judge_runtime_class(by_manager, nodes, None)
+    missing = judge_runtime_class(by_manager, nodes, None)
     assert missing.ok is False
     assert missing.detail == (
         "RuntimeClass nvidia does not exist, but the manager (delivery runtimeclass: "
@@ -619,12 +666,12 @@ def test_runtime_class() -> None:
         '"metadata":{"name":"nvidia"},"handler":"nvidia"}\''
     )
     labelled = [node("c", labels={"deviceshare.io/delivery": "runtimeclass"})]
-    by_node = d.judge_runtime_class(ManagerConfig(runtime_class_name="rc"), labelled, None)
+    by_node = judge_runtime_class(ManagerConfig(runtime_class_name="rc"), labelled, None)
     assert "but node(s) c (deviceshare.io/delivery=runtimeclass)" in by_node.detail
-    present = d.judge_runtime_class(by_manager, labelled, {"handler": "nvidia"})
+    present = judge_runtime_class(by_manager, labelled, {"handler": "nvidia"})
     assert present.ok is True
     assert present.detail.startswith("RuntimeClass nvidia (handler nvidia) exists, for the manager")
-    assert d.judge_runtime_class(by_manager, nodes, Unreadable("403")).ok is False
+    assert judge_runtime_class(by_manager, nodes, Unreadable("403")).ok is False
 
 
 def with_handlers(n: Obj, *handlers: str) -> Obj:
@@ -638,13 +685,13 @@ def test_delivery_per_node_by_the_webhooks_rule() -> None:
     config = ManagerConfig()
     rc = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
     runs = with_handlers(node("k3s-1", 2), "", "nvidia")
-    assert d.judge_delivery(runs, config, rc) == Check(
+    assert judge_delivery(runs, config, rc) == Check(
         "node k3s-1: delivery",
         True,
         "runtimeclass (RuntimeClass nvidia exists and node k3s-1 lists its handler nvidia in "
         "status.runtimeHandlers)",
     )
-    bare = d.judge_delivery(node("gpu-1", 2), config, None)
+    bare = judge_delivery(node("gpu-1", 2), config, None)
     assert bare.ok is None
     assert bare.detail.startswith(
         "env, unverified: nothing tells how node gpu-1's runtime takes devices (no "
@@ -656,21 +703,21 @@ def test_delivery_per_node_by_the_webhooks_rule() -> None:
         "deviceshare.io/default-runtime=nvidia"
     )
     labelled = node("gpu-2", 2, labels={"deviceshare.io/default-runtime": "nvidia"})
-    assert d.judge_delivery(labelled, config, None).ok is True
-    bad = d.judge_delivery(node("x", labels={"deviceshare.io/delivery": "docker"}), config, None)
+    assert judge_delivery(labelled, config, None).ok is True
+    bad = judge_delivery(node("x", labels={"deviceshare.io/delivery": "docker"}), config, None)
     assert bad.ok is False
     assert "has label deviceshare.io/delivery='docker'" in bad.detail
     # The manager's own mode is verified by its operator; AMD is judged for AMD.
-    assert d.judge_delivery(node("gpu-1", 2), ManagerConfig(delivery="env"), None).ok is True
+    assert judge_delivery(node("gpu-1", 2), ManagerConfig(delivery="env"), None).ok is True
     amd = node("amd-1", labels={})
     amd["status"]["allocatable"]["amd.com/gpu"] = "2"
-    env_vars = d.node_env_vars(amd, (), config)
+    env_vars = node_env_vars(amd, (), config)
     assert env_vars == ["AMD_VISIBLE_DEVICES"]
-    check = d.judge_delivery(with_handlers(amd, "nvidia"), config, rc, env_vars)
+    check = judge_delivery(with_handlers(amd, "nvidia"), config, rc, env_vars)
     assert check.ok is None
     assert "deviceshare.io/delivery=cdi" in check.fix
     # A RuntimeClass doctor may not read: the choice cannot be told.
-    assert d.judge_delivery(runs, config, Unreadable("403 no")).ok is None
+    assert judge_delivery(runs, config, Unreadable("403 no")).ok is None
 
 
 # --- the manager ------------------------------------------------------------------------------
@@ -678,41 +725,41 @@ def test_delivery_per_node_by_the_webhooks_rule() -> None:
 
 def test_lease() -> None:
     config = ManagerConfig()
-    fresh = d.judge_lease(lease(renewed=NOW - timedelta(seconds=4)), config, NOW)
+    fresh = judge_lease(lease(renewed=NOW - timedelta(seconds=4)), config, NOW)
     assert fresh == Check("leader Lease", True, "held by mgr-1, renewed 4s ago (lasts 15s)")
-    stale = d.judge_lease(lease(renewed=NOW - timedelta(seconds=90)), config, NOW)
+    stale = judge_lease(lease(renewed=NOW - timedelta(seconds=90)), config, NOW)
     assert stale.ok is False
     assert "last renewed 90s ago (it lasts 15s)" in stale.detail
     assert stale.fix == "kubectl -n deviceshare-system logs deploy/deviceshare-manager"
     # a leader's clock ahead of ours is not "stale"
-    assert d.judge_lease(lease(renewed=NOW + timedelta(seconds=3)), config, NOW).ok is True
-    released = d.judge_lease(lease(holder=""), config, NOW)
+    assert judge_lease(lease(renewed=NOW + timedelta(seconds=3)), config, NOW).ok is True
+    released = judge_lease(lease(holder=""), config, NOW)
     assert (
         released.detail
         == "Lease deviceshare-system/deviceshare-manager was released and nobody took it over"
     )
-    missing = d.judge_lease(None, config, NOW)
+    missing = judge_lease(None, config, NOW)
     assert missing.ok is False
     assert missing.detail.startswith("no Lease deviceshare-system/deviceshare-manager")
     no_time = {"spec": {"holderIdentity": "x"}}
-    assert d.judge_lease(no_time, config, NOW).ok is False
+    assert judge_lease(no_time, config, NOW).ok is False
 
 
 def test_lease_without_leader_election() -> None:
     off = ManagerConfig(leader_elect=False, source="Deployment s/m")
-    assert d.judge_lease(None, off, NOW, replicas=1) == Check(
+    assert judge_lease(None, off, NOW, replicas=1) == Check(
         "leader Lease", True, "not used: leader election is off (Deployment s/m)"
     )
-    racing = d.judge_lease(None, off, NOW, replicas=2)
+    racing = judge_lease(None, off, NOW, replicas=2)
     assert racing.ok is None
     assert "with 2 replicas: each schedules" in racing.detail
 
 
 def test_manager() -> None:
-    assert d.judge_manager(deployment(replicas=2, ready=1), "s", None) == Check(
+    assert judge_manager(deployment(replicas=2, ready=1), "s", None) == Check(
         "manager", True, "Deployment s/deviceshare-manager: 1/2 replicas Ready"
     )
-    down = d.judge_manager(deployment(ready=0), "s", True)
+    down = judge_manager(deployment(ready=0), "s", True)
     assert down == Check(
         "manager",
         False,
@@ -720,15 +767,15 @@ def test_manager() -> None:
         "kubectl -n s get pods -l app.kubernetes.io/name=shared-device-group\n"
         "kubectl -n s rollout status deploy/deviceshare-manager",
     )
-    scaled = d.judge_manager(deployment(replicas=0, ready=0), "s", None)
+    scaled = judge_manager(deployment(replicas=0, ready=0), "s", None)
     assert scaled.fix == "kubectl -n s scale deploy/deviceshare-manager --replicas=1"
-    elsewhere = d.judge_manager(None, "s", True)
+    elsewhere = judge_manager(None, "s", True)
     assert elsewhere.ok is True
     assert "a manager runs elsewhere (it holds the leader Lease)" in elsewhere.detail
-    nothing = d.judge_manager(None, "s", False)
+    nothing = judge_manager(None, "s", False)
     assert (nothing.ok, nothing.fix) == (False, "kubectl apply -k config/default")
     # A Lease we may not read says nothing about whether a manager runs: a warning, no fix.
-    unknown = d.judge_manager(None, "s", False, lease_unreadable=True)
+    unknown = judge_manager(None, "s", False, lease_unreadable=True)
     assert (unknown.ok, unknown.fix) == (None, "")
     assert "whether a manager runs elsewhere is unknown" in unknown.detail
 
@@ -742,8 +789,8 @@ def healthy_facts() -> Facts:
         crd=crd(),
         group_count=1,
         webhooks=all_webhooks(),
-        policies={p: {} for p in d.POLICIES},
-        bindings={p: {} for p in d.POLICIES},
+        policies={p: {} for p in POLICIES},
+        bindings={p: {} for p in POLICIES},
         probe=REACHED,
         cert_manager_crd={},
         certificate={"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
@@ -756,13 +803,13 @@ def healthy_facts() -> Facts:
         pods={"gpu-1": [pod("member", env={"NVIDIA_VISIBLE_DEVICES": "0,1"}, group="g")]},
         deployment=deployment(["--leader-elect"]),
         lease=lease(renewed=NOW - timedelta(seconds=2)),
-        config=d.manager_config(deployment(["--leader-elect"]), "deviceshare-system"),
+        config=manager_config(deployment(["--leader-elect"]), "deviceshare-system"),
         priority_class={"metadata": {"name": "deviceshare-holder"}, "value": 1000000000},
     )
 
 
 def test_judge_healthy_cluster() -> None:
-    checks = d.judge(healthy_facts())
+    checks = judge(healthy_facts())
     assert [(c.name, c.ok) for c in checks] == [
         ("CRD", True),
         ("cert-manager", True),
@@ -780,7 +827,7 @@ def test_judge_healthy_cluster() -> None:
         ("RuntimeClass", True),
         ("holder pods", True),
     ]
-    assert d.exit_code(checks) == 0
+    assert exit_code(checks) == 0
 
 
 def test_judge_broken_cluster() -> None:
@@ -789,9 +836,9 @@ def test_judge_broken_cluster() -> None:
     facts.webhooks = {name: None for name in facts.webhooks}
     facts.nodes = [node("gpu-1", 2)]
     facts.pods = {"gpu-1": [pod("thief", env={"NVIDIA_VISIBLE_DEVICES": "all"})]}
-    checks = d.judge(facts)
+    checks = judge(facts)
     facts.priority_class = None
-    checks = d.judge(facts)
+    checks = judge(facts)
     # Untainted is fine with holder pods (the default); a missing PriorityClass is not.
     assert {c.name for c in checks if c.ok is False} == {
         "webhook configurations",
@@ -799,7 +846,7 @@ def test_judge_broken_cluster() -> None:
         "node gpu-1: foreign device pods",
         "holder pods",
     }
-    assert d.exit_code(checks) == 1
+    assert exit_code(checks) == 1
     # the foreign pods' fix also taints the node, since it is not
     foreign = next(c for c in checks if c.name == "node gpu-1: foreign device pods")
     assert foreign.fix.splitlines()[-1].startswith("kubectl taint node gpu-1 ")
@@ -808,14 +855,14 @@ def test_judge_broken_cluster() -> None:
 def test_judge_ignores_slices_when_the_manager_does() -> None:
     facts = healthy_facts()
     facts.config = ManagerConfig(resource_slices="off")
-    devices = next(c for c in d.judge(facts) if c.name == "node gpu-1: devices")
+    devices = next(c for c in judge(facts) if c.name == "node gpu-1: devices")
     assert devices.ok is None  # the count, as the manager sees it
     assert "from count" in devices.detail
 
 
 def test_warnings_do_not_fail() -> None:
-    assert d.exit_code([Check("a", True, ""), Check("b", None, "")]) == 0
-    assert d.exit_code([Check("a", False, "")]) == 1
+    assert exit_code([Check("a", True, ""), Check("b", None, "")]) == 0
+    assert exit_code([Check("a", False, "")]) == 1
 
 
 CHECKS = [
@@ -826,7 +873,7 @@ CHECKS = [
 
 
 def test_render_text() -> None:
-    assert d.render_text(CHECKS) == (
+    assert render_text(CHECKS) == (
         "✓ CRD              fine\n"
         "✗ pod webhook      admitted\n"
         "    fix: kubectl apply -k config/default\n"
@@ -836,14 +883,14 @@ def test_render_text() -> None:
         "\n"
         "1 problem(s), 1 warning(s) in 3 checks\n"
     )
-    assert d.render_text(CHECKS[:1]).endswith("\nall 1 checks passed\n")
-    colored = d.render_text(CHECKS, color=True)
+    assert render_text(CHECKS[:1]).endswith("\nall 1 checks passed\n")
+    colored = render_text(CHECKS, color=True)
     assert colored.startswith("\033[32m✓\033[0m CRD")
     assert "\033[31m✗\033[0m pod webhook" in colored
 
 
 def test_render_json() -> None:
-    assert json.loads(d.render_json(CHECKS)) == [
+    assert json.loads(render_json(CHECKS)) == [
         {"name": "CRD", "status": "ok", "ok": True, "detail": "fine", "fix": "never shown"},
         {
             "name": "pod webhook",
@@ -879,26 +926,26 @@ def test_cli_parses_doctor() -> None:
 
 
 def test_holder_pods_need_their_priority_class_and_recent_kubelets() -> None:
-    on = d.manager_config(deployment([]), "deviceshare-system")
+    on = manager_config(deployment([]), "deviceshare-system")
     pc = {"metadata": {"name": "deviceshare-holder"}}
-    missing = d.judge_holders(on, [], None)
+    missing = judge_holders(on, [], None)
     assert missing.ok is False and "config/holders" in missing.fix
     old = node("gpu-1", 2)
     old["status"]["nodeInfo"] = {"kubeletVersion": "v1.35.4"}
     recent = node("gpu-2", 2)
     recent["status"]["nodeInfo"] = {"kubeletVersion": "v1.36.0"}
-    check = d.judge_holders(on, [old, recent], pc)
+    check = judge_holders(on, [old, recent], pc)
     assert check.ok is None and "gpu-1 (kubelet 1.35)" in check.detail
     assert "gpu-2" not in check.detail
-    assert d.judge_holders(on, [recent], pc).ok is True
-    off = d.manager_config(deployment(["--holders=off"]), "deviceshare-system")
-    assert d.judge_holders(off, [old], None).ok is True
+    assert judge_holders(on, [recent], pc).ok is True
+    off = manager_config(deployment(["--holders=off"]), "deviceshare-system")
+    assert judge_holders(off, [old], None).ok is True
 
 
 def test_an_untainted_shared_node_is_fine_only_with_holder_pods() -> None:
     bare = node("gpu-1", 2)
-    assert d.judge_taint(bare, holders=True).ok is True
-    assert d.judge_taint(bare, holders=False).ok is False
+    assert judge_taint(bare, holders=True).ok is True
+    assert judge_taint(bare, holders=False).ok is False
 
 
 def _record(node: str, claims: dict[str, dict[str, str]], name: str | None = None) -> Any:
@@ -921,8 +968,8 @@ def _bound(name: str, node: str, ids: str) -> Any:
 
 
 def _books(records: Any, groups: Any, pods: Any = ()) -> Check:
-    offers = {"n1": d.node_offers(node("n1", 4))}
-    return d.judge_books(records, groups, offers, list(pods), Facts())
+    offers = {"n1": node_offers(node("n1", 4))}
+    return judge_books(records, groups, offers, list(pods), Facts())
 
 
 def test_books_agree() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from controllers import cli
-from controllers.doctorprobe import (
+from cli import main as cli
+from cli.doctor.probe import (
     CONTAINER,
     Held,
     ProbeOptions,

@@ -574,7 +574,8 @@ def test_the_mirror_tells_only_real_changes_and_the_claim_book_blocks_holes() ->
 
 
 def test_sdg_devices_and_explain_show_uuids_and_sources() -> None:
-    from controllers.cliviews import devices_view, explain_group
+    from cli.devices import devices_view
+    from cli.explain import explain_group
 
     shared = {"deviceshare.io/mode": "shared"}
     dra = {"metadata": {"name": "n0", "labels": shared}, "status": {"allocatable": {}}}

@@ -12,7 +12,7 @@ import yaml
 from api.constants import KIND, MAX_DEVICES_PER_RESOURCE, MAX_PIN_LENGTH, MAX_PINNED_DEVICES
 from api.v1alpha1 import SharedDeviceGroup, spec_pins
 from api.validation import PIN, validate_spec
-from controllers.cliviews import group_explanation
+from cli.explain import group_explanation
 from controllers.holders import KubeletHold
 from controllers.inventory import SOURCE_SLICE, Device, Offer, count_offer, parse_annotation
 from controllers.ledger.book import Ledger

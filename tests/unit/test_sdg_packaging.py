@@ -1,5 +1,5 @@
 """Shared Device Group's distribution (pyproject.toml) builds on sdgruntime's: it ships only
-api, controllers and webhooks, depends on sdgruntime in a range its version is in, and
+api, controllers, webhooks and cli, depends on sdgruntime in a range its version is in, and
 declares what its own packages import (not only what sdgruntime brings along).
 
 The wheels themselves are checked in test_dockerfile.py; sdgruntime's side in
@@ -19,7 +19,7 @@ from tests.runtime.test_packaging import canonical, declared, third_party_import
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-PACKAGES = ("api", "controllers", "webhooks")
+PACKAGES = ("api", "controllers", "webhooks", "cli")
 
 
 def test_sdg_ships_its_packages_and_not_sdgruntime() -> None:

@@ -6,7 +6,7 @@ what it sees: the vendor device variables, the vendor's ``/dev`` entries (``nvid
 ``dri/*``, ``kfd``, ``davinci*``) and ``nvidia-smi -L`` where present. That is compared
 with what the group holds (``status.selectedDevices``, ``status.physicalDevices``).
 
-Two halves, as ``controllers.doctor``:
+Two halves, as the rest of ``cli.doctor``:
 
 * pure: ``probe_script``/``probe_pod`` (what runs), ``parse_report`` (its log to
   ``Seen``), ``judge_seen`` (``Held`` against ``Seen`` to a ``doctor.Check``);
@@ -38,14 +38,10 @@ from api.constants import (
     VOID_DEVICES,
 )
 from api.envvars import env_var_for
-from controllers.doctor import (
-    Check,
-    Unreadable,
-    _list,
-    _name,
-    _quote,
-    is_shared,
-)
+from api.nodes import is_shared
+from cli.doctor.collect import read_list
+from cli.doctor.facts import Check, Unreadable
+from cli.doctor.judge import name_of, quote
 from controllers.inventory import DEFAULT_DRA_DRIVERS, RESOURCESLICES, node_of_slice, node_offers
 from sdgruntime import errors
 from sdgruntime.client import Client
@@ -254,7 +250,7 @@ def held_of(group: Obj, pod: Obj, resource: str, env_var: str) -> Held:
         delivery = "env"
     return Held(
         node=str(status.get("nodeName") or ""),
-        group=_name(group),
+        group=name_of(group),
         resource=resource,
         env_var=env_var,
         ids=ids,
@@ -405,11 +401,11 @@ def _say(text: str) -> None:
 
 async def run_probes(client: Client, options: ProbeOptions, say: Say = _say) -> list[Check]:
     """Probe every shared node (or ``options.nodes``), one after the other."""
-    nodes = await _list(client, NODES)
+    nodes = await read_list(client, NODES)
     if isinstance(nodes, Unreadable) or nodes is None:
         why = nodes.error if isinstance(nodes, Unreadable) else "404"
         return [Check("probe", False, f"cannot read nodes: {why}")]
-    shared = {_name(n): n for n in nodes if is_shared(n)}
+    shared = {name_of(n): n for n in nodes if is_shared(n)}
     checks: list[Check] = []
     wanted = list(options.nodes) or sorted(shared)
     for missing in [n for n in wanted if n not in shared]:
@@ -432,7 +428,7 @@ async def run_probes(client: Client, options: ProbeOptions, say: Say = _say) -> 
                 "kubectl label node NODE deviceshare.io/mode=shared",
             )
         ]
-    slices = await _list(client, RESOURCESLICES)
+    slices = await read_list(client, RESOURCESLICES)
     slices = slices if isinstance(slices, list) else []
     for node_name in wanted:
         own = [s for s in slices if node_of_slice(s) == node_name]
@@ -451,7 +447,7 @@ async def probe_node(
     client: Client, node: Obj, slices: Sequence[Obj], options: ProbeOptions, say: Say = _say
 ) -> Check:
     """One node's probe; the group and its pod are deleted again on every way out."""
-    node_name = _name(node)
+    node_name = name_of(node)
     name = f"node {node_name}: probe"
     offers = node_offers(node, slices, options.dra_drivers)
     resource = probe_resource(offers, options.env_table)
@@ -519,7 +515,7 @@ async def _probe_steps(
     try:
         await client.create(SDG_KIND, probe_group(group, resource, hostname))
     except errors.ApiError as err:
-        return Check(name, False, f"cannot create the probe group {group}: {_quote(err.message)}")
+        return Check(name, False, f"cannot create the probe group {group}: {quote(err.message)}")
     made.append(("group", None))
     stage.text = f"waiting for group {group} to be Bound"
     bound: Obj = {}
@@ -538,7 +534,7 @@ async def _probe_steps(
             None,
         )
         stage.text = f"waiting for group {group} to be Bound" + (
-            f" (Pending: {_quote(str(why), 200)})" if why else ""
+            f" (Pending: {quote(str(why), 200)})" if why else ""
         )
         await anyio.sleep(POLL)
     if bound["status"].get("nodeName") != node_name:
@@ -556,7 +552,7 @@ async def _probe_steps(
         return Check(
             name,
             False,
-            f"the probe pod {ns}/{group} of group {group} was refused: {_quote(err.message)}",
+            f"the probe pod {ns}/{group} of group {group} was refused: {quote(err.message)}",
             "sdg doctor   (the pod webhook and this node's delivery checks)",
         )
     made.append(("pod", ns))
@@ -594,7 +590,7 @@ async def _probe_steps(
             name,
             False,
             f"the probe pod {ns}/{group} failed ({_waiting(status, terminated=True) or phase}): "
-            f"{_quote(text, 200)}",
+            f"{quote(text, 200)}",
         )
     return judge_seen(held_of(bound, pod, resource, env_var), parse_report(text))
 
@@ -608,7 +604,7 @@ def _waiting(status: Obj, terminated: bool = False) -> str:
                 s = state[key] or {}
                 text = str(s.get("reason") or "")
                 if s.get("message"):
-                    text += f": {_quote(str(s['message']), 200)}"
+                    text += f": {quote(str(s['message']), 200)}"
                 return text
     return ""
 
@@ -629,7 +625,7 @@ async def _cleanup(
             except errors.NotFound:
                 pass
             except errors.ApiError as err:
-                say(f"cannot delete {kind} {group}: {_quote(err.message, 200)}")
+                say(f"cannot delete {kind} {group}: {quote(err.message, 200)}")
                 continue
             while True:
                 try:

@@ -1,48 +1,61 @@
-"""``sdg doctor``: checks a cluster the way a new user needs it, each with the command
-that fixes what is wrong.
-
-Two halves, so the judging is tested on hand-made objects without a server:
-
-* ``collect`` (I/O) reads what the checks need into ``Facts``: plain decoded JSON, or
-  ``None`` for "not found", or ``Unreadable`` for any other API error (a Forbidden read
-  fails one check instead of the whole command). It also runs the one probe that only a
-  live cluster can answer: a server-side dry-run CREATE of a pod annotated with a group
-  that does not exist, which SDG's pod webhook must deny.
-* ``judge`` (pure) turns ``Facts`` into ``Check``s; ``render_text``/``render_json`` print
-  them. ``Check.ok`` is True (✓), False (✗: exit status 1) or None (!: a warning, which
-  never fails the run).
-"""
+"""``sdg doctor``'s judges: pure functions from collected facts to ``Check``s, tested
+on hand-made objects without a server."""
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
 import shlex
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from types import MappingProxyType
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Final
 
 from api.constants import (
     DEFAULT_ENV_TABLE,
+    DELIVERY_AUTO,
     DELIVERY_CDI,
+    DELIVERY_LABEL,
+    DELIVERY_RUNTIMECLASS,
     GROUP,
     GROUP_ANNOTATION,
     NODE_MODE_LABEL,
     NODE_MODE_SHARED,
     PLURAL,
-    SDG_KIND,
     SHARED_TAINT_KEY,
     SHARED_TAINT_VALUE,
     VERSION,
 )
-from api.envvars import env_var_for, parse_env_table
+from api.envvars import env_var_for
+from api.nodes import is_shared, node_labels, parse_time
+from cli.doctor.facts import (
+    CERT_MANAGER_CRD,
+    CERT_MANAGER_INSTALL,
+    CRD_NAME,
+    DEFAULT_LEASE_SECONDS,
+    DRA_V1_KUBERNETES,
+    INSTALL,
+    MANAGER_DEPLOYMENT,
+    MANAGER_NAMESPACE,
+    MANAGER_POD_SELECTOR,
+    MAX_FOREIGN_SHOWN,
+    MAX_NAMES_SHOWN,
+    MAX_PRE_NODES,
+    MIN_KUBERNETES,
+    POLICIES,
+    SERVING_CERTIFICATE,
+    WEBHOOK_CONFIGURATIONS,
+    WEBHOOK_SERVICE,
+    Check,
+    Facts,
+    Fetched,
+    ManagerConfig,
+    PreFacts,
+    Probe,
+    Unreadable,
+)
 from controllers.foreign import DeviceUse, device_use
 from controllers.inventory import (
     DEFAULT_DRA_DRIVERS,
-    RESOURCESLICES,
     SOURCE_COUNT,
     Offer,
     annotation_key,
@@ -53,190 +66,9 @@ from controllers.ledger.book import Ledger
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.ledger.view import describe
 from controllers.placement import unaddressable_devices
-from sdgruntime import errors
-from sdgruntime.client import Client
-from sdgruntime.kinds import (
-    CONFIGMAPS,
-    CRDS,
-    LEASES,
-    MUTATING_WEBHOOKS,
-    NODES,
-    PODS,
-    RUNTIMECLASSES,
-    VALIDATING_WEBHOOKS,
-    Kind,
-)
 from webhooks.delivery import NVIDIA_ENV, Delivery, Denial, choose_delivery, runtime_handlers
 
 Obj = Mapping[str, Any]
-
-# --- names (tests/unit/test_doctor.py proves they match config/) ---------------------------
-
-CRD_NAME: Final = f"{PLURAL}.{GROUP}"
-MANAGER_NAMESPACE: Final = "deviceshare-system"
-MANAGER_DEPLOYMENT: Final = "deviceshare-manager"
-MANAGER_CONTAINER: Final = "manager"
-MANAGER_POD_SELECTOR: Final = "app.kubernetes.io/name=shared-device-group"
-LEASE_NAME: Final = "deviceshare-manager"
-DEFAULT_LEASE_SECONDS: Final = 15
-WEBHOOK_SERVICE: Final = "deviceshare-webhook-service"
-#: config/webhook/manifests.yaml: configuration kind -> name.
-WEBHOOK_CONFIGURATIONS: Final = MappingProxyType(
-    {
-        "MutatingWebhookConfiguration": "deviceshare-mutating-webhook-configuration",
-        "ValidatingWebhookConfiguration": "deviceshare-validating-webhook-configuration",
-    }
-)
-#: config/policy: each ValidatingAdmissionPolicy has a Binding of the same name.
-POLICIES: Final = (
-    "deviceshare-group-membership",
-    "deviceshare-ephemeral-container-devices",
-    "deviceshare-group-pods",
-)
-CERT_MANAGER_CRD: Final = "certificates.cert-manager.io"
-SERVING_CERTIFICATE: Final = "deviceshare-serving-cert"
-CERT_MANAGER_INSTALL: Final = (
-    "kubectl apply -f "
-    "https://github.com/cert-manager/cert-manager/releases/latest/download/cert-manager.yaml"
-)
-INSTALL: Final = "kubectl apply -k config/default"
-PROBE_PREFIX: Final = "sdg-doctor-probe-"
-# Device delivery (manager settings ``delivery``/``runtime_class_name``, node label).
-DELIVERY_LABEL: Final = "deviceshare.io/delivery"
-DELIVERY_RUNTIMECLASS: Final = "runtimeclass"
-DELIVERY_AUTO: Final = "auto"
-DEFAULT_DELIVERY: Final = "auto"
-DEFAULT_RUNTIME_CLASS: Final = "nvidia"
-#: Foreign pods named per node (the count says how many more).
-MAX_FOREIGN_SHOWN: Final = 5
-#: Node names listed in one detail line before "+ N more".
-MAX_NAMES_SHOWN: Final = 10
-
-DEPLOYMENTS: Final = Kind("apps", "v1", "Deployment", "deployments", namespaced=True)
-PRIORITYCLASSES: Final = Kind(
-    "scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", namespaced=False
-)
-POLICY_KIND: Final = Kind(
-    "admissionregistration.k8s.io",
-    "v1",
-    "ValidatingAdmissionPolicy",
-    "validatingadmissionpolicies",
-    False,
-)
-BINDING_KIND: Final = Kind(
-    "admissionregistration.k8s.io",
-    "v1",
-    "ValidatingAdmissionPolicyBinding",
-    "validatingadmissionpolicybindings",
-    False,
-)
-CERTIFICATES: Final = Kind("cert-manager.io", "v1", "Certificate", "certificates", True)
-_WEBHOOK_KINDS: Final = {
-    "MutatingWebhookConfiguration": MUTATING_WEBHOOKS,
-    "ValidatingWebhookConfiguration": VALIDATING_WEBHOOKS,
-}
-
-
-# --- results -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One verdict: ``ok`` True (✓), False (✗, fails the run) or None (!, a warning or
-    something doctor could not decide); ``fix`` is the command(s) to run, one per line."""
-
-    name: str
-    ok: bool | None
-    detail: str
-    fix: str = ""
-
-    @property
-    def status(self) -> str:
-        return {True: "ok", False: "fail", None: "warning"}[self.ok]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "ok": self.ok,
-            "detail": self.detail,
-            "fix": self.fix,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Unreadable:
-    """A read that failed with something other than 404 (Forbidden, a 5xx, ...)."""
-
-    error: str
-
-
-#: What a read found: the object, None (404), or why it could not be read.
-Fetched = Obj | None | Unreadable
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """The answer to the dry-run CREATE of a pod naming the missing group ``group``."""
-
-    group: str
-    namespace: str
-    admitted: bool
-    code: int = 0  # HTTP status of a refusal
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ManagerConfig:
-    """The manager settings the checks depend on, as its Deployment runs it (doctor's
-    flags override); defaults are the manager's own."""
-
-    delivery: str = DEFAULT_DELIVERY
-    runtime_class_name: str = DEFAULT_RUNTIME_CLASS
-    device_ids: str = "auto"
-    leader_elect: bool = True
-    lease_name: str = LEASE_NAME
-    lease_namespace: str = MANAGER_NAMESPACE
-    env_table: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ENV_TABLE))
-    dra_drivers: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_DRA_DRIVERS))
-    resource_slices: str = "auto"
-    holders: str = "auto"
-    holder_priority_class: str = "deviceshare-holder"
-    #: Where these came from, for the detail lines ("Deployment ns/name", "defaults").
-    source: str = "defaults"
-    delivery_source: str = "defaults"
-
-
-@dataclass
-class Facts:
-    """Everything ``judge`` looks at, as read from the cluster."""
-
-    manager_namespace: str = MANAGER_NAMESPACE
-    now: datetime = field(default_factory=lambda: datetime.now(UTC))
-    crd: Fetched = None
-    #: Why listing SharedDeviceGroups failed (None: listed fine), and how many there are.
-    groups_error: str | None = None
-    group_count: int = 0
-    groups: list[Obj] = field(default_factory=list)
-    #: The claim records in the manager's namespace (None: not read, groups unreadable).
-    records: list[Obj] | Unreadable | None = None
-    webhooks: dict[str, Fetched] = field(default_factory=dict)  # configuration name -> it
-    policies: dict[str, Fetched] = field(default_factory=dict)
-    bindings: dict[str, Fetched] = field(default_factory=dict)
-    probe: Probe | Unreadable | None = None
-    cert_manager_crd: Fetched = None
-    certificate: Fetched = None
-    nodes: list[Obj] | Unreadable = field(default_factory=list)
-    #: Every ResourceSlice; None when resource.k8s.io/v1 is not served.
-    slices: list[Obj] | Unreadable | None = field(default_factory=list)
-    #: Shared node -> the pods bound to it.
-    pods: dict[str, list[Obj] | Unreadable] = field(default_factory=dict)
-    runtime_class: Fetched = None  # read when delivery auto looks for it or some needs it
-    #: The holder pods' PriorityClass (read when holders are on and name one).
-    priority_class: Fetched = None
-    deployment: Fetched = None
-    lease: Fetched = None
-    config: ManagerConfig = field(default_factory=ManagerConfig)
 
 
 # --- small readers -----------------------------------------------------------------------
@@ -246,16 +78,8 @@ def _meta(obj: Obj | None) -> Obj:
     return (obj or {}).get("metadata") or {}
 
 
-def _name(obj: Obj) -> str:
+def name_of(obj: Obj) -> str:
     return str(_meta(obj).get("name") or "")
-
-
-def _labels(obj: Obj) -> Obj:
-    return _meta(obj).get("labels") or {}
-
-
-def is_shared(node: Obj) -> bool:
-    return _labels(node).get(NODE_MODE_LABEL) == NODE_MODE_SHARED
 
 
 def _condition(obj: Obj, type_: str) -> Obj | None:
@@ -286,131 +110,13 @@ def _ranges(ids: Iterable[int]) -> str:
     return ",".join(out)
 
 
-def _quote(message: str, limit: int = 300) -> str:
+def quote(message: str, limit: int = 300) -> str:
     message = " ".join(message.split())
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def _unreadable(what: str, got: Unreadable) -> str:
     return f"cannot read {what}: {got.error}"
-
-
-def _parse_time(text: Any) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
-
-
-# --- manager settings, from its Deployment -----------------------------------------------
-
-_BOOL_FLAGS = frozenset({"leader_elect"})
-_REPEATED = frozenset({"device_env"})
-
-
-def _container(deployment: Obj) -> Obj:
-    containers = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
-    listed = [c for c in containers.get("containers") or () if isinstance(c, Mapping)]
-    for c in listed:
-        if c.get("name") == MANAGER_CONTAINER:
-            return c
-    return listed[0] if listed else {}
-
-
-def manager_flags(deployment: Obj) -> dict[str, Any]:
-    """The manager's settings its Deployment sets: flags (``--x=v``, ``--x v``,
-    ``--[no-]leader-elect``) win over ``SDG_*`` env values, as in controllers.settings.
-    Values from ``valueFrom`` are not known here and are skipped."""
-    c = _container(deployment)
-    values: dict[str, Any] = {}
-    for entry in c.get("env") or ():
-        name = str((entry or {}).get("name") or "")
-        if not name.startswith("SDG_") or "value" not in entry:
-            continue
-        key, raw = name[4:].lower(), str(entry.get("value") or "")
-        if key in _BOOL_FLAGS:
-            values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
-        elif key in _REPEATED:
-            values[key] = [v for v in raw.split(",") if v.strip()]
-        else:
-            values[key] = raw
-    tokens = [str(t) for t in [*(c.get("command") or ())[1:], *(c.get("args") or ())]]
-    flags: dict[str, Any] = {}
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        i += 1
-        if not token.startswith("--"):
-            continue
-        name, sep, value = token[2:].partition("=")
-        key = name.replace("-", "_")
-        if key.startswith("no_") and key[3:] in _BOOL_FLAGS and not sep:
-            flags[key[3:]] = False
-            continue
-        if key in _BOOL_FLAGS:
-            flags[key] = value.strip().lower() in ("1", "true", "yes", "on") if sep else True
-            continue
-        if not sep and i < len(tokens) and not tokens[i].startswith("--"):
-            value, i = tokens[i], i + 1
-        if key in _REPEATED:
-            flags.setdefault(key, []).append(value)
-        else:
-            flags[key] = value
-    return {**values, **flags}
-
-
-def _driver_table(text: str) -> dict[str, str]:
-    table = dict(DEFAULT_DRA_DRIVERS)
-    for item in str(text).split(","):
-        driver, sep, resource = item.strip().partition("=")
-        if sep and driver.strip() and resource.strip():
-            table[driver.strip()] = resource.strip()
-    return table
-
-
-def manager_config(
-    deployment: Fetched,
-    manager_namespace: str,
-    *,
-    delivery: str | None = None,
-    runtime_class_name: str | None = None,
-) -> ManagerConfig:
-    """What the checks need to know of the manager: from its Deployment when there is one
-    (else the manager's defaults), with doctor's ``--delivery``/``--runtime-class-name``
-    on top (for a manager that runs elsewhere)."""
-    flags: dict[str, Any] = {}
-    source = "defaults"
-    if isinstance(deployment, Mapping):
-        flags = manager_flags(deployment)
-        source = f"Deployment {manager_namespace}/{_name(deployment)}"
-    try:
-        env_table = parse_env_table(flags.get("device_env") or ())
-    except ValueError:
-        env_table = dict(DEFAULT_ENV_TABLE)
-    namespace = (
-        flags.get("leader_election_namespace") or flags.get("claims_namespace") or manager_namespace
-    )
-    return ManagerConfig(
-        delivery=delivery or str(flags.get("delivery") or DEFAULT_DELIVERY),
-        runtime_class_name=runtime_class_name
-        or str(flags.get("runtime_class_name") or DEFAULT_RUNTIME_CLASS),
-        device_ids=str(flags.get("device_ids") or "auto"),
-        # The manager's own default is off, but config/manager turns it on; without a
-        # Deployment to read, expect the Lease (a manager elsewhere may run either way).
-        leader_elect=bool(flags.get("leader_elect", not isinstance(deployment, Mapping))),
-        lease_name=str(flags.get("leader_election_id") or LEASE_NAME),
-        lease_namespace=str(namespace),
-        env_table=env_table,
-        dra_drivers=_driver_table(str(flags.get("dra_drivers") or "")),
-        resource_slices=str(flags.get("resource_slices") or "auto"),
-        holders=str(flags.get("holders") or "auto"),
-        holder_priority_class=str(flags.get("holder_priority_class", "deviceshare-holder")),
-        source=source,
-        delivery_source="sdg doctor --delivery" if delivery else source,
-    )
 
 
 # --- judges: CRD, admission, cert-manager --------------------------------------------------
@@ -439,7 +145,7 @@ def judge_crd(crd: Fetched, groups_error: str | None = None, group_count: int = 
     if not (versions.get(VERSION) or {}).get("served"):
         problems.append(f"version {VERSION} is not served")
     if groups_error is not None:
-        problems.append(f"listing {PLURAL} fails: {_quote(groups_error)}")
+        problems.append(f"listing {PLURAL} fails: {quote(groups_error)}")
     if problems:
         return Check(name, False, f"{CRD_NAME}: " + "; ".join(problems), INSTALL)
     return Check(
@@ -559,7 +265,7 @@ def judge_probe(probe: Probe | Unreadable | None, manager_namespace: str) -> Che
         return Check(
             name,
             False,
-            "registered, but the API server cannot call it: " + _quote(probe.message),
+            "registered, but the API server cannot call it: " + quote(probe.message),
             "\n".join(fix),
         )
     if probe.code == 403 and 'cannot create resource "pods"' in probe.message:
@@ -567,14 +273,14 @@ def judge_probe(probe: Probe | Unreadable | None, manager_namespace: str) -> Che
             name,
             None,
             f"cannot dry-run a pod in namespace {probe.namespace} (doctor needs create on "
-            f"pods there; nothing is created): {_quote(probe.message)}",
+            f"pods there; nothing is created): {quote(probe.message)}",
             "sdg doctor -n NAMESPACE   (a namespace where you may create pods)",
         )
     return Check(
         name,
         False,
         f"the dry-run pod in {probe.namespace} was refused, but not by SDG's verdict on a "
-        f"missing group: {_quote(probe.message)}",
+        f"missing group: {quote(probe.message)}",
     )
 
 
@@ -654,7 +360,7 @@ def judge_cert_manager(
         return Check(
             name,
             False,
-            f"installed, but Certificate {cert} is not Ready: {_quote(str(why))}",
+            f"installed, but Certificate {cert} is not Ready: {quote(str(why))}",
             f"kubectl -n {manager_namespace} describe certificate {SERVING_CERTIFICATE}",
         )
     expires = (certificate.get("status") or {}).get("notAfter")
@@ -673,14 +379,14 @@ def judge_shared_nodes(nodes: Sequence[Obj] | Unreadable) -> Check:
     name = "shared nodes"
     if isinstance(nodes, Unreadable):
         return Check(name, False, _unreadable("nodes", nodes))
-    shared = sorted(_name(n) for n in nodes if is_shared(n))
+    shared = sorted(name_of(n) for n in nodes if is_shared(n))
     if shared:
         return Check(
             name,
             True,
             f"{len(shared)} labelled {NODE_MODE_LABEL}={NODE_MODE_SHARED}: {_names(shared)}",
         )
-    with_devices = sorted(_name(n) for n in nodes if node_offers(n))
+    with_devices = sorted(name_of(n) for n in nodes if node_offers(n))
     target = with_devices[0] if with_devices else "NODE"
     detail = f"no node is labelled {NODE_MODE_LABEL}={NODE_MODE_SHARED}: every group stays Pending"
     if with_devices:
@@ -711,7 +417,7 @@ def judge_taint(node: Obj, holders: bool = False) -> Check:
     value of the key would keep group pods off too. With holder pods (``holders``) the
     taint is optional: the kubelet counts the groups' devices, so plain pods asking the
     device plugin get only others."""
-    node_name = _name(node)
+    node_name = name_of(node)
     name = f"node {node_name}: taint"
     add = f"kubectl taint node {node_name} {_taint_text()}"
     if has_shared_taint(node):
@@ -776,7 +482,7 @@ def judge_devices(
     """What the node offers per resource and from which source (inventory): nothing, or
     a source that offers nothing, fails; IDs guessed from a count are a warning (which
     physical GPU is ID 1 is then the runtime's numbering, and a failed GPU shifts them)."""
-    node_name = _name(node)
+    node_name = name_of(node)
     name = f"node {node_name}: devices"
     offers = node_offers(node, slices, drivers)
     too_many = unaddressable_devices(node)
@@ -842,7 +548,7 @@ def judge_foreign(
     """Pods outside any group that use devices on a shared node: SDG cannot know which
     devices they see, so it hands out no more there and flags the groups bound there.
     (SDG's holder pods in the manager's namespace are SDG's own books.)"""
-    node_name = _name(node)
+    node_name = name_of(node)
     name = f"node {node_name}: foreign device pods"
     if isinstance(pods, Unreadable):
         return Check(name, False, _unreadable(f"the pods on node {node_name}", pods))
@@ -885,9 +591,9 @@ def runtime_class_users(config: ManagerConfig, nodes: Sequence[Obj] | Unreadable
         users.append(f"the manager (delivery {DELIVERY_RUNTIMECLASS}: {config.delivery_source})")
     if not isinstance(nodes, Unreadable):
         labelled = sorted(
-            _name(n)
+            name_of(n)
             for n in nodes
-            if is_shared(n) and _labels(n).get(DELIVERY_LABEL) == DELIVERY_RUNTIMECLASS
+            if is_shared(n) and node_labels(n).get(DELIVERY_LABEL) == DELIVERY_RUNTIMECLASS
         )
         if labelled:
             users.append(f"node(s) {_names(labelled)} ({DELIVERY_LABEL}={DELIVERY_RUNTIMECLASS})")
@@ -936,7 +642,7 @@ def judge_holders(
     for node in [] if isinstance(nodes, Unreadable) else nodes:
         minor = _kubelet_minor(node)
         if is_shared(node) and minor is not None and minor < HOLDER_MIN_KUBELET:
-            old.append(f"{_name(node)} (kubelet {minor[0]}.{minor[1]})")
+            old.append(f"{name_of(node)} (kubelet {minor[0]}.{minor[1]})")
     if old:
         return Check(
             name,
@@ -975,7 +681,7 @@ def judge_runtime_class(
             )
         handler = str(runtime_class.get("handler") or "")
         listing = sorted(
-            _name(n)
+            name_of(n)
             for n in ([] if isinstance(nodes, Unreadable) else nodes)
             if is_shared(n) and handler and handler in runtime_handlers(n)
         )
@@ -1044,7 +750,7 @@ def judge_delivery(
     """How the node's group pods get their devices, by the webhook's own rule
     (``webhooks.delivery.choose_delivery``), and why: a label SDG cannot read fails; env
     that nothing on the node confirms is a warning naming what would settle it."""
-    node_name = _name(node)
+    node_name = name_of(node)
     name = f"node {node_name}: delivery"
     try:
         settings = Delivery(config.delivery, runtime_class_name=config.runtime_class_name)
@@ -1111,7 +817,7 @@ def judge_lease(
     holder = str(spec.get("holderIdentity") or "")
     if not holder:
         return Check(name, False, f"Lease {where} was released and nobody took it over", logs)
-    renewed = _parse_time(spec.get("renewTime"))
+    renewed = parse_time(spec.get("renewTime"))
     duration = spec.get("leaseDurationSeconds")
     duration = duration if isinstance(duration, int) and duration > 0 else DEFAULT_LEASE_SECONDS
     if renewed is None:
@@ -1211,8 +917,8 @@ def judge(facts: Facts) -> list[Check]:
             if (n := node_of_slice(s)) is not None:
                 slices_by_node.setdefault(n, []).append(s)
     nodes = [] if isinstance(facts.nodes, Unreadable) else facts.nodes
-    for node in sorted((n for n in nodes if is_shared(n)), key=_name):
-        node_name = _name(node)
+    for node in sorted((n for n in nodes if is_shared(n)), key=name_of):
+        node_name = name_of(node)
         checks.append(judge_taint(node, holders=config.holders == "auto"))
         checks.append(judge_devices(node, slices_by_node.get(node_name, ()), config.dra_drivers))
         checks.append(
@@ -1225,7 +931,7 @@ def judge(facts: Facts) -> list[Check]:
     checks.append(judge_runtime_class(config, facts.nodes, facts.runtime_class))
     checks.append(judge_holders(config, facts.nodes, facts.priority_class))
     if facts.records is not None:
-        offers = {_name(n): node_offers(n, slices_by_node.get(_name(n), ())) for n in nodes}
+        offers = {name_of(n): node_offers(n, slices_by_node.get(name_of(n), ())) for n in nodes}
         pods = [p for listed in facts.pods.values() if isinstance(listed, list) for p in listed]
         checks.append(judge_books(facts.records, facts.groups, offers, pods, facts))
     return checks
@@ -1267,7 +973,7 @@ def judge_books(
         )
     stale = []
     for group in groups:
-        gname = _name(group)
+        gname = name_of(group)
         where = ledger.nodes_claiming(gname)
         if len(where) > 1:
             stale.append(f"{gname} is claimed on {', '.join(where)}")
@@ -1280,7 +986,7 @@ def judge_books(
             "; ".join(stale[:MAX_NAMES_SHOWN]),
             "run again in a minute: the manager repairs these; if they stay, sdg explain GROUP",
         )
-    bound = sum(1 for g in groups if _name(g) in ledger.statuses)
+    bound = sum(1 for g in groups if name_of(g) in ledger.statuses)
     return Check(
         name, True, f"{len(ledger.records)} record(s), {bound} Bound group(s): one holder each"
     )
@@ -1289,163 +995,6 @@ def judge_books(
 def exit_code(checks: Iterable[Check]) -> int:
     """1 when any check failed; warnings do not fail."""
     return 1 if any(c.ok is False for c in checks) else 0
-
-
-# --- rendering ------------------------------------------------------------------------------
-
-MARKS: Final = MappingProxyType({True: "✓", False: "✗", None: "!"})
-_COLORS: Final = MappingProxyType({True: "\033[32m", False: "\033[31m", None: "\033[33m"})
-_RESET: Final = "\033[0m"
-
-
-def render_text(checks: Sequence[Check], color: bool = False) -> str:
-    """One line per check (mark, name, detail), its fix indented below it for ✗ and !;
-    then a summary. ``color`` (a terminal) only adds ANSI colours to the marks."""
-    width = max((len(c.name) for c in checks), default=0)
-    lines = []
-    for c in checks:
-        mark = MARKS[c.ok]
-        if color:
-            mark = f"{_COLORS[c.ok]}{mark}{_RESET}"
-        lines.append(f"{mark} {c.name:<{width}}  {c.detail}".rstrip())
-        if c.fix and c.ok is not True:
-            for i, fix in enumerate(c.fix.splitlines()):
-                lines.append(f"    {'fix: ' if i == 0 else '     '}{fix}")
-    failed = sum(c.ok is False for c in checks)
-    warned = sum(c.ok is None for c in checks)
-    if failed or warned:
-        summary = f"{failed} problem(s), {warned} warning(s) in {len(checks)} checks"
-    else:
-        summary = f"all {len(checks)} checks passed"
-    return "\n".join([*lines, "", summary]) + "\n"
-
-
-def render_json(checks: Sequence[Check]) -> str:
-    return json.dumps([c.as_json() for c in checks], indent=2, ensure_ascii=False) + "\n"
-
-
-# --- fetching ---------------------------------------------------------------------------------
-
-
-async def _read(call: Awaitable[Any]) -> Any:
-    """The object, None on 404, or ``Unreadable``; no answer at all still raises (the
-    cluster is unreachable: nothing else can be checked)."""
-    try:
-        return await call
-    except errors.NotFound:
-        return None
-    except errors.TransportError:
-        raise
-    except errors.ApiError as err:
-        return Unreadable(f"{err.code} {err.reason or ''} {_quote(err.message)}".replace("  ", " "))
-
-
-async def _list(client: Client, kind: Kind, namespace: str | None = None, **kw: Any) -> Any:
-    got = await _read(client.list_all(kind, namespace, **kw))
-    return got[0] if isinstance(got, tuple) else got
-
-
-async def run_probe(client: Client, namespace: str) -> Probe | Unreadable:
-    """The server-side dry-run CREATE: nothing is stored, admission runs in full."""
-    group = PROBE_PREFIX + secrets.token_hex(4)
-    try:
-        await client.create(PODS, probe_pod(group), namespace, dry_run=True)
-    except errors.TransportError:
-        raise
-    except errors.ApiError as err:
-        return Probe(group, namespace, admitted=False, code=err.code, message=err.message)
-    return Probe(group, namespace, admitted=True)
-
-
-async def collect(
-    client: Client,
-    *,
-    namespace: str = "default",
-    manager_namespace: str = MANAGER_NAMESPACE,
-    delivery: str | None = None,
-    runtime_class_name: str | None = None,
-) -> Facts:
-    """Read everything the checks need (read-only but for the dry-run probe)."""
-    facts = Facts(manager_namespace=manager_namespace)
-    facts.crd = await _read(client.get(CRDS, CRD_NAME))
-    if isinstance(facts.crd, Mapping):
-        groups = await _list(client, SDG_KIND)
-        if isinstance(groups, Unreadable):
-            facts.groups_error = groups.error
-        elif groups is None:
-            facts.groups_error = f"{SDG_KIND.path()} is not found (404)"
-        else:
-            facts.group_count = len(groups)
-            facts.groups = groups
-            records = await _list(
-                client,
-                CONFIGMAPS,
-                manager_namespace,
-                label_selector=f"{RECORD_LABEL}={RECORD_LABEL_VALUE}",
-            )
-            facts.records = [] if records is None else records
-    for kind, config_name in WEBHOOK_CONFIGURATIONS.items():
-        facts.webhooks[config_name] = await _read(client.get(_WEBHOOK_KINDS[kind], config_name))
-    for policy in POLICIES:
-        facts.policies[policy] = await _read(client.get(POLICY_KIND, policy))
-        facts.bindings[policy] = await _read(client.get(BINDING_KIND, policy))
-    facts.probe = await run_probe(client, namespace)
-    facts.cert_manager_crd = await _read(client.get(CRDS, CERT_MANAGER_CRD))
-    if isinstance(facts.cert_manager_crd, Mapping):
-        facts.certificate = await _read(
-            client.get(CERTIFICATES, SERVING_CERTIFICATE, manager_namespace)
-        )
-    facts.deployment = await _read(client.get(DEPLOYMENTS, MANAGER_DEPLOYMENT, manager_namespace))
-    facts.config = manager_config(
-        facts.deployment,
-        manager_namespace,
-        delivery=delivery,
-        runtime_class_name=runtime_class_name,
-    )
-    facts.lease = await _read(
-        client.get(LEASES, facts.config.lease_name, facts.config.lease_namespace)
-    )
-    facts.now = datetime.now(UTC)  # just after the read the Lease's age is measured from
-    nodes = await _list(client, NODES)
-    facts.nodes = [] if nodes is None else nodes
-    facts.slices = await _list(client, RESOURCESLICES)  # None: resource.k8s.io/v1 not served
-    if isinstance(facts.nodes, list):
-        for node in facts.nodes:
-            if is_shared(node):
-                node_name = _name(node)
-                pods = await _list(client, PODS, field_selector=f"spec.nodeName={node_name}")
-                facts.pods[node_name] = [] if pods is None else pods
-    if facts.config.holders == "auto" and facts.config.holder_priority_class:
-        facts.priority_class = await _read(
-            client.get(PRIORITYCLASSES, facts.config.holder_priority_class)
-        )
-    if facts.config.delivery == DELIVERY_AUTO or runtime_class_users(facts.config, facts.nodes):
-        facts.runtime_class = await _read(
-            client.get(RUNTIMECLASSES, facts.config.runtime_class_name)
-        )
-    return facts
-
-
-# --- sdg doctor --pre: before installing ------------------------------------------------------
-
-#: The oldest Kubernetes SDG installs on: the pod webhook's ``matchConditions`` and the
-#: admission policies (``ValidatingAdmissionPolicy`` v1) are GA in 1.30.
-MIN_KUBERNETES: Final = (1, 30)
-#: resource.k8s.io/v1 (DRA's ResourceSlices, the best device inventory) is served from 1.34.
-DRA_V1_KUBERNETES: Final = (1, 34)
-#: Nodes given their own checks under --pre (the others are counted).
-MAX_PRE_NODES: Final = 50
-
-
-@dataclass
-class PreFacts:
-    """What ``sdg doctor --pre`` reads: only reads, nothing of SDG needs to be installed."""
-
-    version: Fetched = None
-    nodes: list[Obj] | Unreadable = field(default_factory=list)
-    slices: list[Obj] | Unreadable | None = field(default_factory=list)
-    runtime_class: Fetched = None
-    config: ManagerConfig = field(default_factory=ManagerConfig)
 
 
 def _minor_of(version: str) -> tuple[int, int] | None:
@@ -1485,7 +1034,7 @@ def judge_pre_nodes(nodes: Sequence[Obj] | Unreadable) -> Check:
     name = "shared nodes"
     if isinstance(nodes, Unreadable):
         return Check(name, False, _unreadable("nodes", nodes))
-    shared = sorted(_name(n) for n in nodes if is_shared(n))
+    shared = sorted(name_of(n) for n in nodes if is_shared(n))
     if shared:
         return Check(
             name,
@@ -1493,7 +1042,7 @@ def judge_pre_nodes(nodes: Sequence[Obj] | Unreadable) -> Check:
             f"{len(shared)} of {len(nodes)} labelled {NODE_MODE_LABEL}={NODE_MODE_SHARED}: "
             f"{_names(shared)}",
         )
-    with_devices = sorted(_name(n) for n in nodes if node_offers(n))
+    with_devices = sorted(name_of(n) for n in nodes if node_offers(n))
     target = with_devices[0] if with_devices else "NODE"
     detail = f"none of {len(nodes)} node(s) is labelled {NODE_MODE_LABEL}={NODE_MODE_SHARED} yet"
     detail += (
@@ -1550,7 +1099,7 @@ def _runtime_of(node: Obj) -> tuple[str, tuple[int, int] | None]:
 def judge_runtime(node: Obj) -> Check:
     """The node's kubelet and runtime, and the runtime handlers it reports (delivery auto
     finds RuntimeClass handlers only there)."""
-    node_name = _name(node)
+    node_name = name_of(node)
     name = f"node {node_name}: runtime"
     info = (node.get("status") or {}).get("nodeInfo") or {}
     runtime = str(info.get("containerRuntimeVersion") or "unknown runtime")
@@ -1580,10 +1129,10 @@ def judge_cdi_nri(node: Obj, slices: Sequence[Obj] = ()) -> Check:
     """CDI and NRI as far as the API shows them: the runtime's version (its defaults) and
     DRA drivers on the node (they hand devices over as CDI). Delivery ``cdi`` (the node
     label) needs both and the device-injector, which no API shows."""
-    node_name = _name(node)
+    node_name = name_of(node)
     name = f"node {node_name}: CDI/NRI"
     kind, version = _runtime_of(node)
-    wants_cdi = _labels(node).get(DELIVERY_LABEL) == DELIVERY_CDI
+    wants_cdi = node_labels(node).get(DELIVERY_LABEL) == DELIVERY_CDI
     ok: bool | None = True
     if kind == "containerd" and version is not None:
         if version >= (2, 0):
@@ -1641,11 +1190,11 @@ def judge_pre(facts: PreFacts) -> list[Check]:
         if (n := node_of_slice(s)) is not None:
             by_node.setdefault(n, []).append(s)
     shown = [n for n in nodes if is_shared(n)] or [
-        n for n in nodes if node_offers(n, by_node.get(_name(n), ()), config.dra_drivers)
+        n for n in nodes if node_offers(n, by_node.get(name_of(n), ()), config.dra_drivers)
     ]
-    shown.sort(key=_name)
+    shown.sort(key=name_of)
     for node in shown[:MAX_PRE_NODES]:
-        own = by_node.get(_name(node), [])
+        own = by_node.get(name_of(node), [])
         checks.append(judge_runtime(node))
         checks.append(judge_cdi_nri(node, own))
         checks.append(judge_devices(node, own, config.dra_drivers))
@@ -1664,19 +1213,3 @@ def judge_pre(facts: PreFacts) -> list[Check]:
         )
     checks.append(judge_runtime_class(config, facts.nodes, facts.runtime_class))
     return checks
-
-
-async def collect_pre(
-    client: Client, *, delivery: str | None = None, runtime_class_name: str | None = None
-) -> PreFacts:
-    """Read what --pre needs: /version, nodes, ResourceSlices, the RuntimeClass."""
-    facts = PreFacts()
-    facts.config = manager_config(
-        None, MANAGER_NAMESPACE, delivery=delivery, runtime_class_name=runtime_class_name
-    )
-    facts.version = await _read(client.request("GET", "/version"))
-    nodes = await _list(client, NODES)
-    facts.nodes = [] if nodes is None else nodes
-    facts.slices = await _list(client, RESOURCESLICES)
-    facts.runtime_class = await _read(client.get(RUNTIMECLASSES, facts.config.runtime_class_name))
-    return facts
