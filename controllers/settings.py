@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
@@ -273,9 +273,13 @@ def flag_help(name: str) -> str:
     return f"{field.description} (env {env_var(name)}; default {_default_text(field)})"
 
 
-def parser() -> argparse.ArgumentParser:
-    """``sdg-manager``'s flags, one per :class:`Settings` field."""
+def parser(*, strict: bool = True) -> argparse.ArgumentParser:
+    """``sdg-manager``'s flags, one per :class:`Settings` field. Not ``strict``: no
+    ``--help``, no abbreviations, and errors raised instead of exiting (:func:`read_known`)."""
     p = argparse.ArgumentParser(
+        add_help=strict,
+        allow_abbrev=strict,
+        exit_on_error=strict,
         prog="sdg-manager",
         description="Shared Device Group manager: group and pod schedulers, status "
         "controller and admission webhooks in one process.",
@@ -312,7 +316,19 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
     """
     environ = dict(os.environ if environ is None else environ)
     p = parser()
-    args = vars(p.parse_args(argv))
+    values = _given(vars(p.parse_args(argv)), environ)
+    if "kubeconfig" not in values and environ.get("KUBECONFIG"):
+        values["kubeconfig"] = environ["KUBECONFIG"]
+    try:
+        return Settings.model_validate(values)
+    except (ValidationError, ValueError) as err:
+        p.error(str(err))
+        raise  # unreachable: parser.error exits
+
+
+def _given(args: Mapping[str, object], environ: Mapping[str, str]) -> dict[str, object]:
+    """The settings parsed flags (``args``) or ``SDG_<NAME>`` variables set, flags first;
+    not validated yet."""
     values: dict[str, object] = {}
     for name in Settings.model_fields:
         if args.get(name) is not None:
@@ -327,10 +343,29 @@ def parse(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
             values[name] = raw.strip()  # pydantic's: true/false, 1/0, yes/no, on/off
         else:
             values[name] = raw
-    if "kubeconfig" not in values and environ.get("KUBECONFIG"):
-        values["kubeconfig"] = environ["KUBECONFIG"]
+    return values
+
+
+def read_known(argv: Sequence[str], environ: Mapping[str, str]) -> dict[str, object]:
+    """The settings a manager's command line and environment set, read as :func:`parse`
+    reads them but for a manager running elsewhere (``sdg doctor`` reads its Deployment):
+    unknown flags and words are skipped, nothing is validated, ``--flag=VALUE`` of a
+    boolean counts as on for 1/true/yes/on and off otherwise, and a command line argparse
+    cannot read leaves the environment's values."""
+    booleans = {_flag(n) for n, f in Settings.model_fields.items() if f.annotation is bool}
+    tokens = []
+    for token in argv:
+        flag, sep, value = token.partition("=")
+        if sep and flag in booleans:
+            on = value.strip().lower() in TRUE_WORDS
+            token = flag if on else "--no-" + flag[2:]
+        tokens.append(token)
     try:
-        return Settings.model_validate(values)
-    except (ValidationError, ValueError) as err:
-        p.error(str(err))
-        raise  # unreachable: parser.error exits
+        args = vars(parser(strict=False).parse_known_args(tokens)[0])
+    except argparse.ArgumentError:
+        args = {}
+    return _given(args, environ)
+
+
+#: How a boolean setting's ``SDG_*`` value or ``--flag=VALUE`` says "on".
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})

@@ -47,6 +47,7 @@ from controllers.inventory import (
     RESOURCESLICES,
 )
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
+from controllers.settings import TRUE_WORDS, Settings, read_known
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.kinds import (
@@ -64,9 +65,6 @@ Obj = Mapping[str, Any]
 
 # --- manager settings, from its Deployment -----------------------------------------------
 
-_BOOL_FLAGS = frozenset({"leader_elect"})
-_REPEATED = frozenset({"device_env"})
-
 
 def _container(deployment: Obj) -> Obj:
     containers = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
@@ -78,45 +76,21 @@ def _container(deployment: Obj) -> Obj:
 
 
 def manager_flags(deployment: Obj) -> dict[str, Any]:
-    """The manager's settings its Deployment sets: flags (``--x=v``, ``--x v``,
-    ``--[no-]leader-elect``) win over ``SDG_*`` env values, as in controllers.settings.
-    Values from ``valueFrom`` are not known here and are skipped."""
+    """The manager's settings its Deployment sets, read by the manager's own flag parser
+    (``controllers.settings.read_known``): flags win over ``SDG_*`` env values; values
+    from ``valueFrom`` are not known here and are skipped; booleans come out as bools."""
     c = _container(deployment)
-    values: dict[str, Any] = {}
-    for entry in c.get("env") or ():
-        name = str((entry or {}).get("name") or "")
-        if not name.startswith("SDG_") or "value" not in entry:
-            continue
-        key, raw = name[4:].lower(), str(entry.get("value") or "")
-        if key in _BOOL_FLAGS:
-            values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
-        elif key in _REPEATED:
-            values[key] = [v for v in raw.split(",") if v.strip()]
-        else:
-            values[key] = raw
+    environ = {
+        str(entry.get("name") or ""): str(entry.get("value") or "")
+        for entry in c.get("env") or ()
+        if isinstance(entry, Mapping) and "value" in entry
+    }
     tokens = [str(t) for t in [*(c.get("command") or ())[1:], *(c.get("args") or ())]]
-    flags: dict[str, Any] = {}
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        i += 1
-        if not token.startswith("--"):
-            continue
-        name, sep, value = token[2:].partition("=")
-        key = name.replace("-", "_")
-        if key.startswith("no_") and key[3:] in _BOOL_FLAGS and not sep:
-            flags[key[3:]] = False
-            continue
-        if key in _BOOL_FLAGS:
-            flags[key] = value.strip().lower() in ("1", "true", "yes", "on") if sep else True
-            continue
-        if not sep and i < len(tokens) and not tokens[i].startswith("--"):
-            value, i = tokens[i], i + 1
-        if key in _REPEATED:
-            flags.setdefault(key, []).append(value)
-        else:
-            flags[key] = value
-    return {**values, **flags}
+    values: dict[str, Any] = read_known(tokens, environ)
+    for name, info in Settings.model_fields.items():
+        if info.annotation is bool and isinstance(values.get(name), str):
+            values[name] = values[name].strip().lower() in TRUE_WORDS
+    return values
 
 
 def _driver_table(text: str) -> dict[str, str]:

@@ -305,6 +305,15 @@ def test_manager_flags_no_leader_elect_and_env_bool() -> None:
     assert manager_config(deployment([]), "ns").leader_elect is False
 
 
+def test_manager_flags_are_read_as_the_manager_reads_them() -> None:
+    """Doctor reads the Deployment with the manager's own flag parser: words and flags the
+    manager does not know are skipped, a dangling flag leaves the environment's value."""
+    dep = deployment(["--zap-devel", "stray", "--holders", "off", "--metrics-secure"])
+    assert manager_flags(dep) == {"holders": "off", "metrics_secure": True}
+    env = [{"name": "SDG_DELIVERY", "value": "cdi"}]
+    assert manager_flags(deployment(["--delivery"], env)) == {"delivery": "cdi"}
+
+
 def test_manager_config_without_deployment_and_doctor_overrides() -> None:
     config = manager_config(None, "sdg-ns")
     assert (config.leader_elect, config.lease_namespace, config.source) == (
