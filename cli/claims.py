@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
+from api.constants import MAX_DEVICES_PER_RESOURCE
 from api.nodes import is_shared, node_name
 from api.v1alpha1 import (
     group_name,
@@ -33,6 +34,32 @@ Obj = Mapping[str, Any]
 
 
 # --- the claim view: records cross-checked with group statuses --------------------------------
+
+
+def allocated_pods(group: Obj | None) -> list[str]:
+    return list(((group or {}).get("status") or {}).get("allocatedPods") or [])
+
+
+def too_many_text(res: str, count: int) -> str:
+    return (
+        f"advertises {count} {res}, more than the {MAX_DEVICES_PER_RESOURCE} devices SDG "
+        "addresses per node, so it offers none (not a device count)"
+    )
+
+
+def node_problems(node: Obj) -> list[str]:
+    """Why a node may not run pods now: not Ready, cordoned (taints are per pod)."""
+    problems = []
+    for cond in (node.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "Ready" and cond.get("status") != "True":
+            why = cond.get("reason") or f"Ready={cond.get('status')}"
+            problems.append(f"not Ready ({why})")
+    if (node.get("spec") or {}).get("unschedulable"):
+        problems.append("cordoned (spec.unschedulable)")
+    return problems
+
+
+# --- -o json | yaml ---------------------------------------------------------------------------
 
 
 @dataclass

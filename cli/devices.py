@@ -29,11 +29,14 @@ from api.v1alpha1 import (
 from cli.claims import (
     SOURCE_NAMES,
     ClaimView,
+    allocated_pods,
     claim_view,
     cross_check,
     inventory_entries,
     inventory_line,
+    node_problems,
     slices_of,
+    too_many_text,
 )
 from cli.kube import (
     RECORDS_SELECTOR,
@@ -48,13 +51,10 @@ from cli.kube import (
 )
 from cli.render import (
     NONE,
-    allocated_pods,
     join_sections,
-    node_problems,
     pods_cell,
     render_data,
     table,
-    too_many_text,
 )
 from controllers.draclaims import RESOURCECLAIMS
 from controllers.inventory import (

@@ -35,11 +35,14 @@ from api.v1alpha1 import (
 )
 from cli.claims import (
     ClaimView,
+    allocated_pods,
     claim_view,
+    node_problems,
     physical_text,
     physical_uuids,
     slices_of,
     source_text,
+    too_many_text,
 )
 from cli.doctor.collect import manager_config
 from cli.doctor.facts import DEPLOYMENTS, MANAGER_DEPLOYMENT
@@ -56,14 +59,11 @@ from cli.kube import (
 )
 from cli.render import (
     NONE,
-    allocated_pods,
     devices_text,
     fields,
     join_sections,
-    node_problems,
     render_data,
     table,
-    too_many_text,
 )
 from controllers.inventory import (
     Offer,

@@ -7,9 +7,6 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from api.constants import (
-    MAX_DEVICES_PER_RESOURCE,
-)
 from api.v1alpha1 import (
     format_ids,
 )
@@ -55,29 +52,6 @@ def pods_cell(pods: Sequence[str]) -> str:
     shown = ",".join(pods[:MAX_PODS_IN_CELL])
     more = len(pods) - MAX_PODS_IN_CELL
     return f"{shown} + {more} more..." if more > 0 else shown
-
-
-def allocated_pods(group: Obj | None) -> list[str]:
-    return list(((group or {}).get("status") or {}).get("allocatedPods") or [])
-
-
-def too_many_text(res: str, count: int) -> str:
-    return (
-        f"advertises {count} {res}, more than the {MAX_DEVICES_PER_RESOURCE} devices SDG "
-        "addresses per node, so it offers none (not a device count)"
-    )
-
-
-def node_problems(node: Obj) -> list[str]:
-    """Why a node may not run pods now: not Ready, cordoned (taints are per pod)."""
-    problems = []
-    for cond in (node.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == "Ready" and cond.get("status") != "True":
-            why = cond.get("reason") or f"Ready={cond.get('status')}"
-            problems.append(f"not Ready ({why})")
-    if (node.get("spec") or {}).get("unschedulable"):
-        problems.append("cordoned (spec.unschedulable)")
-    return problems
 
 
 # --- -o json | yaml ---------------------------------------------------------------------------
