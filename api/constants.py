@@ -60,6 +60,11 @@ FILTERING_TAINT_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
 SCHEDULER_NAME: Final = "deviceshare-scheduler"
 DEFAULT_SCHEDULER_NAME: Final = "default-scheduler"
 
+#: The manager's namespace where none is given (config/ installs it there; the claim
+#: records and the leader Lease live in it), and the name of its leader Lease.
+MANAGER_NAMESPACE: Final = "deviceshare-system"
+LEASE_NAME: Final = "deviceshare-manager"
+
 #: Finalizer that holds a group while pods still use it (like kubernetes.io/pvc-protection).
 FINALIZER: Final = "deviceshare.io/protection"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from api.constants import SDG_KIND
+from api.constants import MANAGER_NAMESPACE, SDG_KIND
 from controllers.inventory import RESOURCESLICES
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from sdgruntime import errors
@@ -22,7 +22,7 @@ from sdgruntime.client import Client
 from sdgruntime.kinds import CONFIGMAPS
 from sdgruntime.rest.kubeconfig import KubeconfigError, read_kubeconfig
 
-DEFAULT_CLAIMS_NAMESPACE = "deviceshare-system"
+DEFAULT_CLAIMS_NAMESPACE = MANAGER_NAMESPACE
 #: How long a watch waits for its first list of each kind.
 WATCH_SYNC_TIMEOUT = 60.0
 #: A watched device map is drawn again this long after a change (changes come in bursts).

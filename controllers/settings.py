@@ -21,6 +21,8 @@ from api.constants import (
     DEFAULT_CDI_ANNOTATION_PREFIX,
     DEFAULT_ENV_TABLE,
     DEFAULT_RUNTIME_CLASS,
+    LEASE_NAME,
+    MANAGER_NAMESPACE,
     SCHEDULER_NAME,
 )
 from api.envvars import parse_env_table
@@ -69,7 +71,7 @@ class Settings(BaseModel):
     leader_election_namespace: str | None = Field(
         None, description="namespace of the leader Lease; unset: the pod's namespace"
     )
-    leader_election_id: str = Field("deviceshare-manager", description="name of the leader Lease")
+    leader_election_id: str = Field(LEASE_NAME, description="name of the leader Lease")
     scheduler_name: str = Field(
         SCHEDULER_NAME,
         description="schedulerName of the pods this manager binds (the pod webhook sets it)",
@@ -207,19 +209,12 @@ class Settings(BaseModel):
             self.claims_namespace
             or self.leader_election_namespace
             or os.environ.get("POD_NAMESPACE")
-            or "deviceshare-system"
+            or MANAGER_NAMESPACE
         )
 
     def dra_driver_table(self) -> dict[str, str]:
         """DRA driver -> the device resource its devices count as."""
-        table = dict(DEFAULT_DRA_DRIVERS)
-        for item in self.dra_drivers.split(","):
-            driver, sep, resource = item.strip().partition("=")
-            if item.strip() and (not sep or not driver.strip() or not resource.strip()):
-                raise ValueError(f"--dra-drivers {item!r}: expected DRIVER=RESOURCE")
-            if sep:
-                table[driver.strip()] = resource.strip()
-        return table
+        return dra_driver_table(self.dra_drivers)
 
     def env_table(self) -> dict[str, str]:
         items = list(self.device_env)
@@ -235,6 +230,21 @@ class Settings(BaseModel):
         return Delivery(
             self.delivery, self.device_ids, self.runtime_class_name, self.cdi_annotation_prefix
         )
+
+
+def dra_driver_table(text: str, *, strict: bool = True) -> dict[str, str]:
+    """``--dra-drivers`` (``DRIVER=RESOURCE,...``) on top of the known drivers; not
+    ``strict``, a malformed item is skipped instead of refused."""
+    table = dict(DEFAULT_DRA_DRIVERS)
+    for item in text.split(","):
+        driver, sep, resource = item.strip().partition("=")
+        if item.strip() and (not sep or not driver.strip() or not resource.strip()):
+            if strict:
+                raise ValueError(f"--dra-drivers {item!r}: expected DRIVER=RESOURCE")
+            continue
+        if sep:
+            table[driver.strip()] = resource.strip()
+    return table
 
 
 def _flag(name: str) -> str:

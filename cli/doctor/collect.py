@@ -13,6 +13,8 @@ from api.constants import (
     DEFAULT_ENV_TABLE,
     DEFAULT_RUNTIME_CLASS,
     DELIVERY_AUTO,
+    LEASE_NAME,
+    MANAGER_NAMESPACE,
     SDG_KIND,
 )
 from api.envvars import parse_env_table
@@ -23,10 +25,8 @@ from cli.doctor.facts import (
     CERTIFICATES,
     CRD_NAME,
     DEPLOYMENTS,
-    LEASE_NAME,
     MANAGER_CONTAINER,
     MANAGER_DEPLOYMENT,
-    MANAGER_NAMESPACE,
     POLICIES,
     POLICY_KIND,
     PRIORITYCLASSES,
@@ -43,11 +43,10 @@ from cli.doctor.facts import (
 )
 from cli.doctor.judge import name_of, probe_pod, quote, runtime_class_users
 from controllers.inventory import (
-    DEFAULT_DRA_DRIVERS,
     RESOURCESLICES,
 )
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
-from controllers.settings import TRUE_WORDS, Settings, read_known
+from controllers.settings import TRUE_WORDS, Settings, dra_driver_table, read_known
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.kinds import (
@@ -93,15 +92,6 @@ def manager_flags(deployment: Obj) -> dict[str, Any]:
     return values
 
 
-def _driver_table(text: str) -> dict[str, str]:
-    table = dict(DEFAULT_DRA_DRIVERS)
-    for item in str(text).split(","):
-        driver, sep, resource = item.strip().partition("=")
-        if sep and driver.strip() and resource.strip():
-            table[driver.strip()] = resource.strip()
-    return table
-
-
 def manager_config(
     deployment: Fetched,
     manager_namespace: str,
@@ -135,7 +125,7 @@ def manager_config(
         lease_name=str(flags.get("leader_election_id") or LEASE_NAME),
         lease_namespace=str(namespace),
         env_table=env_table,
-        dra_drivers=_driver_table(str(flags.get("dra_drivers") or "")),
+        dra_drivers=dra_driver_table(str(flags.get("dra_drivers") or ""), strict=False),
         resource_slices=str(flags.get("resource_slices") or "auto"),
         holders=str(flags.get("holders") or "auto"),
         holder_priority_class=str(flags.get("holder_priority_class", "deviceshare-holder")),

@@ -14,6 +14,8 @@ from api.constants import (
     DEFAULT_RUNTIME_CLASS,
     DELIVERY_AUTO,
     GROUP,
+    LEASE_NAME,
+    MANAGER_NAMESPACE,
     PLURAL,
 )
 from controllers.inventory import (
@@ -31,11 +33,9 @@ Obj = Mapping[str, Any]
 # --- names (tests/unit/test_doctor.py proves they match config/) ---------------------------
 
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
-MANAGER_NAMESPACE: Final = "deviceshare-system"
 MANAGER_DEPLOYMENT: Final = "deviceshare-manager"
 MANAGER_CONTAINER: Final = "manager"
 MANAGER_POD_SELECTOR: Final = "app.kubernetes.io/name=shared-device-group"
-LEASE_NAME: Final = "deviceshare-manager"
 DEFAULT_LEASE_SECONDS: Final = 15
 WEBHOOK_SERVICE: Final = "deviceshare-webhook-service"
 #: config/webhook/manifests.yaml: configuration kind -> name.

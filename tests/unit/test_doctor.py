@@ -15,15 +15,14 @@ from typing import Any
 import pytest
 import yaml
 
+from api.constants import LEASE_NAME, MANAGER_NAMESPACE
 from cli import main as cli
 from cli.doctor.collect import manager_config, manager_flags
 from cli.doctor.facts import (
     CERT_MANAGER_INSTALL,
     CRD_NAME,
-    LEASE_NAME,
     MANAGER_CONTAINER,
     MANAGER_DEPLOYMENT,
-    MANAGER_NAMESPACE,
     MANAGER_POD_SELECTOR,
     POLICIES,
     SERVING_CERTIFICATE,
