@@ -224,7 +224,8 @@ def _collection(obj: dict[str, Any]) -> str:
 
 
 async def settle(client: Client, seconds: float = 20.0) -> None:
-    """Until every group is decided and every pod of a bound group is Running."""
+    """Until every group is decided, every pod of a bound group is Running, and each
+    group's podCount has caught up with its pods (it is written once per batch period)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         groups, _ = await client.list_all(SDG_KIND)
@@ -239,7 +240,17 @@ async def settle(client: Client, seconds: float = 20.0) -> None:
             if p["metadata"].get("annotations", {}).get("deviceshare.io/group") in bound
             and p.get("status", {}).get("phase") != "Running"
         ]
-        if decided and not waiting:
+        members: dict[str, int] = {}
+        for p in pods:
+            group = p["metadata"].get("annotations", {}).get("deviceshare.io/group")
+            if group in bound and p.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+                members[group] = members.get(group, 0) + 1
+        counted = all(
+            g.get("status", {}).get("podCount", 0) == members.get(g["metadata"]["name"], 0)
+            for g in groups
+            if g["metadata"]["name"] in bound
+        )
+        if decided and not waiting and counted:
             return
         await anyio.sleep(0.2)
 
