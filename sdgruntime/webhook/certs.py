@@ -26,19 +26,16 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
-def server_context(
-    cert_file: str | Path, key_file: str | Path, *, http2: bool = False
-) -> ssl.SSLContext:
+def server_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
     """A server context for TLS >= 1.2 with the given pair.
 
-    ALPN offers ``h2`` then ``http/1.1`` with ``http2`` (for an ``HTTPServer(http2=True)``:
-    Go clients, the API server included, then pick h2), else only ``http/1.1``, since Go
-    clients would try h2 on a server that does not speak it. No session tickets are issued
+    ALPN offers only ``http/1.1``: the servers do not speak HTTP/2, and Go clients (the
+    API server included) would try h2 if it were offered. No session tickets are issued
     (see below).
     """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.set_alpn_protocols(["h2", "http/1.1"] if http2 else ["http/1.1"])
+    context.set_alpn_protocols(["http/1.1"])
     # No session tickets: client-go keeps no TLS session cache, so the API server never
     # resumes, and OpenSSL's two TLS 1.3 tickets per handshake were 16% of its server CPU.
     context.num_tickets = 0
