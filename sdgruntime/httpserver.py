@@ -1,49 +1,40 @@
-"""A small HTTP/1.1 (and opt-in HTTP/2) server on anyio + h11, for webhooks, probes and
-metrics.
+"""The HTTP/1.1 server of webhooks, probes and metrics: ``aiohttp.web``'s low-level server
+(its C parser, keep-alive, pipelining, lingering close, graceful shutdown) with the limits
+a server reachable from a whole cluster needs, built around aiohttp's public API.
 
-Why not a framework: we need three tiny endpoints sets, per-connection TLS with a
-certificate that can change at any time, strict limits, and structured concurrency
-(the server is one task; each connection is a child task; cancelling ``serve`` shuts
-everything down). h11 does the protocol parsing; this module adds routing, limits,
-timeouts and error answers.
+Every input is bounded, and every refusal says why in a text body:
 
-Behaviour worth knowing:
+- over ``max_connections`` open connections a new one gets 503 ``too many connections
+  (limit N)`` and is closed (over TLS after the handshake, so the client can read it);
+  open connections are served as before;
+- a body over ``max_body_bytes`` gets 413, declared or chunked, after which the rest of
+  the upload is read and discarded for a moment (aiohttp's lingering close), so the client
+  reads the 413 instead of a reset; bodies held at once across requests are capped by
+  ``max_buffered_bytes`` (503 beyond);
+- a request head over ``max_header_bytes`` gets 431, whole or still arriving;
+- a request not complete within ``request_timeout`` of its first byte gets 408 and is
+  closed (slowloris); a TLS handshake gets the same time; a connection that sends nothing
+  is closed after ``request_timeout``, an idle keep-alive one after ``idle_timeout``;
+- a malformed request gets 400; a handler that raises gets 500, one that outlives
+  ``handler_timeout`` 503.
 
-- keep-alive and pipelining are supported (h11 handles the framing);
-- every input is bounded, and every refusal says why in a text body: a request body
-  larger than ``max_body_bytes`` gets 413 (from ``Content-Length`` before reading the
-  body, or while reading a chunked body), headers larger than ``max_header_bytes`` get
-  431, malformed requests get 400; after such an error the connection is closed
-  *gracefully* (half-close, then the rest of the request is read and discarded for a
-  moment) so the client reads the answer instead of a reset;
-- at most ``max_connections`` connections are served at once; one more gets an
-  immediate 503 ``too many connections (limit N)`` and is closed (over TLS after the
-  handshake, so the client can read it; at most ``_MAX_REFUSING`` such answers are in
-  progress, connections beyond those are closed unanswered);
-- request bodies being read or served hold at most ``max_buffered_bytes`` in total
-  (``None``: only the per-request cap); a request that would go over gets 503;
-- a client that starts a request but does not finish it within ``request_timeout``
-  gets 408; a TLS handshake or a response send that takes longer is dropped; a
-  connection that sends nothing is closed after ``request_timeout``, an idle
-  keep-alive connection after ``idle_timeout``;
-- a handler that raises gets 500, one that outlives ``handler_timeout`` gets 503;
-- with ``ssl_context_provider`` each new connection is wrapped with the context the
-  provider returns *at that moment*, so a rotated certificate takes effect for new
-  connections without a restart;
-- with ``http2=True``, a TLS connection whose ALPN chose ``h2`` is served by
-  ``sdgruntime.http2`` (same limits and handlers, per stream; see there); the context
-  must then offer ``h2`` (``server_context(..., http2=True)``). Without it, ALPN must not
-  offer h2 (``server_context`` by default does not). Each served connection counts in
-  ``sdgruntime_http_connections_total{server,protocol}``.
+TLS: ``ssl_context_provider`` is called once at start for the context the listener uses,
+and again on each new connection (cheap for a ``CertWatcher``), so a provider that
+reloads its files into that same live context rotates certificates without a restart.
+HTTP/2 is not spoken, and ALPN offers only ``http/1.1`` whatever the context offered
+(kubebuilder's scaffold turns HTTP/2 off since the Rapid Reset CVEs).
 
-Shutdown is cancellation: in-flight requests are cancelled with their connection.
+Cancelling ``serve`` stops accepting, closes idle connections and gives requests in
+flight ``shutdown_timeout`` seconds to be answered. Needs the asyncio backend.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
+import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -52,32 +43,20 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 import anyio.abc
-import h11
-from anyio.abc import SocketAttribute
-from anyio.streams.tls import TLSAttribute, TLSStream
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 
 from sdgruntime import jsoncodec, metrics
 
 log = logging.getLogger(__name__)
 
-_RECEIVE_SIZE = 65536
-_LINGER_SECONDS = 2.0
-_ACCEPT_BACKOFF_MIN = 0.005
-_ACCEPT_BACKOFF_MAX = 1.0
-_LINGER_MAX_BYTES = 64 * 1024 * 1024
-# Refusing a connection over the cap costs a task, a TLS handshake and a linger: bound
-# those too, and keep them short.
-_MAX_REFUSING = 32
-_REFUSE_SECONDS = 5.0
-_REFUSAL_LOG_INTERVAL = 10.0  # a flood of refusals is one warning per interval
 DEFAULT_MAX_CONNECTIONS = 256
-_NETWORK_ERRORS = (
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    anyio.EndOfStream,
-    ssl.SSLError,
-    OSError,
-)
+_LINGER_SECONDS = 2.0  # reading the rest of a refused request, so the answer is not reset
+# Refusing a connection over the cap costs a protocol object and a linger: bound those
+# too; beyond them a connection is closed unanswered.
+_MAX_REFUSING = 32
+_REFUSAL_LOG_INTERVAL = 10.0  # a flood of refusals is one warning per interval
+_BACKLOG = 511
 
 
 @dataclass(slots=True)
@@ -111,6 +90,7 @@ class Response:
     def text(
         cls, body: str, status: int = 200, headers: Mapping[str, str] | None = None
     ) -> Response:
+        """A ``text/plain`` response."""
         return cls(
             status,
             {"content-type": "text/plain; charset=utf-8", **(headers or {})},
@@ -121,6 +101,7 @@ class Response:
     def json(
         cls, obj: Any, status: int = 200, headers: Mapping[str, str] | None = None
     ) -> Response:
+        """An ``application/json`` response."""
         # jsoncodec: a string with a lone surrogate (a valid JSON escape, so it can arrive
         # in any request) falls back to ASCII escapes instead of failing.
         body = jsoncodec.dumps(obj)
@@ -140,6 +121,7 @@ class Router:
             self.add(path, handler)
 
     def add(self, path: str, handler: Handler) -> None:
+        """Serves ``handler`` on ``path``; a path is registered once."""
         if not path.startswith("/"):
             raise ValueError(f"route path must start with '/': {path!r}")
         if path in self._routes:
@@ -147,6 +129,7 @@ class Router:
         self._routes[path] = handler
 
     def resolve(self, path: str) -> Handler | None:
+        """The handler of ``path``, if any."""
         return self._routes.get(path)
 
     @property
@@ -164,12 +147,12 @@ class _Reject(Exception):
 
 
 class HTTPServer:
-    """Serves ``routes`` on ``host:port`` until cancelled.
+    """Serves ``routes`` on ``host:port`` until cancelled (module doc).
 
     ``port=0`` binds an ephemeral port; the bound port is ``self.port`` and is also the
     value ``serve`` reports through ``task_status.started`` (so
     ``port = await tg.start(server.serve)`` works). ``host=None`` binds all interfaces
-    (IPv4 and IPv6).
+    (IPv4 and IPv6, one port).
     """
 
     def __init__(
@@ -186,8 +169,8 @@ class HTTPServer:
         handler_timeout: float | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_buffered_bytes: int | None = None,
+        shutdown_timeout: float = 5.0,
         name: str = "http",
-        http2: bool = False,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
@@ -208,16 +191,21 @@ class HTTPServer:
         self.handler_timeout = handler_timeout
         self.max_connections = max_connections
         self.max_buffered_bytes = max_buffered_bytes
+        self.shutdown_timeout = shutdown_timeout
         self.name = name
-        self.http2 = http2
         self._requested_port = port
         self._port: int | None = None
         self._listening = False
         self._active = 0  # connections being served
-        self._refusing = 0  # connections being answered 503 over the cap
+        self._refusing: set[_Refusal] = set()  # connections being answered 503
         self._buffered = 0  # body bytes of requests being read or served
         self._refused = 0  # connections refused since the last warning
         self._refusal_logged = float("-inf")
+        self._context: ssl.SSLContext | None = None
+        self._warned_context = False  # the provider returned another context (logged once)
+        self._web: web.Server | None = None
+        self._protocol_kwargs: dict[str, Any] = {}
+        self._opened = metrics.HTTP_CONNECTIONS.labels(server=name, protocol="http/1.1")
 
     @property
     def connections(self) -> int:
@@ -243,63 +231,100 @@ class HTTPServer:
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        listener = await anyio.create_tcp_listener(
-            local_host=self.host, local_port=self._requested_port
-        )
-        # A connection task cancelled before it ran never counted itself out: start clean.
-        self._active = self._refusing = self._buffered = 0
+        """Serves until cancelled, then shuts down gracefully (module doc)."""
+        loop = asyncio.get_running_loop()
+        self._context = self.ssl_context_provider() if self.ssl_context_provider else None
+        if self._context is not None:
+            # HTTP/1.1 is all this server speaks: a Go client offered h2 would pick it.
+            self._context.set_alpn_protocols(["http/1.1"])
+        self._active, self._buffered = 0, 0
+        # handler_cancellation: a client that goes away cancels its handler.
+        self._web = web.Server(self._serve_request, handler_cancellation=True, loop=loop)
+        self._protocol_kwargs = {
+            "loop": loop,
+            # Ours closes idle connections (_Connection); aiohttp's is a later backstop.
+            "keepalive_timeout": self.idle_timeout + self.request_timeout,
+            "access_log": None,
+            # One field (name and value) or the request line may be as long as the whole
+            # head may be; the whole head is checked once parsed (_serve_request).
+            "max_line_size": self.max_header_bytes,
+            "max_field_size": self.max_header_bytes,
+            "lingering_time": _LINGER_SECONDS,
+            "auto_decompress": False,  # bodies are bounded as sent, and served as sent
+        }
+        sockets = _bind(self.host, self._requested_port)
+        servers: list[asyncio.Server] = []
         try:
-            async with listener, anyio.create_task_group() as connections:
-                self._port = listener.extra(SocketAttribute.local_port)
-                self._listening = True
-                log.info(
-                    "%s server listening on %s:%d (%s)",
-                    self.name,
-                    self.host or "*",
-                    self._port,
-                    "https" if self.ssl_context_provider else "http",
+            for sock in sockets:
+                servers.append(
+                    await loop.create_server(
+                        self._new_connection,
+                        sock=sock,
+                        ssl=self._context,
+                        ssl_handshake_timeout=self.request_timeout if self._context else None,
+                        backlog=_BACKLOG,
+                    )
                 )
-                for socket_listener in listener.listeners:  # one per address family
-                    # create_tcp_listener's: SocketListeners, whose accept() _accept uses
-                    assert isinstance(socket_listener, anyio.abc.SocketListener)
-                    connections.start_soon(self._accept, socket_listener, connections)
-                task_status.started(self._port)
+            self._port = sockets[0].getsockname()[1]
+            self._listening = True
+            log.info(
+                "%s server listening on %s:%d (%s)",
+                self.name,
+                self.host or "*",
+                self._port,
+                "https" if self._context else "http",
+            )
+            task_status.started(self._port)
+            await anyio.sleep_forever()
         finally:
             self._listening = False
+            with anyio.CancelScope(shield=True):
+                await self._shutdown(servers, sockets)
 
-    async def _accept(
-        self,
-        listener: anyio.abc.SocketListener,
-        connections: anyio.abc.TaskGroup,
-    ) -> None:
-        """Accepts until cancelled. Accept errors (out of file descriptors, a connection
-        aborted before it was accepted) are retried with backoff instead of ending the
-        server, as Go's net/http does."""
-        backoff = _ACCEPT_BACKOFF_MIN
-        while True:
+    async def _shutdown(self, servers: list[asyncio.Server], sockets: list[socket.socket]) -> None:
+        """Stops listening, closes idle connections, lets requests in flight finish."""
+        for server in servers:
+            server.close()
+        for sock in sockets[len(servers) :]:  # bound, never served
+            sock.close()
+        assert self._web is not None
+        self._web.pre_shutdown()  # idle keep-alive connections close now
+        with anyio.move_on_after(self.shutdown_timeout + 1):
+            await self._web.shutdown(self.shutdown_timeout)
+        for refusal in list(self._refusing):
+            refusal.abort()
+
+    # --- connections -------------------------------------------------------------------
+
+    def _new_connection(self) -> _Connection:
+        """The listener's protocol factory: called per accepted connection."""
+        if self.ssl_context_provider is not None:
             try:
-                stream = await listener.accept()
-            except OSError as exc:
-                log.warning(
-                    "%s server: accept failed (%s); retrying in %gs", self.name, exc, backoff
-                )
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, _ACCEPT_BACKOFF_MAX)
-                continue
-            backoff = _ACCEPT_BACKOFF_MIN
-            if self._active < self.max_connections:
-                self._active += 1  # counted here, so the next accept sees it
-                connections.start_soon(self._on_connection, stream)
-            elif self._refusing < _MAX_REFUSING:
-                self._refusing += 1
-                connections.start_soon(self._refuse, stream)
+                context = self.ssl_context_provider()  # may reload into the live context
+            except Exception:
+                log.exception("%s server: the TLS context provider failed", self.name)
             else:
-                self._warn_refused()
-                await stream.aclose()
+                if context is not self._context and not self._warned_context:
+                    self._warned_context = True
+                    log.error(
+                        "%s server: the TLS context provider returned a new context; the "
+                        "listener keeps the first (reload certificates into it instead)",
+                        self.name,
+                    )
+        assert self._web is not None
+        return _Connection(self, self._web, **self._protocol_kwargs)
+
+    def _admit(self) -> bool:
+        """Whether a connection just made (TLS handshake done) is served."""
+        if self._active < self.max_connections:
+            self._active += 1
+            self._opened.inc()
+            return True
+        return False
 
     def _warn_refused(self) -> None:
         self._refused += 1
-        now = anyio.current_time()
+        now = time.monotonic()
         if now - self._refusal_logged >= _REFUSAL_LOG_INTERVAL:
             log.warning(
                 "%s server: refused %d connection(s): %d open (limit %d)",
@@ -310,202 +335,81 @@ class HTTPServer:
             )
             self._refused, self._refusal_logged = 0, now
 
-    # --- one connection ------------------------------------------------------------
+    # --- requests ----------------------------------------------------------------------
 
-    async def _on_connection(self, raw: anyio.abc.SocketStream) -> None:
-        """Connection task: never raises (except cancellation), so one bad client cannot
-        take the server down."""
-        peer = raw.extra(SocketAttribute.remote_address, None)
-        client = (peer[0], peer[1]) if isinstance(peer, tuple) else None
+    async def _serve_request(self, request: web.BaseRequest) -> web.StreamResponse:
+        """aiohttp's handler: reads the body within the limits, then dispatches."""
+        connection = request.protocol
+        assert isinstance(connection, _Connection)
+        deadline = connection.request_began(request)
+        held = _Held()
         try:
-            async with raw:
-                try:
-                    stream: anyio.abc.ByteStream = raw
-                    protocol = "http/1.1"
-                    if self.ssl_context_provider is not None:
-                        wrapped = await self._handshake(raw, client)
-                        if wrapped is None:
-                            return
-                        stream = wrapped
-                        if self.http2 and wrapped.extra(TLSAttribute.alpn_protocol) == "h2":
-                            protocol = "h2"
-                    metrics.HTTP_CONNECTIONS.labels(server=self.name, protocol=protocol).inc()
-                    if protocol == "h2":
-                        from sdgruntime.http2 import H2Session  # h2 only loaded if used
-
-                        await H2Session(self, stream, client).run()
-                    else:
-                        await self._serve_connection(raw, stream, client)
-                except _NETWORK_ERRORS as exc:
-                    log.debug("%s connection from %s ended: %r", self.name, client, exc)
-                except Exception:
-                    log.exception("%s connection from %s failed", self.name, client)
-        finally:
-            self._active -= 1
-
-    async def _refuse(self, raw: anyio.abc.SocketStream) -> None:
-        """Answers a connection over ``max_connections`` with 503 and closes it, within
-        ``_REFUSE_SECONDS`` (plus the linger). The answer goes out before the request is
-        read (the linger then reads and discards it), so a refusal buffers nothing."""
-        message = f"too many connections (limit {self.max_connections})\n".encode()
-        answer = (
-            b"HTTP/1.1 503 Service Unavailable\r\n"
-            b"content-type: text/plain; charset=utf-8\r\n"
-            b"content-length: " + str(len(message)).encode() + b"\r\n"
-            b"retry-after: 1\r\nconnection: close\r\n\r\n" + message
-        )
-        self._warn_refused()
-        try:
-            async with raw:
-                stream: anyio.abc.ByteStream = raw
-                with anyio.move_on_after(_REFUSE_SECONDS):
-                    if self.ssl_context_provider is not None:
-                        wrapped = await self._handshake(raw, None)
-                        if wrapped is None:
-                            return
-                        stream = wrapped
-                    with contextlib.suppress(*_NETWORK_ERRORS):
-                        await stream.send(answer)
-                await self._linger(raw)
-        except Exception:
-            log.exception("%s server: refusing a connection failed", self.name)
-        finally:
-            self._refusing -= 1
-
-    async def _handshake(
-        self, raw: anyio.abc.SocketStream, client: tuple[str, int] | None
-    ) -> TLSStream | None:
-        """The TLS stream, or ``None`` if the handshake failed or took longer than
-        ``request_timeout``."""
-        assert self.ssl_context_provider is not None
-        try:
-            context = self.ssl_context_provider()
-        except Exception:
-            log.exception("%s server has no TLS context; dropping connection", self.name)
-            return None
-        with anyio.move_on_after(self.request_timeout):
             try:
-                return await TLSStream.wrap(
-                    raw, server_side=True, ssl_context=context, standard_compatible=False
-                )
-            except _NETWORK_ERRORS as exc:
-                log.debug("%s TLS handshake with %s failed: %r", self.name, client, exc)
-                return None
-        log.debug("%s TLS handshake with %s timed out", self.name, client)
-        return None
-
-    async def _serve_connection(
-        self,
-        raw: anyio.abc.SocketStream,
-        stream: anyio.abc.ByteStream,
-        client: tuple[str, int] | None,
-    ) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_header_bytes)
-        first = True
-        while True:
-            try:
-                request = await self._read_request(conn, stream, client, first)
+                req = await self._read_request(request, connection, deadline, held)
             except _Reject as reject:
-                log.debug("%s rejecting request from %s: %s", self.name, client, reject)
-                await self._send_error(conn, stream, reject.status, reject.message)
-                await self._linger(raw)
-                return
-            if request is None:
-                return
-            try:
-                response = await self._dispatch(request)
-                if not await self._send_response(conn, stream, request, response):
-                    return
-            finally:
-                self._buffered -= len(request.body)  # taken by _read_request
-            conn.start_next_cycle()
-            first = False
+                log.debug("%s rejecting request from %s: %s", self.name, connection.client, reject)
+                answer = _plain(reject.status, reject.message)
+                if reject.status == 408:  # the client stalled: nothing left to linger for
+                    await answer.prepare(request)
+                    await answer.write_eof()
+                    connection.force_close()
+                return answer
+            return _to_web(await self._dispatch(req))
+        finally:
+            self._buffered -= held.bytes
+            connection.request_ended()
 
     async def _read_request(
         self,
-        conn: h11.Connection,
-        stream: anyio.abc.ByteStream,
-        client: tuple[str, int] | None,
-        first: bool,
-    ) -> Request | None:
-        """Reads one whole request; ``None`` means the client went away or stayed idle.
+        request: web.BaseRequest,
+        connection: _Connection,
+        deadline: float,
+        held: _Held,
+    ) -> Request:
+        raw_headers = request.raw_headers
+        raw_path = request.raw_path
+        # aiohttp bounds each field; bound the whole head as well.
+        size = len(raw_path) + sum(len(k) + len(v) + 4 for k, v in raw_headers)
+        if size > self.max_header_bytes:
+            raise _Reject(431, self._headers_too_large())
+        body = b""
+        if request.can_read_body:
+            length = request.content_length
+            if length is not None and length > self.max_body_bytes:
+                raise _Reject(
+                    413,
+                    f"request body of {length} bytes exceeds the limit of "
+                    f"{self.max_body_bytes} bytes",
+                )
+            if length is not None and not self._fits(length):
+                raise self._busy()
+            if request.version >= (1, 1) and request.headers.get("expect", "").lower() == (
+                "100-continue"
+            ):
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            body = await self._read_body(request, deadline, held)
+        fields = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw_headers]
+        return _make_request(request.method, raw_path, fields, body, connection.client)
 
-        The body's bytes count in ``_buffered`` from the moment they are read; on a
-        returned request the caller gives them back, otherwise this does."""
-        body = bytearray()
+    async def _read_body(self, request: web.BaseRequest, deadline: float, held: _Held) -> bytes:
+        """The whole body, counted in ``_buffered`` (and ``held``) as it arrives."""
+        chunks = bytearray()
+        content = request.content
         try:
-            request = await self._read_into(conn, stream, client, first, body)
-        except BaseException:
-            self._buffered -= len(body)
-            raise
-        if request is None:
-            self._buffered -= len(body)
-        return request
-
-    async def _read_into(
-        self,
-        conn: h11.Connection,
-        stream: anyio.abc.ByteStream,
-        client: tuple[str, int] | None,
-        first: bool,
-        body: bytearray,
-    ) -> Request | None:
-        head: h11.Request | None = None
-        started = bool(conn.trailing_data[0])  # a pipelined request is already buffered
-        wait = self.request_timeout if started or first else self.idle_timeout
-        with anyio.CancelScope(deadline=anyio.current_time() + wait) as scope:
-            while True:
-                try:
-                    event = conn.next_event()
-                except h11.RemoteProtocolError as exc:
-                    if exc.error_status_hint == 431:  # a head still incomplete at the cap
-                        raise _Reject(431, self._headers_too_large()) from None
-                    raise _Reject(exc.error_status_hint, f"bad request: {exc}") from None
-                if event is h11.NEED_DATA:
-                    if conn.they_are_waiting_for_100_continue:
-                        await stream.send(
-                            conn.send(h11.InformationalResponse(status_code=100, headers=[]))
-                        )
-                    try:
-                        data = await stream.receive(_RECEIVE_SIZE)
-                    except anyio.EndOfStream:
-                        data = b""
-                    if data and not started:
-                        started = True
-                        scope.deadline = anyio.current_time() + self.request_timeout
-                    conn.receive_data(data)
-                elif isinstance(event, h11.Request):
-                    head = event
-                    # h11 bounds only heads that arrive in pieces; bound whole ones too.
-                    size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
-                    if size > self.max_header_bytes:
-                        raise _Reject(431, self._headers_too_large())
-                    length = _content_length(event.headers)
-                    if length is not None and length > self.max_body_bytes:
-                        raise _Reject(
-                            413,
-                            f"request body of {length} bytes exceeds the limit of "
-                            f"{self.max_body_bytes} bytes",
-                        )
-                    if length is not None and not self._fits(length):
-                        raise self._busy()
-                elif isinstance(event, h11.Data):
-                    body += event.data
-                    self._buffered += len(event.data)
-                    if len(body) > self.max_body_bytes:
+            async with asyncio.timeout_at(deadline):
+                while chunk := await content.readany():
+                    chunks += chunk
+                    held.bytes += len(chunk)
+                    self._buffered += len(chunk)
+                    if len(chunks) > self.max_body_bytes:
                         raise _Reject(
                             413, f"request body exceeds the limit of {self.max_body_bytes} bytes"
                         )
                     if not self._fits(0):
                         raise self._busy()
-                elif isinstance(event, h11.EndOfMessage):
-                    assert head is not None
-                    return _make_request(head, bytes(body), client)
-                else:  # ConnectionClosed (or PAUSED, which cannot happen here)
-                    return None
-        if scope.cancelled_caught and started:
-            raise _Reject(408, f"request not received within {self.request_timeout:g}s")
-        return None
+        except TimeoutError:
+            raise _Reject(408, f"request not received within {self.request_timeout:g}s") from None
+        return bytes(chunks)
 
     def _fits(self, more: int) -> bool:
         limit = self.max_buffered_bytes
@@ -544,116 +448,271 @@ class HTTPServer:
             log.exception("%s handler for %s %s failed", self.name, request.method, request.path)
             return Response.text("internal server error\n", 500)
 
-    async def _send_response(
-        self,
-        conn: h11.Connection,
-        stream: anyio.abc.ByteStream,
-        request: Request,
-        response: Response,
-    ) -> bool:
-        """Sends ``response``; returns whether the connection can serve another request."""
-        headers = [
-            (k.lower(), v) for k, v in response.headers.items() if k.lower() != "content-length"
-        ]
-        body = response.body
-        if response.status in (204, 304) or 100 <= response.status < 200:
-            body = b""
-        else:
-            headers.append(("content-length", str(len(body))))
-        try:
-            data = conn.send(
-                h11.Response(
-                    status_code=response.status,
-                    headers=_encode(headers),
-                    reason=_reason(response.status),
-                )
-            )
-            if body and request.method != "HEAD":
-                data += conn.send(h11.Data(data=body))
-            data += conn.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:
-            log.exception(
-                "%s cannot send response to %s %s", self.name, request.method, request.path
-            )
-            return False
-        with anyio.move_on_after(self.request_timeout) as scope:
-            await stream.send(data)
-        if scope.cancelled_caught:
-            return False
-        return conn.our_state is h11.DONE and conn.their_state is h11.DONE
 
-    async def _send_error(
-        self, conn: h11.Connection, stream: anyio.abc.ByteStream, status: int, message: str
-    ) -> None:
-        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-            return
-        body = (message + "\n").encode()
-        headers = [
-            ("content-type", "text/plain; charset=utf-8"),
-            ("content-length", str(len(body))),
-            ("connection", "close"),
-        ]
-        try:
-            data = conn.send(
-                h11.Response(status_code=status, headers=_encode(headers), reason=_reason(status))
-            )
-            data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:
-            return
-        with anyio.move_on_after(self.request_timeout):
-            with contextlib.suppress(*_NETWORK_ERRORS):
-                await stream.send(data)
+class _Held:
+    """Body bytes one request holds in the server's budget."""
 
-    async def _linger(self, raw: anyio.abc.SocketStream) -> None:
-        """Closes gracefully after an early answer: without this, closing a socket with
-        unread request bytes sends a TCP reset that can destroy our answer in flight."""
-        with anyio.move_on_after(_LINGER_SECONDS):
-            try:
-                await raw.send_eof()
-                drained = 0
-                while drained < _LINGER_MAX_BYTES:
-                    drained += len(await raw.receive(_RECEIVE_SIZE))
-            except _NETWORK_ERRORS:
-                pass
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
 
 
-def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if name == b"content-length":
-            return int(value)  # h11 has validated it
-    return None
+class _Connection(web.RequestHandler):
+    """aiohttp's HTTP/1.1 protocol with the connection cap, the request-head deadline
+    and idle timeout, and 431/400 answers for heads aiohttp's parser refuses.
 
+    One timer per connection: from the first byte of a request until its head is parsed
+    it is the request deadline (408 when it passes), between requests the idle timeout,
+    before the first byte of the first request ``request_timeout`` (closed silently).
+    """
 
-def _reason(status: int) -> bytes:
-    try:
-        return HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b""
-
-
-def _encode(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
-
-
-def _make_request(head: h11.Request, body: bytes, client: tuple[str, int] | None) -> Request:
-    return make_request(
-        head.method.decode("ascii"),
-        head.target.decode("latin-1"),
-        [(name.decode("latin-1"), value.decode("latin-1")) for name, value in head.headers],
-        body,
-        client,
+    __slots__ = (
+        "_admitted",
+        "_body",
+        "_deadline_timer",
+        "_evloop",
+        "_head_started",
+        "_next_started",
+        "_owner",
+        "_serving",
+        "client",
     )
 
+    def __init__(
+        self, owner: HTTPServer, manager: web.Server, loop: asyncio.AbstractEventLoop, **kwargs: Any
+    ) -> None:
+        super().__init__(manager, loop=loop, **kwargs)
+        self._owner = owner
+        self._evloop = loop
+        self._admitted = False
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._head_started: float | None = None  # first byte of the request being received
+        self._serving = False  # a request is being served
+        self._body: Any = None  # the served request's body stream
+        self._next_started: float | None = None  # first byte of a request sent while serving
+        self.client: tuple[str, int] | None = None
 
-def make_request(
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        owner = self._owner
+        if not owner._admit():
+            owner._warn_refused()
+            if len(owner._refusing) >= _MAX_REFUSING:
+                assert isinstance(transport, asyncio.Transport)  # TCP or TLS
+                transport.abort()
+                return
+            refusal = _Refusal(owner)
+            transport.set_protocol(refusal)  # asyncio's public API: it gets what follows
+            refusal.connection_made(transport)
+            return
+        self._admitted = True
+        peer = transport.get_extra_info("peername")
+        self.client = (peer[0], peer[1]) if isinstance(peer, tuple) else None
+        super().connection_made(transport)
+        self._arm(owner.request_timeout)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._admitted:
+            return
+        self._admitted = False
+        self._cancel_timer()
+        self._owner._active -= 1
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if data:
+            if not self._serving:
+                if self._head_started is None:
+                    self._head_started = self._evloop.time()
+                    self._arm(self._owner.request_timeout)
+            elif self._next_started is None and self._body is not None and self._body.is_eof():
+                self._next_started = self._evloop.time()  # the body is in: the next request
+        super().data_received(data)
+
+    def request_began(self, request: web.BaseRequest) -> float:
+        """The request's head is parsed: returns the deadline for its body."""
+        self._cancel_timer()
+        now = self._evloop.time()
+        started = self._head_started if self._head_started is not None else now
+        self._serving, self._body, self._head_started = True, request.content, None
+        return started + self._owner.request_timeout
+
+    def request_ended(self) -> None:
+        """The handler is done: the connection waits for the next request."""
+        self._serving, self._body = False, None
+        if self.transport is None:
+            return
+        if self._next_started is not None:
+            self._head_started, self._next_started = self._next_started, None
+            self._arm(self._head_started + self._owner.request_timeout - self._evloop.time())
+        else:
+            self._arm(self._owner.idle_timeout)
+
+    def _arm(self, delay: float) -> None:
+        self._cancel_timer()
+        self._deadline_timer = self._evloop.call_later(max(delay, 0.0), self._expired)
+
+    def _cancel_timer(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+
+    def _expired(self) -> None:
+        self._deadline_timer = None
+        transport = self.transport
+        if self._serving or transport is None:
+            return
+        if self._head_started is not None:
+            owner = self._owner
+            log.debug("%s request from %s not received in time", owner.name, self.client)
+            message = f"request not received within {owner.request_timeout:g}s"
+            transport.write(_raw_answer(408, message))
+        self.force_close()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A request aiohttp could not parse (or a failure aiohttp caught): 431 for a
+        head over the caps, else aiohttp's status; logged at debug only, since any client
+        can send garbage."""
+        if request.writer.output_size > 0:  # as aiohttp's: an answer is on its way already
+            raise ConnectionError("response already started")
+        owner = self._owner
+        if isinstance(exc, LineTooLong) or (
+            isinstance(exc, BadHttpMessage) and "Too many headers" in exc.message
+        ):
+            status, text = 431, owner._headers_too_large()
+        elif status == 400:
+            text = f"bad request: {message or exc}"
+        else:
+            text = _phrase(status).lower()
+        if status >= 500:  # not the client's doing
+            log.error("%s request from %s failed", owner.name, self.client, exc_info=exc)
+        else:
+            log.debug("%s request from %s refused (%s): %r", owner.name, self.client, status, exc)
+        return _plain(status, text)
+
+
+class _Refusal(asyncio.Protocol):
+    """Answers a connection over the cap with 503 and closes it: the answer goes out at
+    once, what the client sends is read and discarded until it closes or for
+    ``_LINGER_SECONDS``, so the answer is not destroyed by a reset."""
+
+    def __init__(self, owner: HTTPServer) -> None:
+        self._owner = owner
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._owner._refusing.add(self)
+        self._transport = transport
+        message = f"too many connections (limit {self._owner.max_connections})"
+        transport.write(_raw_answer(503, message, retry_after=True))
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(_LINGER_SECONDS, self.abort)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the request is not read: it is answered already
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._owner._refusing.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def abort(self) -> None:
+        """Closes the connection now."""
+        if self._transport is not None:
+            self._transport.abort()
+
+
+def _bind(host: str | None, port: int) -> list[socket.socket]:
+    """Listening sockets for ``host`` (``None``: every interface, IPv4 and IPv6), all on
+    one port (the first one's when ``port`` is 0)."""
+    if host is None:
+        candidates = [(socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")]
+    else:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        candidates = list(dict.fromkeys((info[0], str(info[4][0])) for info in infos))
+    sockets: list[socket.socket] = []
+    try:
+        for family, address in candidates:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((address, sockets[0].getsockname()[1] if sockets else port))
+                sock.listen(_BACKLOG)
+                sock.setblocking(False)
+            except OSError:
+                sock.close()
+                if host is None and family == socket.AF_INET6:
+                    continue  # no IPv6 on this machine: IPv4 alone
+                raise
+            sockets.append(sock)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _plain(status: int, message: str) -> web.Response:
+    """A text answer after which the connection is closed."""
+    response = web.Response(
+        status=status,
+        text=message + "\n",
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"connection": "close"},  # also on an HTTP/1.0 answer to a garbled head
+    )
+    response.force_close()
+    return response
+
+
+def _raw_answer(status: int, message: str, *, retry_after: bool = False) -> bytes:
+    """A whole ``connection: close`` answer as bytes, for a connection with no request."""
+    body = (message + "\n").encode()
+    head = [
+        f"HTTP/1.1 {status} {_phrase(status)}",
+        "content-type: text/plain; charset=utf-8",
+        f"content-length: {len(body)}",
+        *(["retry-after: 1"] if retry_after else []),
+        "connection: close",
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def _to_web(response: Response) -> web.Response:
+    headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
+    return web.Response(status=response.status, body=response.body, headers=headers)
+
+
+def _make_request(
     method: str,
     target: str,
     fields: Iterable[tuple[str, str]],
     body: bytes,
     client: tuple[str, int] | None,
 ) -> Request:
-    """A ``Request`` from a parsed head (either protocol's); ``_Reject`` (400) for a
-    target that cannot be split."""
+    """A ``Request`` from a parsed head; ``_Reject`` (400) for a target that cannot be
+    split."""
     if target.startswith("/"):
         raw_path, _, raw_query = target.partition("?")
     else:  # absolute-form ("http://host/path") or "*"

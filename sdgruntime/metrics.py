@@ -178,7 +178,7 @@ REST_CLIENT_LATENCY = Histogram(
 HTTP_CONNECTIONS = Counter(
     "sdgruntime_http_connections_total",
     "Connections served by sdgruntime's HTTP servers, by server and negotiated protocol "
-    "(h2 or http/1.1); a fast-growing count means clients reconnect instead of reusing",
+    "(http/1.1); a fast-growing count means clients reconnect instead of reusing",
     ["server", "protocol"],
     registry=REGISTRY,
 )

@@ -6,12 +6,10 @@ The server (``sdgruntime.webhook.WebhookServer`` + ``webhooks.podmutator.PodMuta
 cache holding one Bound group and its node) runs in a child process; this process sends
 real pod CREATE reviews over TLS the way the API server does (HTTP/1.1, a pool of at most
 25 idle connections per host, client-go's ``MaxIdleConnsPerHost``) and reads the child's
-CPU time from /proc. Rounds: ``keep-alive`` (the pool reused), ``new connection``
+CPU time from /proc. Rounds: ``keep-alive`` (the pool reused) and ``new connection``
 (one TLS handshake per review: what the API server does for the requests over its 25 idle
-connections) and ``h2`` (every review multiplexed on one HTTP/2 connection, as the API
-server does when our ALPN offers h2; driven with httpx, after one warm-up request so the
-burst finds the connection open). ``--py-spy FILE`` records the server during one round
-(``--py-spy-round``).
+connections). The server speaks HTTP/1.1 only. ``--py-spy FILE`` records the server
+during one round (``--py-spy-round``).
 """
 
 from __future__ import annotations
@@ -153,38 +151,13 @@ async def drive(port: int, ca: str, n: int, in_flight: int, fresh: bool) -> floa
         return time.perf_counter() - started
 
 
-async def drive_h2(port: int, ca: str, n: int, in_flight: int) -> float:
-    import httpx
-
-    ctx = ssl.create_default_context(cafile=ca)
-    ctx.set_alpn_protocols(["h2"])
-    url = f"https://127.0.0.1:{port}/mutate-v1-pod?timeout=10s"
-    bodies = [review(f"p{i}") for i in range(n)]
-    sem = asyncio.Semaphore(in_flight)
-    headers = {"content-type": "application/json"}
-    limits = httpx.Limits(max_connections=1)
-    async with httpx.AsyncClient(http2=True, verify=ctx, limits=limits, timeout=30) as client:
-
-        async def one(body: bytes) -> None:
-            async with sem:
-                resp = await client.post(url, content=body, headers=headers)
-                assert resp.status_code == 200, resp.text
-                assert resp.http_version == "HTTP/2"
-                assert b'"allowed":true' in resp.content
-
-        await one(review("warm"))  # the connection exists before the burst
-        started = time.perf_counter()
-        await asyncio.gather(*(one(b) for b in bodies))
-        return time.perf_counter() - started
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--reviews", type=int, default=4000)
     parser.add_argument("--in-flight", type=int, default=25)
     parser.add_argument("--py-spy", type=Path, help="record the server into this file")
     parser.add_argument(
-        "--py-spy-round", choices=("keep-alive", "new connection", "h2"), default="keep-alive"
+        "--py-spy-round", choices=("keep-alive", "new connection"), default="keep-alive"
     )
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -210,7 +183,7 @@ def main() -> int:
         port = int(port_file.read_text())
         asyncio.run(drive(port, str(work / "ca.crt"), 200, args.in_flight, False))  # warm up
         print(f"{args.reviews} pod CREATE reviews, {args.in_flight} in flight, server CPU:")
-        for label, fresh in (("keep-alive", False), ("new connection", True), ("h2", None)):
+        for label, fresh in (("keep-alive", False), ("new connection", True)):
             spy = None
             if args.py_spy and label == args.py_spy_round:
                 exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -233,14 +206,9 @@ def main() -> int:
                 )
                 time.sleep(1.0)
             before = cpu_seconds(child.pid)
-            if fresh is None:
-                wall = asyncio.run(
-                    drive_h2(port, str(work / "ca.crt"), args.reviews, args.in_flight)
-                )
-            else:
-                wall = asyncio.run(
-                    drive(port, str(work / "ca.crt"), args.reviews, args.in_flight, fresh)
-                )
+            wall = asyncio.run(
+                drive(port, str(work / "ca.crt"), args.reviews, args.in_flight, fresh)
+            )
             cpu = cpu_seconds(child.pid) - before
             if spy is not None:
                 spy.send_signal(2)

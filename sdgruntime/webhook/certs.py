@@ -6,25 +6,19 @@ reliable signal, so ``CertWatcher`` compares the files' *content* (a SHA-256 of 
 at most every ``min_interval`` seconds, lazily, when a new connection asks for the
 context. No background task is needed and an idle server does no file I/O.
 
-A new pair that does not load (half-written files, a key that does not match the
-certificate, garbage) is logged once per distinct content and the previous context
-stays in use; the files are examined again on the next check, so the pair is picked up
-as soon as it is complete.
-
-The expiry (``not_after``, for the log) is read from the certificate's DER by
-:func:`not_after` rather than by ``cryptography``, whose import costs a manager that only
-serves certificates about 14 MiB of RSS.
+A changed pair is loaded into the *same* ``SSLContext`` (the one the listener holds), so
+new connections get it and open ones keep theirs. A pair that does not load (half-written
+files, a key that does not match the certificate, garbage) is logged once per distinct
+content and the previous one stays in use; the files are examined again on the next
+check, so the pair is picked up as soon as it is complete.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import datetime
 import hashlib
 import logging
-import re
 import ssl
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,19 +26,16 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
-def server_context(
-    cert_file: str | Path, key_file: str | Path, *, http2: bool = False
-) -> ssl.SSLContext:
+def server_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
     """A server context for TLS >= 1.2 with the given pair.
 
-    ALPN offers ``h2`` then ``http/1.1`` with ``http2`` (for an ``HTTPServer(http2=True)``:
-    Go clients, the API server included, then pick h2), else only ``http/1.1``, since Go
-    clients would try h2 on a server that does not speak it. No session tickets are issued
+    ALPN offers only ``http/1.1``: the servers do not speak HTTP/2, and Go clients (the
+    API server included) would try h2 if it were offered. No session tickets are issued
     (see below).
     """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.set_alpn_protocols(["h2", "http/1.1"] if http2 else ["http/1.1"])
+    context.set_alpn_protocols(["http/1.1"])
     # No session tickets: client-go keeps no TLS session cache, so the API server never
     # resumes, and OpenSSL's two TLS 1.3 tickets per handshake were 16% of its server CPU.
     context.num_tickets = 0
@@ -91,6 +82,8 @@ class CertWatcher:
         self._checked_at: float | None = None
         self.not_after: float | None = None  # POSIX time the current certificate expires
         self._last_error: BaseException | None = None  # why the last load failed
+        self._algorithm = ""  # of the pair loaded first
+        self._switched: ssl.SSLContext | None = None  # see _load
         if load:
             self.refresh()
             if self._context is None:
@@ -119,21 +112,18 @@ class CertWatcher:
         """Re-reads the files now; returns whether a new pair was loaded."""
         self._checked_at = self._clock()
         try:
-            digest = self._digest()
+            cert, key = self.cert_file.read_bytes(), self.key_file.read_bytes()
         except OSError as exc:
             self._last_error = exc
             if self._failed_digest != b"unreadable":
                 self._failed_digest = b"unreadable"
                 log.error("cannot read serving certificate files: %s", exc)
             return False
+        digest = hashlib.sha256(len(cert).to_bytes(8, "big") + cert + key).digest()
         if digest == self._loaded_digest:
             return False
         try:
-            context = self._factory(self.cert_file, self.key_file)
-            # The files may have changed between reading and loading: only trust a load
-            # whose content is the content we hashed, or the next check would miss it.
-            if self._digest() != digest:
-                return False
+            self._load(cert, key)
         except (OSError, ssl.SSLError, ValueError) as exc:
             self._last_error = exc
             if self._failed_digest != digest:
@@ -146,10 +136,9 @@ class CertWatcher:
                     "previous one" if self._context is not None else "server without one",
                 )
             return False
-        self._context = context
         self._loaded_digest = digest
         self._failed_digest = None
-        self.not_after = self._expiry()
+        self.not_after = _not_after(cert)
         log.info(
             "loaded serving certificate %s (expires %s)",
             self.cert_file,
@@ -159,67 +148,46 @@ class CertWatcher:
         )
         return True
 
-    def _digest(self) -> bytes:
-        sha = hashlib.sha256()
-        for path in (self.cert_file, self.key_file):
-            data = path.read_bytes()
-            sha.update(len(data).to_bytes(8, "big"))
-            sha.update(data)
-        return sha.digest()
+    def _load(self, cert: bytes, key: bytes) -> None:
+        """Loads exactly the bytes read (files may change meanwhile): into a fresh context
+        first, so a bad pair fails there and leaves the live one as it was, then into the
+        live one."""
+        with tempfile.TemporaryDirectory(prefix="sdg-serving-cert-") as folder:
+            cert_file, key_file = Path(folder) / "tls.crt", Path(folder) / "tls.key"
+            key_file.touch(mode=0o600)
+            key_file.write_bytes(key)
+            cert_file.write_bytes(cert)
+            fresh = self._factory(cert_file, key_file)
+            algorithm = _key_algorithm(cert)
+            if self._context is None:
+                self._context, self._algorithm = fresh, algorithm
+                return
+            self._context.load_cert_chain(str(cert_file), str(key_file))
+        if algorithm != self._algorithm or self._switched is not None:
+            # OpenSSL keeps one certificate per key type in a context, so the old one
+            # would still be offered to clients preferring its type: from now on each
+            # handshake moves to a context holding only the newest pair.
+            self._switched = fresh
+            self._context.sni_callback = self._switch
 
-    def _expiry(self) -> float | None:
-        try:
-            return not_after(self.cert_file.read_bytes())
-        except (OSError, ValueError):
-            return None
+    def _switch(self, connection: ssl.SSLObject, name: str | None, _: ssl.SSLContext) -> None:
+        """``sni_callback``: the handshake goes on with the newest pair's context."""
+        if self._switched is not None:
+            connection.context = self._switched
 
 
-_PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----([^-]*)-----END CERTIFICATE-----")
+def _key_algorithm(pem: bytes) -> str:
+    """The OID of the certificate's public-key algorithm (RSA, EC, Ed25519...)."""
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificate(pem).public_key_algorithm_oid.dotted_string
 
 
-def not_after(pem: bytes) -> float:
-    """POSIX time the first certificate in ``pem`` expires (``tbsCertificate.validity.
-    notAfter``, RFC 5280 4.1); ValueError if there is none or it is malformed."""
-    match = _PEM_CERT.search(pem)
-    if match is None:
-        raise ValueError("no PEM certificate")
+def _not_after(pem: bytes) -> float | None:
+    """POSIX time the first certificate in ``pem`` expires, if it can be read."""
+    from cryptography import x509
+
     try:
-        der = base64.b64decode(match.group(1))
-    except binascii.Error as err:
-        raise ValueError(f"PEM certificate is not base64: {err}") from err
-    try:
-        _, cert, _ = _der(der, 0, 0x30)  # Certificate ::= SEQUENCE
-        _, pos, _ = _der(der, cert, 0x30)  # tbsCertificate ::= SEQUENCE
-        if der[pos] == 0xA0:  # [0] EXPLICIT version, absent for v1
-            pos = _der(der, pos, 0xA0)[2]
-        for tag in (0x02, 0x30, 0x30):  # serialNumber, signature, issuer
-            pos = _der(der, pos, tag)[2]
-        _, validity, _ = _der(der, pos, 0x30)
-        pos = _der(der, validity, None)[2]  # notBefore
-        tag, start, end = _der(der, pos, None)  # notAfter
-    except IndexError:
-        raise ValueError("truncated certificate") from None
-    text = der[start:end].decode("ascii", "replace")
-    if tag == 0x17:  # UTCTime YYMMDDHHMMSSZ: 50..99 are 19xx
-        text = ("19" if int(text[:2]) >= 50 else "20") + text
-    elif tag != 0x18:  # GeneralizedTime YYYYMMDDHHMMSSZ
-        raise ValueError(f"notAfter has tag {tag:#x}, not a time")
-    when = datetime.datetime.strptime(text, "%Y%m%d%H%M%SZ").replace(tzinfo=datetime.UTC)
-    return when.timestamp()
-
-
-def _der(der: bytes, pos: int, expect: int | None) -> tuple[int, int, int]:
-    """(tag, content start, content end) of the DER element at ``pos``."""
-    tag, length = der[pos], der[pos + 1]
-    pos += 2
-    if length & 0x80:
-        count = length & 0x7F
-        if not 0 < count <= 4:
-            raise ValueError("unsupported DER length")
-        length = int.from_bytes(der[pos : pos + count], "big")
-        pos += count
-    if expect is not None and tag != expect:
-        raise ValueError(f"DER tag {tag:#x}, expected {expect:#x}")
-    if pos + length > len(der):
-        raise ValueError("truncated certificate")
-    return tag, pos, pos + length
+        return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+    except ValueError:
+        return None

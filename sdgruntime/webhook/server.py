@@ -23,11 +23,10 @@ for the ones below 413, text for the rest), never a 500 and never a traceback:
 - 503: over ``max_connections`` open connections, or request bodies in progress over
   ``max_buffered_bytes`` in total.
 
-HTTP/2: the certificate files' context offers ALPN ``h2`` first and the server speaks it,
-so the API server sends every review over one multiplexed connection instead of opening
-a TLS connection per review beyond client-go's 25 idle ones (a handshake costs more than
-a review). The limits above hold per stream; HTTP/1.1 clients are served as before. A
-context from ``ssl_context_provider`` decides for itself which protocols it offers.
+HTTP/1.1 only (``sdgruntime.httpserver``): ALPN offers no ``h2``, as kubebuilder's
+scaffold turns HTTP/2 off since the Rapid Reset CVEs. A context from
+``ssl_context_provider`` decides for itself which protocols it offers (it must not offer
+h2), and rotates by loading new pairs into itself, as ``CertWatcher`` does.
 
 Deadline: the API server appends ``?timeout=10s`` (the webhook's ``timeoutSeconds``) to
 the URL and gives up after it, applying the ``failurePolicy`` with an opaque error. We
@@ -47,7 +46,6 @@ import re
 import ssl
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import anyio
@@ -63,7 +61,7 @@ from sdgruntime.webhook.admission import (
     Validator,
     Webhook,
 )
-from sdgruntime.webhook.certs import CertWatcher, server_context
+from sdgruntime.webhook.certs import CertWatcher
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +131,6 @@ class WebhookServer:
             # deadline too; the handler itself is bounded by the Webhook.
             request_timeout=request_timeout,
             name="webhook",
-            http2=True,
         )
 
     def register(
@@ -172,7 +169,6 @@ class WebhookServer:
                 self.cert_file,
                 self.key_file,
                 min_interval=self.cert_check_interval,
-                context_factory=partial(server_context, http2=True),
                 hint=(
                     f"the webhook server reads {self.cert_file.name} and {self.key_file.name} "
                     "from ManagerOptions(webhook_cert_dir=...) (WebhookServer(cert_dir=...)), "

@@ -1,7 +1,9 @@
-"""The HTTP/1.1 server (real sockets on 127.0.0.1) and the probe/metrics servers on it."""
+"""The HTTP/1.1 server (real sockets on 127.0.0.1): routing, keep-alive, every limit and
+graceful shutdown; and the probe/metrics servers on it."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -215,8 +217,17 @@ async def test_malformed_request_gets_400_and_the_server_goes_on() -> None:
 
 async def test_oversized_headers_get_431_whole_or_still_arriving() -> None:
     big = b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192
+    many = b"GET /echo HTTP/1.1\r\nHost: x\r\n" + b"".join(
+        b"X-%d: %s\r\n" % (n, b"m" * 500) for n in range(10)
+    )
+    countless = b"GET /echo HTTP/1.1\r\n" + b"".join(b"X-%d: c\r\n" % n for n in range(300))
     async with running(make_server(max_header_bytes=4096)) as srv:
-        for head in (big + b"\r\n\r\n", big):  # complete, and with no end in sight
+        for head in (
+            big + b"\r\n\r\n",  # one field over the cap, complete
+            big,  # and with no end in sight
+            many + b"\r\n",  # fields each under the cap, together over it
+            countless + b"\r\n",  # more fields than any real client sends
+        ):
             stream = await srv.connect()
             async with stream:
                 await stream.send(head)
@@ -234,6 +245,48 @@ async def test_request_not_finished_in_time_gets_408_and_is_closed() -> None:
             resp = await reader.response()
             assert resp.status == 408
             assert resp.body == b"request not received within 0.2s\n"
+            assert await reader.closed()
+
+
+async def test_a_request_head_not_finished_in_time_gets_408_however_slowly_it_comes() -> None:
+    """Slowloris: a head that trickles in a byte at a time never resets the deadline."""
+    async with running(make_server(request_timeout=0.5)) as srv:
+        stalled = await srv.connect()
+        async with stalled:
+            await stalled.send(b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+            reader = RawReader(stalled)
+            resp = await reader.response()
+            assert resp.status == 408
+            assert resp.body == b"request not received within 0.5s\n"
+            assert await reader.closed()
+
+        dribbling = await srv.connect()
+        async with dribbling:
+            reader = RawReader(dribbling)
+
+            async def dribble() -> None:
+                with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                    for byte in b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000:
+                        await dribbling.send(bytes([byte]))
+                        await anyio.sleep(0.05)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(dribble)
+                assert (await reader.response()).status == 408
+                tg.cancel_scope.cancel()
+        async with srv.client() as client:
+            assert (await client.get("/echo")).status_code == 200
+
+
+async def test_a_second_request_on_a_kept_connection_has_its_own_deadline() -> None:
+    async with running(make_server(request_timeout=0.3, idle_timeout=60)) as srv:
+        stream = await srv.connect()
+        async with stream:
+            reader = RawReader(stream)
+            await stream.send(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await reader.response()).status == 200
+            await stream.send(b"GET /echo HTTP/1.1\r\nHost: x\r\n")  # and no end
+            assert (await reader.response()).status == 408
             assert await reader.closed()
 
 
@@ -406,6 +459,56 @@ async def test_cancelling_serve_closes_the_listener_and_open_connections() -> No
     await stream.aclose()
     with pytest.raises(OSError):
         await anyio.connect_tcp("127.0.0.1", port)
+
+
+async def test_shutdown_answers_requests_in_flight_and_takes_no_new_ones() -> None:
+    started, release = anyio.Event(), anyio.Event()
+
+    async def finishing(request: Request) -> Response:
+        started.set()
+        await release.wait()
+        return Response.text("finished")
+
+    server = HTTPServer("127.0.0.1", 0, {"/finishing": finishing, "/echo": echo})
+    stop = anyio.CancelScope()
+
+    async def run(*, task_status: anyio.abc.TaskStatus[int]) -> None:
+        with stop:
+            await server.serve(task_status=task_status)
+
+    answers: list[httpx.Response] = []
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(run)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+
+            async def call() -> None:
+                answers.append(await client.get("/finishing"))
+
+            tg.start_soon(call)
+            with anyio.fail_after(5):
+                await started.wait()
+            stop.cancel()  # shutdown begins: the listener closes, the request goes on
+            await _until(lambda: not server.listening)
+            with pytest.raises(OSError):
+                await anyio.connect_tcp("127.0.0.1", port)
+            release.set()
+            await _until(lambda: bool(answers))
+    assert [(r.status_code, r.text) for r in answers] == [(200, "finished")]
+
+
+async def test_shutdown_cancels_what_is_still_running_after_its_timeout() -> None:
+    server = make_server(shutdown_timeout=0.2)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(server.serve)
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+            await stream.send(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            await _until(lambda: server.connections == 1)
+            await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+    assert await RawReader(stream).closed()
+    await stream.aclose()
+    assert server.connections == 0
 
 
 # --- probes and metrics -------------------------------------------------------------

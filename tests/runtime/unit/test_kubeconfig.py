@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-from cryptography import x509
 
 from sdgruntime.client import Client
 from sdgruntime.rest.config import (
@@ -33,14 +32,13 @@ from sdgruntime.rest.kubeconfig import (
     kubeconfig_rest_config,
 )
 from sdgruntime.securemetrics import self_signed_pair
-from sdgruntime.webhook.certs import not_after
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _pair(cn: str, *, days: int = 1) -> tuple[bytes, bytes]:
-    """A self-signed certificate and key, valid ``days`` days."""
-    return self_signed_pair([cn], days=days)
+def _pair(cn: str) -> tuple[bytes, bytes]:
+    """A self-signed certificate and key, valid a day."""
+    return self_signed_pair([cn], days=1)
 
 
 @pytest.fixture(scope="module")
@@ -415,22 +413,3 @@ def test_incluster_configuration_outside_a_cluster_says_so(monkeypatch: pytest.M
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(KubeconfigError, match="not in a cluster"):
         incluster_configuration()
-
-
-# --- certificate expiry without cryptography -------------------------------------------
-
-
-@pytest.mark.parametrize("days", [1, 365 * 40])  # UTCTime, and GeneralizedTime from 2050
-def test_not_after_reads_the_certificate_validity(days: int) -> None:
-    cert_pem, key_pem = _pair("expiry", days=days)
-    expected = x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc.timestamp()
-    assert not_after(key_pem + cert_pem) == expected
-
-
-@pytest.mark.parametrize(
-    "pem",
-    [b"", b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", b"garbage"],
-)
-def test_not_after_refuses_what_is_not_a_certificate(pem: bytes) -> None:
-    with pytest.raises(ValueError):
-        not_after(pem)

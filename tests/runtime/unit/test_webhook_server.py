@@ -386,9 +386,9 @@ async def test_requests_that_are_not_reviews_get_clean_http_errors(
 
 
 @pytest.mark.anyio
-async def test_h2_is_preferred_and_http11_still_served(cert_dir: SecretVolume, ca: CA) -> None:
-    """Go clients (the API server) offer h2 first and get it; a client that offers only
-    HTTP/1.1 is served as before."""
+async def test_h2_is_never_negotiated_and_http11_is_served(cert_dir: SecretVolume, ca: CA) -> None:
+    """Go clients (the API server) offer h2 first; the server picks HTTP/1.1 (HTTP/2 is
+    off, as in kubebuilder's scaffold since the Rapid Reset CVEs)."""
     async with running(make_server(cert_dir), ca) as srv:
         stream = await anyio.connect_tcp(
             "127.0.0.1",
@@ -397,14 +397,9 @@ async def test_h2_is_preferred_and_http11_still_served(cert_dir: SecretVolume, c
             tls_standard_compatible=False,  # HTTP needs no close_notify
         )
         async with stream:
-            assert stream.extra(TLSAttribute.alpn_protocol) == "h2"
-        async with httpx.AsyncClient(http2=True, verify=ca.client_context()) as client:
-            r = await client.post(f"{srv.url}/validate", json=review(pod()))
-            assert r.http_version == "HTTP/2"
-            assert r.json()["response"]["allowed"] is True
-        http11 = ssl.create_default_context(cadata=ca.cert_pem.decode())
-        http11.set_alpn_protocols(["http/1.1"])
-        async with httpx.AsyncClient(verify=http11) as client:
+            assert stream.extra(TLSAttribute.alpn_protocol) == "http/1.1"
+        # offers h2 in ALPN, as Go clients do (httpx would fail on an h2 answer)
+        async with httpx.AsyncClient(verify=ca.client_context()) as client:
             r = await client.post(f"{srv.url}/validate", json=review(pod()))
             assert r.http_version == "HTTP/1.1"
             assert r.json()["response"]["allowed"] is True
@@ -421,7 +416,8 @@ async def test_no_session_ticket_is_issued(cert_dir: SecretVolume, ca: CA) -> No
             tls_standard_compatible=False,
         )
         async with stream:
-            await stream.receive()  # h2: our SETTINGS, sent after any ticket (TLS 1.3)
+            await stream.send(b"GET /validate HTTP/1.1\r\nHost: x\r\n\r\n")
+            await stream.receive()  # the answer, sent after any ticket (TLS 1.3)
             ssl_object = stream.extra(TLSAttribute.ssl_object)
             assert ssl_object.version() == "TLSv1.3"
             assert ssl_object.session is not None and not ssl_object.session.has_ticket
@@ -454,27 +450,115 @@ async def test_a_rotated_certificate_is_used_for_new_connections(
             assert (await client.post("/validate", json=review())).status_code == 200
 
 
+def served_certificate(server: ssl.SSLContext, client: ssl.SSLContext | None = None) -> bytes:
+    """The certificate (DER) a handshake with ``server`` presents; ``b""`` if it fails.
+    ``client`` verifies nothing by default."""
+    if client is None:
+        client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    ours = client.wrap_bio(to_client, to_server)
+    theirs = server.wrap_bio(to_server, to_client, server_side=True)
+    done = {ours: False, theirs: False}
+    for _ in range(10):
+        for side in (ours, theirs):
+            try:
+                side.do_handshake()
+                done[side] = True
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError:
+                return b""
+        if all(done.values()):
+            return ours.getpeercert(binary_form=True) or b""
+    raise AssertionError("the handshake did not finish")
+
+
+def der(pem: bytes) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(pem.decode())
+
+
 def test_cert_watcher_reloads_on_content_change_only(cert_dir: SecretVolume, ca: CA) -> None:
     watcher = CertWatcher(cert_dir.root / "tls.crt", cert_dir.root / "tls.key", min_interval=0)
-    first = watcher()
-    assert watcher() is first  # same content: the same context, nothing re-loaded
+    live = watcher()
+    first = served_certificate(live)
+    assert first == der((cert_dir.root / "tls.crt").read_bytes())
+    assert not watcher.refresh()  # same content: nothing re-loaded
     crt, key = CA("other").issue()
 
     (cert_dir.root / "..data" / "tls.crt").write_bytes(crt)  # half an update...
-    assert watcher() is first  # ...does not load (key does not match) and keeps the old one
+    assert watcher() is live and not watcher.refresh()  # ...does not load (key mismatch)
+    assert served_certificate(live) == first  # and the old pair is still served
     (cert_dir.root / "..data" / "tls.key").write_bytes(key)
-    second = watcher()
-    assert second is not first
+    assert watcher() is live  # loaded into the live context, which the listener holds
+    assert served_certificate(live) == der(crt)
     assert watcher.not_after is not None
 
     lazy = CertWatcher(cert_dir.root / "tls.crt", cert_dir.root / "tls.key", min_interval=3600)
     context = lazy()
-    cert_dir.write(dict(zip(("tls.crt", "tls.key"), ca.issue(), strict=True)))
-    assert lazy() is context  # not looked at again before min_interval
-    assert lazy.refresh() and lazy() is not context
+    new_crt, new_key = ca.issue()
+    cert_dir.write({"tls.crt": new_crt, "tls.key": new_key})
+    assert lazy() is context and served_certificate(context) == der(crt)  # not looked at yet
+    assert lazy.refresh() and served_certificate(lazy()) == der(new_crt)
 
     with pytest.raises(RuntimeError):
         CertWatcher(cert_dir.root / "missing.crt", cert_dir.root / "tls.key")
+
+
+def test_a_new_key_type_replaces_the_old_certificate_for_every_client(
+    cert_dir: SecretVolume, ca: CA
+) -> None:
+    """OpenSSL keeps one certificate per key type in a context: after an ECDSA -> RSA
+    rotation, a client that takes only ECDSA must not be served the old certificate."""
+    watcher = CertWatcher(cert_dir.root / "tls.crt", cert_dir.root / "tls.key", min_interval=0)
+    live = watcher()
+    rsa_crt, rsa_key = rsa_pair()
+    cert_dir.write({"tls.crt": rsa_crt, "tls.key": rsa_key})
+    assert watcher() is live
+    assert served_certificate(live) == der(rsa_crt)
+    ecdsa_only = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ecdsa_only.check_hostname, ecdsa_only.verify_mode = False, ssl.CERT_NONE
+    ecdsa_only.maximum_version = ssl.TLSVersion.TLSv1_2  # ciphers name the key type
+    ecdsa_only.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256")
+    assert served_certificate(live, ecdsa_only) in (b"", der(rsa_crt))
+    crt, key = ca.issue()  # and back to ECDSA
+    cert_dir.write({"tls.crt": crt, "tls.key": key})
+    assert served_certificate(watcher(), ecdsa_only) == der(crt)
+
+
+def rsa_pair() -> tuple[bytes, bytes]:
+    """A self-signed RSA serving pair for 127.0.0.1."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rsa")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
 @pytest.mark.anyio
