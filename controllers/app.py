@@ -189,20 +189,24 @@ class SDG:
                 else None
             ),
         )
-        groupscheduler.setup(
-            mgr,
-            self.group_scheduler,
-            workers=settings.group_workers,
-            resource_slices=settings.resource_slices != "off",
-            taint_rules=settings.resource_slices != "off" and settings.device_taint_rules != "off",
-        )
+        runs = settings.runs
+        if runs("group-scheduler"):
+            groupscheduler.setup(
+                mgr,
+                self.group_scheduler,
+                workers=settings.group_workers,
+                resource_slices=settings.resource_slices != "off",
+                taint_rules=settings.resource_slices != "off"
+                and settings.device_taint_rules != "off",
+            )
         self.status_controller = StatusController(
             mgr.client,
             cache,
             mgr.event_recorder("deviceshare-controller"),
             batch_period=settings.status_batch_period,
         )
-        statuscontroller.setup(mgr, self.status_controller, workers=settings.status_workers)
+        if runs("status"):
+            statuscontroller.setup(mgr, self.status_controller, workers=settings.status_workers)
         self.pod_scheduler = PodScheduler(
             mgr.client,
             cache,
@@ -211,23 +215,21 @@ class SDG:
             tracer_provider=tracer_provider,
             env_table=self.env_table,
         )
-        podscheduler.setup(mgr, self.pod_scheduler, workers=settings.pod_workers)
-        foreign.setup(
-            mgr,
-            ForeignPodReporter(
-                cache,
-                recorder,
-                self.env_table,
-                settings.namespace,
-                self._kubelet_counts,
-                claims_counted=settings.resource_slices != "off",
-            ),
-        )
+        if runs("pod-scheduler"):
+            podscheduler.setup(mgr, self.pod_scheduler, workers=settings.pod_workers)
+        if runs("foreign-reporter"):
+            foreign.setup(
+                mgr,
+                ForeignPodReporter(
+                    cache,
+                    recorder,
+                    self.env_table,
+                    settings.namespace,
+                    self._kubelet_counts,
+                    claims_counted=settings.resource_slices != "off",
+                ),
+            )
 
-        server = mgr.webhook_server
-        # The pod webhook chooses each node's delivery from its labels and runtime
-        # handlers and the RuntimeClass --runtime-class-name (a handful, cluster-wide).
-        cache.informer(RUNTIMECLASSES)
         self.pod_mutator = PodMutator(
             cache,
             mgr.client,
@@ -236,10 +238,15 @@ class SDG:
             delivery=settings.delivery_settings(),
             recorder=mgr.event_recorder("deviceshare-webhook"),
         )
-        server.register(POD_WEBHOOK_PATH, self.pod_mutator)
-        server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))
-        server.register(GROUP_DEFAULTER_PATH, GroupDefaulter())
-        server.register(BINDING_WEBHOOK_PATH, BindingValidator(cache, mgr.client))
+        if runs("webhooks"):  # else no webhook server is started at all
+            # The pod webhook chooses each node's delivery from its labels and runtime
+            # handlers and the RuntimeClass --runtime-class-name (a handful, cluster-wide).
+            cache.informer(RUNTIMECLASSES)
+            server = mgr.webhook_server
+            server.register(POD_WEBHOOK_PATH, self.pod_mutator)
+            server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))
+            server.register(GROUP_DEFAULTER_PATH, GroupDefaulter())
+            server.register(BINDING_WEBHOOK_PATH, BindingValidator(cache, mgr.client))
         #: Every recorder above: an object's Event aggregation keys go when it is deleted.
         self.recorders = [
             mgr.event_recorder(name)

@@ -33,6 +33,34 @@ from webhooks.delivery import Delivery, cdi_prefix_problem
 
 ENV_PREFIX = "SDG_"
 
+#: The parts ``--controllers`` names. The leader-elected ones share one Lease per process.
+CONTROLLERS = ("group-scheduler", "pod-scheduler", "status", "foreign-reporter", "webhooks")
+
+
+def enabled_controllers(value: str) -> frozenset[str]:
+    """``--controllers`` as the set of parts it runs: ``*`` is all of them, a name adds
+    one, ``-name`` takes one away (``*,-webhooks``: all but the webhooks)."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if not items:
+        raise ValueError("--controllers is empty: give '*' or names of " + ", ".join(CONTROLLERS))
+    enabled: set[str] = set()
+    for item in items:
+        name = item.removeprefix("-")
+        if name != "*" and name not in CONTROLLERS:
+            raise ValueError(
+                f"--controllers {item!r}: no such part; known: *, " + ", ".join(CONTROLLERS)
+            )
+        chosen = set(CONTROLLERS) if name == "*" else {name}
+        if item.startswith("-"):
+            enabled -= chosen
+        else:
+            enabled |= chosen
+    if all(item.startswith("-") for item in items):  # only exclusions: from all of them
+        enabled = set(CONTROLLERS) - {i.removeprefix("-") for i in items}
+    if not enabled:
+        raise ValueError(f"--controllers {value!r} runs nothing")
+    return frozenset(enabled)
+
 
 class Settings(BaseModel):
     """The manager's settings; each field is a flag (``--log-level``) and an env var
@@ -142,6 +170,15 @@ class Settings(BaseModel):
         description="seconds between two status writes of one group (a burst of pods is "
         "written once per period; 0 writes every change at once)",
     )
+    controllers: str = Field(
+        "*",
+        description=(
+            "the parts this process runs, as kube-controller-manager's --controllers: '*' "
+            "(all), names to run only those, '-name' to leave one out; names: "
+            + ", ".join(CONTROLLERS)
+            + ". Leader-elected parts of two processes need two --leader-election-id"
+        ),
+    )
     pod_workers: int = Field(
         32, ge=1, le=256, description="concurrent pod reconciles (bind calls are pipelined)"
     )
@@ -194,6 +231,12 @@ class Settings(BaseModel):
             raise ValueError(f"--runtime-class-name {value!r} is not a valid RuntimeClass name")
         return value
 
+    @field_validator("controllers")
+    @classmethod
+    def _check_controllers(cls, value: str) -> str:
+        enabled_controllers(value)
+        return value
+
     @field_validator("cdi_annotation_prefix")
     @classmethod
     def _check_cdi_prefix(cls, value: str) -> str:
@@ -211,6 +254,10 @@ class Settings(BaseModel):
             or os.environ.get("POD_NAMESPACE")
             or MANAGER_NAMESPACE
         )
+
+    def runs(self, part: str) -> bool:
+        """Whether this process runs ``part`` (one of :data:`CONTROLLERS`)."""
+        return part in enabled_controllers(self.controllers)
 
     def dra_driver_table(self) -> dict[str, str]:
         """DRA driver -> the device resource its devices count as."""

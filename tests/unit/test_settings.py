@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from controllers.settings import Settings, parse, parser
+from controllers.settings import CONTROLLERS, Settings, parse, parser
 
 
 def test_defaults() -> None:
@@ -189,3 +191,32 @@ def test_readme_lists_every_flag_with_its_env_var() -> None:
         if "--" + name.replace("_", "-") not in section or f"SDG_{name.upper()}" not in section
     ]
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("value", "runs"),
+    [
+        ("*", set(CONTROLLERS)),
+        ("status", {"status"}),
+        ("webhooks,status", {"webhooks", "status"}),
+        ("*,-webhooks", set(CONTROLLERS) - {"webhooks"}),
+        ("-webhooks", set(CONTROLLERS) - {"webhooks"}),
+        ("-webhooks,-status", set(CONTROLLERS) - {"webhooks", "status"}),
+    ],
+)
+def test_controllers_names_the_parts_a_process_runs(value: str, runs: set[str]) -> None:
+    settings = parse([f"--controllers={value}"], environ={})
+    assert {part for part in CONTROLLERS if settings.runs(part)} == runs
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("statuz", "'statuz': no such part; known: *, group-scheduler"),
+        ("", "--controllers is empty"),
+        ("*,-*", "runs nothing"),
+    ],
+)
+def test_controllers_refuses_what_runs_nothing_or_is_unknown(value: str, message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        Settings(controllers=value)
