@@ -29,9 +29,7 @@ from controllers.inventory import (
 )
 from controllers.ledger.book import Ledger
 from controllers.ledger.tracker import Devices
-
-Obj = Mapping[str, Any]
-
+from sdgruntime.kinds import Obj
 
 # --- the claim view: records cross-checked with group statuses --------------------------------
 

@@ -68,9 +68,7 @@ from controllers.placement import (
 from sdgruntime import errors
 from sdgruntime.cache.informer import Informer
 from sdgruntime.client import Client
-from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
-
-Obj = Mapping[str, Any]
+from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, Obj
 
 #: ANSI: cursor home + clear screen, before each map a watch draws on a terminal.
 CLEAR = "\033[H\033[2J"

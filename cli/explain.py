@@ -79,7 +79,7 @@ from controllers.placement import (
 from controllers.podfit import pod_fits_node
 from sdgruntime import errors
 from sdgruntime.client import Client
-from sdgruntime.kinds import NODES, PODS, RUNTIMECLASSES
+from sdgruntime.kinds import NODES, PODS, RUNTIMECLASSES, Obj
 from webhooks.delivery import (
     Delivery,
     DeliveryChoice,
@@ -88,8 +88,6 @@ from webhooks.delivery import (
     choose_delivery,
     ids_reason,
 )
-
-Obj = Mapping[str, Any]
 
 _GROUP_TYPES = frozenset({"sdg", "shareddevicegroup", "shareddevicegroups", "group"})
 _POD_TYPES = frozenset({"pod", "pods", "po"})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -25,9 +25,7 @@ from cli.kube import CliError, Write, get_or_none, informers_running, list_group
 from cli.render import object_list, render_data, table, without_managed_fields
 from sdgruntime.cache.informer import Informer
 from sdgruntime.client import Client
-
-Obj = Mapping[str, Any]
-
+from sdgruntime.kinds import Obj
 
 # --- sdg get ----------------------------------------------------------------------------------
 

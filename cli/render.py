@@ -10,9 +10,7 @@ from typing import Any
 from api.v1alpha1 import (
     format_ids,
 )
-
-Obj = Mapping[str, Any]
-
+from sdgruntime.kinds import Obj
 
 NONE = "<none>"
 #: Pods listed in one table cell before "+ N more...".

@@ -55,7 +55,7 @@ from sdgruntime.cache import (
     intern_strings,
 )
 from sdgruntime.client import Client
-from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, RUNTIMECLASSES
+from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, RUNTIMECLASSES, MutableObj
 from sdgruntime.manager import Manager, ManagerOptions
 from sdgruntime.webhook import WebhookServer
 from webhooks.bindingvalidator import BindingValidator
@@ -67,8 +67,6 @@ POD_WEBHOOK_PATH = "/mutate-v1-pod"
 GROUP_WEBHOOK_PATH = "/validate-deviceshare-io-v1alpha1-shareddevicegroup"
 GROUP_DEFAULTER_PATH = "/mutate-deviceshare-io-v1alpha1-shareddevicegroup"
 BINDING_WEBHOOK_PATH = "/validate-v1-binding"
-
-Obj = dict[str, Any]
 
 
 def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
@@ -255,7 +253,7 @@ class SDG:
         for kind in (PODS, NODES):
             cache.informer(kind).add_handler(on_delete=self._forget_events)
 
-    def _forget_events(self, obj: Obj) -> None:
+    def _forget_events(self, obj: MutableObj) -> None:
         for recorder in self.recorders:
             recorder.forget(obj)
 
@@ -277,14 +275,14 @@ class SDG:
             else:
                 self.claims.remove_node(node)
 
-        def node_upserted(node: Obj) -> None:
+        def node_upserted(node: MutableObj) -> None:
             inventory.observe_node(node)
             name = node["metadata"]["name"]
             # Its shared label may have changed: the foreign mirror takes or drops its pods.
             self.foreign.set_shared(name, is_shared(node), lambda: self._pods_on(name))
             self._count_foreign(name)
 
-        def node_deleted(node: Obj) -> None:
+        def node_deleted(node: MutableObj) -> None:
             inventory.forget_node(node)
             self.foreign.set_shared(node["metadata"]["name"], False, list)
 
@@ -322,7 +320,7 @@ class SDG:
             on_delete=self.foreign.forget,
         )
 
-    def _pods_on(self, node: str) -> list[Obj]:
+    def _pods_on(self, node: str) -> list[MutableObj]:
         """The cached pods bound to ``node`` (read only; before the pod cache has synced,
         those seen so far: the rest arrive as events)."""
         store = self.manager.cache.informer(PODS).store
@@ -341,7 +339,7 @@ class SDG:
         (the kubelet's own books, read from the pods' status)."""
         namespace, node_of = self.settings.namespace, self._kubelet_node_of
 
-        def observe(pod: Obj) -> None:
+        def observe(pod: MutableObj) -> None:
             key = pod_key(pod)
             found = kubelet_hold(pod, namespace)
             old = node_of.pop(key, None)
@@ -351,7 +349,7 @@ class SDG:
                 node_of[key] = found[0]
                 self.claims.set_kubelet_hold(found[0], key, found[1])
 
-        def forget(pod: Obj) -> None:
+        def forget(pod: MutableObj) -> None:
             key = pod_key(pod)
             old = node_of.pop(key, None)
             if old is not None:
@@ -412,22 +410,22 @@ class SDG:
         if capacities:
             self._gauged[node] = set(capacities)
 
-    def _group_added(self, group: Obj) -> None:
+    def _group_added(self, group: MutableObj) -> None:
         self.claims.observe_group(group)
         self._count_phase(group, +1)
 
-    def _group_updated(self, old: Obj, new: Obj) -> None:
+    def _group_updated(self, old: MutableObj, new: MutableObj) -> None:
         self.claims.observe_group(new)
         self._count_phase(old, -1)
         self._count_phase(new, +1)
 
-    def _group_deleted(self, group: Obj) -> None:
+    def _group_deleted(self, group: MutableObj) -> None:
         self.claims.forget_group(group)
         self._count_phase(group, -1)
         self.pod_mutator.forget_group(group)
         self._forget_events(group)
 
-    def _count_phase(self, group: Obj, delta: int) -> None:
+    def _count_phase(self, group: MutableObj, delta: int) -> None:
         """Keep ``sdg_groups{phase}`` exact per event, without recounting every group."""
         phase = (group.get("status") or {}).get("phase") or "Pending"
         sdg_metrics.GROUPS_BY_PHASE.labels(phase).inc(delta)

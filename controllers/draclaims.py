@@ -78,7 +78,7 @@ from api.constants import FINALIZER, GROUP, KIND, PLURAL, VERSION
 from controllers.holders import ROLE_LABEL
 from sdgruntime import errors
 from sdgruntime.client import Client
-from sdgruntime.kinds import Kind
+from sdgruntime.kinds import Kind, Obj
 from sdgruntime.predicate import Funcs
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,6 @@ RESOURCECLAIMS: Final = Kind(
     "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims", namespaced=True
 )
 
-Obj = Mapping[str, Any]
 
 #: ``AllocationResultsMaxSize`` (k8s.io/api resource/v1 types.go:2205): the API server
 #: stores at most this many results in one allocation, so a group of more devices cannot

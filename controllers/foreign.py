@@ -52,14 +52,13 @@ from controllers.holders import is_holder
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.events import EventRecorder
-from sdgruntime.kinds import NODES, PODS
+from sdgruntime.kinds import NODES, PODS, Obj
 from sdgruntime.manager import Manager
 from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request, Result
 
 log = logging.getLogger(__name__)
 
-Obj = Mapping[str, Any]
 
 __all__ = ["NO_DEVICE_VALUES", "DeviceUse", "ForeignDevices", "ForeignPodReporter", "device_use"]
 

@@ -108,7 +108,7 @@ from sdgruntime.controller import Controller
 from sdgruntime.controllerutil import contains_finalizer
 from sdgruntime.events import EventRecorder
 from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
-from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
+from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, MutableObj
 from sdgruntime.manager import Manager
 from sdgruntime.reconcile import Request, Result
 
@@ -126,8 +126,6 @@ RECOVERY_RETRY_MAX = 30.0
 #: How soon a Pending group is judged again after another bind took devices: its message
 #: says how many are free. Each waits at most once per interval however many binds come.
 PENDING_RECHECK_SECONDS = 3.0
-
-Obj = dict[str, Any]
 
 
 class _FreeWithOwnClaim:
@@ -239,7 +237,7 @@ class GroupScheduler:
         await anyio.sleep_forever()
 
     # --- scheduling ------------------------------------------------------------------
-    async def _schedule(self, group: Obj) -> Result | None:
+    async def _schedule(self, group: MutableObj) -> Result | None:
         meta = group["metadata"]
         name, uid = meta["name"], meta.get("uid", "")
         spec = group.get("spec") or {}
@@ -347,7 +345,7 @@ class GroupScheduler:
 
     # --- holder pods (device-plugin nodes) --------------------------------------------
     async def _create_holder(
-        self, group: Obj, node: str, wanted: Mapping[str, int]
+        self, group: MutableObj, node: str, wanted: Mapping[str, int]
     ) -> Result | None:
         name = group["metadata"]["name"]
         try:
@@ -367,7 +365,7 @@ class GroupScheduler:
         return Result(requeue_after=HOLDER_QUIET_SECONDS)
 
     async def _await_holder(
-        self, group: Obj, holder: Mapping[str, Any], started: float
+        self, group: MutableObj, holder: Mapping[str, Any], started: float
     ) -> Result | None:
         """A Pending group whose holder pod exists: bind it on the devices the kubelet gave
         the holder, once it says which; replace a holder that is not this group's."""
@@ -456,7 +454,7 @@ class GroupScheduler:
             self.claims.unreserve(name)
         return await self._bind_status(group, node, devices, started)
 
-    def _holder_problem(self, group: Obj, node: str, devices: Devices) -> Problem | None:
+    def _holder_problem(self, group: MutableObj, node: str, devices: Devices) -> Problem | None:
         """Why a Bound group's devices are not (or no longer) in the kubelet's books, if
         they are not: its holder pod is gone, refused, or holds other devices."""
         name = group["metadata"]["name"]
@@ -487,7 +485,7 @@ class GroupScheduler:
             )
         return (REASON_HOLDER_LOST, f"{state.why}: the kubelet does not count the group's devices")
 
-    async def _keep_holder(self, group: Obj, node: str) -> None:
+    async def _keep_holder(self, group: MutableObj, node: str) -> None:
         """A Bound group on device-plugin resources without its holder: create it again."""
         name = group["metadata"]["name"]
         resources = (group.get("spec") or {}).get("resources") or {}
@@ -512,7 +510,7 @@ class GroupScheduler:
                     refs.append(DeviceRef(d.driver, d.pool, d.name))
         return refs
 
-    async def _dra_problem(self, group: Obj, node: str, devices: Devices) -> Problem | None:
+    async def _dra_problem(self, group: MutableObj, node: str, devices: Devices) -> Problem | None:
         """A Bound group's entry in DRA's books: made again if it went missing; a claim
         that holds one of its devices too is reported."""
         refs = self._slice_refs(node, devices)
@@ -573,7 +571,7 @@ class GroupScheduler:
                 )
         return blocked
 
-    def _adoptable(self, group: Obj, node: str, devices: Devices) -> bool:
+    def _adoptable(self, group: MutableObj, node: str, devices: Devices) -> bool:
         """A claim a Pending group may finish binding with: made by this very group (UID),
         for its current spec, on a node that still fits that spec."""
         meta, spec = group["metadata"], group.get("spec") or {}
@@ -606,7 +604,7 @@ class GroupScheduler:
         return LedgerPins(self.claims, group, holders=self.holders.enabled)
 
     async def _bind_status(
-        self, group: Obj, node: str, devices: Devices, started: float
+        self, group: MutableObj, node: str, devices: Devices, started: float
     ) -> Result | None:
         name = group["metadata"]["name"]
         refs = self._slice_refs(node, devices)
@@ -654,7 +652,7 @@ class GroupScheduler:
         return None
 
     async def _set_pending(
-        self, group: Obj, message: str, *, reason: str = REASON_UNSCHEDULABLE
+        self, group: MutableObj, message: str, *, reason: str = REASON_UNSCHEDULABLE
     ) -> None:
         status = pending_status(group, message, reason=reason)
         if status == (group.get("status") or {}):
@@ -668,7 +666,7 @@ class GroupScheduler:
                 self.recorder.emit(group, "Warning", "FailedScheduling", message)
 
     # --- bound groups ----------------------------------------------------------------
-    async def _check_bound(self, group: Obj) -> Result | None:
+    async def _check_bound(self, group: MutableObj) -> Result | None:
         """A bound group never moves; keep its record and its conditions true."""
         meta = group["metadata"]
         name, uid = meta["name"], meta.get("uid", "")
@@ -731,7 +729,7 @@ class GroupScheduler:
         return None
 
     def _devices_disputed(
-        self, group: Obj, node: str, devices: Devices, odd: Sequence[str]
+        self, group: MutableObj, node: str, devices: Devices, odd: Sequence[str]
     ) -> Problem | None:
         """Why the group's devices are disputed right now, if they are: pods outside any
         group use them, its own pods run with other devices (``odd``, from ``survey``), or
@@ -755,12 +753,12 @@ class GroupScheduler:
             )
         return None
 
-    async def _report(self, group: Obj, problem: Problem) -> None:
+    async def _report(self, group: MutableObj, problem: Problem) -> None:
         await self.writer.status(group, with_ready_problem(group, problem))
         self.recorder.emit(group, "Warning", problem[0], problem[1])
 
     # --- finalizer -------------------------------------------------------------------
-    async def _finalize(self, group: Obj) -> Result | None:
+    async def _finalize(self, group: MutableObj) -> Result | None:
         meta = group["metadata"]
         if not contains_finalizer(group, FINALIZER):
             return None
@@ -791,7 +789,7 @@ class GroupScheduler:
             return None
         return None
 
-    def _node(self, name: str) -> Obj | None:
+    def _node(self, name: str) -> MutableObj | None:
         """The cached node, not copied: only read (placement's checks, status builders)."""
         try:
             return self.cache.get(NODES, name, copy=False)

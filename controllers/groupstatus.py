@@ -38,8 +38,8 @@ from api.constants import (
 from api.v1alpha1 import format_ids
 from controllers.inventory import Offer, count_offer
 from controllers.placement import is_node_ready, node_device_capacity
+from sdgruntime.kinds import Obj
 
-Obj = Mapping[str, Any]
 Devices = Mapping[str, Sequence[int]]
 
 

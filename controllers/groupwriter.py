@@ -17,8 +17,7 @@ from controllers.ledger.release import live_group
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.controllerutil import add_finalizer, remove_finalizer
-
-Obj = dict[str, Any]
+from sdgruntime.kinds import MutableObj
 
 
 class GroupWriter:
@@ -43,11 +42,13 @@ class GroupWriter:
     def forget(self, name: str) -> None:
         self._written.pop(name, None)
 
-    async def live(self, name: str) -> Obj | None:
+    async def live(self, name: str) -> MutableObj | None:
         """The group as the API server has it now (None: it does not exist)."""
         return await live_group(self.client, name)
 
-    async def status(self, group: Mapping[str, Any], status: Mapping[str, Any]) -> Obj | None:
+    async def status(
+        self, group: Mapping[str, Any], status: Mapping[str, Any]
+    ) -> MutableObj | None:
         """Write ``status`` conditionally on ``group``'s resourceVersion; no write when it
         is unchanged. Raises Conflict (someone wrote first) and NotFound."""
         if dict(status) == (group.get("status") or {}):
@@ -56,21 +57,21 @@ class GroupWriter:
         self._written[group["metadata"]["name"]] = resource_version(written)
         return written
 
-    async def add_finalizer(self, group: Mapping[str, Any], finalizer: str) -> Obj:
+    async def add_finalizer(self, group: Mapping[str, Any], finalizer: str) -> MutableObj:
         """``group`` with ``finalizer`` (written only when it lacks it)."""
         edited = {**group, "metadata": dict(group["metadata"])}
         if not add_finalizer(edited, finalizer):
             return dict(group)
         return await self._finalizers(group, edited["metadata"]["finalizers"])
 
-    async def remove_finalizer(self, group: Mapping[str, Any], finalizer: str) -> Obj | None:
+    async def remove_finalizer(self, group: Mapping[str, Any], finalizer: str) -> MutableObj | None:
         """``group`` without ``finalizer`` (written only when it has it)."""
         edited = {**group, "metadata": dict(group["metadata"])}
         if not remove_finalizer(edited, finalizer):
             return None
         return await self._finalizers(group, edited["metadata"]["finalizers"])
 
-    async def _finalizers(self, group: Mapping[str, Any], finalizers: list[str]) -> Obj:
+    async def _finalizers(self, group: Mapping[str, Any], finalizers: list[str]) -> MutableObj:
         """Set the finalizer list with a merge patch conditional on the version we read."""
         meta = group["metadata"]
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
@@ -78,7 +79,7 @@ class GroupWriter:
         self._written[meta["name"]] = resource_version(written)
         return written
 
-    async def fence(self, live: Mapping[str, Any], node: str) -> Obj | None:
+    async def fence(self, live: Mapping[str, Any], node: str) -> MutableObj | None:
         """Bump a Pending group's resourceVersion before its claim on ``node`` is given back
         (``controllers.ledger.release`` calls it).
 

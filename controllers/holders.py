@@ -24,7 +24,7 @@ from controllers.inventory import SOURCE_SLICE, Offer, annotation_key
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
-from sdgruntime.kinds import PODS
+from sdgruntime.kinds import PODS, Obj
 from sdgruntime.predicate import Funcs
 
 #: Label on every holder pod SDG creates (value ``holder``), in the manager's namespace.
@@ -32,8 +32,6 @@ ROLE_LABEL: Final = "deviceshare.io/role"
 ROLE_HOLDER: Final = "holder"
 #: Annotation naming the group a holder pod holds devices for.
 HOLDER_FOR_ANNOTATION: Final = "deviceshare.io/holder-for"
-
-Obj = Mapping[str, Any]
 
 
 def is_holder(pod: Obj, namespace: str | None) -> bool:

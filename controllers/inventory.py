@@ -34,14 +34,13 @@ from typing import Any, Final
 
 from api.constants import MAX_DEVICES_PER_RESOURCE
 from controllers.placement import node_device_capacity
-from sdgruntime.kinds import Kind
+from sdgruntime.kinds import Kind, Obj
 
 #: DRA's published devices (resource.k8s.io/v1, GA in Kubernetes 1.34).
 RESOURCESLICES: Final = Kind(
     "resource.k8s.io", "v1", "ResourceSlice", "resourceslices", namespaced=False
 )
 
-Obj = Mapping[str, Any]
 
 SOURCE_SLICE: Final = "ResourceSlice"
 SOURCE_ANNOTATION: Final = "annotation"

@@ -12,17 +12,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
-from typing import Any
 
 from api.constants import FILTERING_TAINT_EFFECTS
 from api.pods import is_active, tolerates
 from controllers.quantity import format_units, parse_quantity, to_units
+from sdgruntime.kinds import Obj
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 _INT = re.compile(r"[+-]?[0-9]+")
 _WILDCARD_IPS = frozenset({"", "0.0.0.0"})
-
-Obj = Mapping[str, Any]
 
 
 # --- tolerations ------------------------------------------------------------------------

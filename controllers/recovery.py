@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from api.constants import REASON_RECOVERY_CONFLICT, REASON_RECOVERY_FAILED, SDG_KIND
 from api.pods import delivered_devices, pod_key
@@ -32,11 +31,9 @@ from controllers.ledger.writer import ClaimRecordBroken
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.events import EventRecorder
+from sdgruntime.kinds import MutableObj
 
 log = logging.getLogger(__name__)
-
-
-Obj = dict[str, Any]
 
 
 class Recovery:
@@ -82,7 +79,7 @@ class Recovery:
         for group in groups.values():
             await self.recover_group(group)
 
-    async def recover_group(self, group: Obj) -> bool:
+    async def recover_group(self, group: MutableObj) -> bool:
         """Recover one group; False when a write failed (reported, to be retried)."""
         name = group["metadata"]["name"]
         try:
@@ -102,14 +99,14 @@ class Recovery:
             await self._report(group, (REASON_RECOVERY_CONFLICT, problem))
         return True
 
-    async def _recover(self, group: Obj) -> str | None:
+    async def _recover(self, group: MutableObj) -> str | None:
         if is_bound(group):
             return await self._restore_bound(group)
         if self.claims.claim_of(group["metadata"]["name"]) is None:
             return await self._restore_from_pods(group)
         return None
 
-    async def _restore_bound(self, group: Obj) -> str | None:
+    async def _restore_bound(self, group: MutableObj) -> str | None:
         """A bound group whose record lost it gets it back (or a conflict is reported)."""
         name, uid = group["metadata"]["name"], group["metadata"].get("uid", "")
         node = group["status"]["nodeName"]
@@ -121,7 +118,7 @@ class Recovery:
             return None
         return await restore_record(self.claims, group, node, devices)
 
-    async def _restore_from_pods(self, group: Obj) -> str | None:
+    async def _restore_from_pods(self, group: MutableObj) -> str | None:
         """A group that lost its status: its bound pods say where and what they got."""
         name = group["metadata"]["name"]
         resources = (group.get("spec") or {}).get("resources") or {}
@@ -153,7 +150,7 @@ class Recovery:
         self.claims.unreserve(name)
         return None
 
-    async def _report(self, group: Obj, problem: Problem) -> None:
+    async def _report(self, group: MutableObj, problem: Problem) -> None:
         """Ready=False on the group and a Warning Event; a failing status write is logged
         (the group's retry reports again)."""
         log.error("recovery: group %s: %s", group["metadata"]["name"], problem[1])
@@ -164,7 +161,9 @@ class Recovery:
         self.recorder.emit(group, "Warning", problem[0], problem[1])
 
 
-async def restore_record(claims: Ledger, group: Obj, node: str, devices: Devices) -> str | None:
+async def restore_record(
+    claims: Ledger, group: MutableObj, node: str, devices: Devices
+) -> str | None:
     """Write a bound group's status into ``node``'s record; returns a problem instead when
     a record or another bound status gives those devices to someone else. (A claim of the
     group left on another node is the releaser's to judge, on a live read.)"""

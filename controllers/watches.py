@@ -3,7 +3,7 @@ requests it concerns. Shared by the controllers' wiring (each beside its reconci
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from api.constants import DEVICES_ANNOTATION, PHASE_BOUND, SDG_KIND
@@ -12,11 +12,9 @@ from api.v1alpha1 import group_phase
 from controllers.inventory import ANNOTATION_PREFIX
 from controllers.ledger.records import record_holdings
 from sdgruntime.cache import Cache
-from sdgruntime.kinds import PODS
+from sdgruntime.kinds import PODS, Obj
 from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request
-
-Obj = Mapping[str, Any]
 
 
 def _pod_facts(pod: Obj) -> tuple[Any, ...]:

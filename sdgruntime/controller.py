@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -51,7 +51,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from sdgruntime import errors, metrics, tracing
 from sdgruntime.handler import EnqueueRequestForObject, EventHandler
-from sdgruntime.kinds import Kind
+from sdgruntime.kinds import Kind, Obj
 from sdgruntime.log import reconciling
 from sdgruntime.predicate import Predicate
 from sdgruntime.ratelimiter import RateLimiter
@@ -62,7 +62,6 @@ __all__ = ["CacheLike", "Controller", "InformerLike", "Watch"]
 
 log = logging.getLogger(__name__)
 
-Obj = Mapping[str, Any]
 
 UNFINISHED_WORK_INTERVAL = 0.5  # seconds between workqueue_unfinished_work refreshes
 _RESULTS = ("success", "error", "requeue", "requeue_after")

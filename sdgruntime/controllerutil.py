@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from sdgruntime import errors
 from sdgruntime.cache.store import json_copy
-from sdgruntime.kinds import Kind
+from sdgruntime.kinds import Kind, MutableObj
 from sdgruntime.webhook.jsonpatch import json_equal
 
 if TYPE_CHECKING:
@@ -51,8 +51,7 @@ __all__ = [
     "set_owner_reference",
 ]
 
-Obj = dict[str, Any]
-MutateFn = Callable[[Obj], Awaitable[None] | None]
+MutateFn = Callable[[MutableObj], Awaitable[None] | None]
 
 
 class OperationResult(enum.StrEnum):
@@ -90,7 +89,7 @@ def _group(api_version: str) -> str:
     return group if sep else ""
 
 
-def _reference(owner: Mapping[str, Any]) -> Obj:
+def _reference(owner: Mapping[str, Any]) -> MutableObj:
     meta = owner.get("metadata") or {}
     missing = [f for f in ("apiVersion", "kind") if not owner.get(f)]
     missing += [f"metadata.{f}" for f in ("name", "uid") if not meta.get(f)]
@@ -134,7 +133,7 @@ def _check_namespaces(owner: Mapping[str, Any], obj: Mapping[str, Any]) -> None:
         )
 
 
-def _upsert(obj: Obj, ref: Obj) -> None:
+def _upsert(obj: MutableObj, ref: MutableObj) -> None:
     refs = obj.setdefault("metadata", {}).get("ownerReferences") or []
     for i, existing in enumerate(refs):
         if _same_object(existing, ref):
@@ -146,7 +145,7 @@ def _upsert(obj: Obj, ref: Obj) -> None:
 
 
 def set_controller_reference(
-    owner: Mapping[str, Any], obj: Obj, *, block_owner_deletion: bool = True
+    owner: Mapping[str, Any], obj: MutableObj, *, block_owner_deletion: bool = True
 ) -> None:
     """Make ``owner`` the controller of ``obj`` (in place): a reference with ``controller``
     true, which ``owns()`` watches and the garbage collector follows. Replaces an existing
@@ -170,7 +169,7 @@ def set_controller_reference(
 
 
 def set_owner_reference(
-    owner: Mapping[str, Any], obj: Obj, *, block_owner_deletion: bool | None = None
+    owner: Mapping[str, Any], obj: MutableObj, *, block_owner_deletion: bool | None = None
 ) -> None:
     """Add ``owner`` to ``obj``'s owner references (in place), not as its controller: the
     object is garbage-collected once all its owners are gone. As in controller-runtime, an
@@ -212,7 +211,7 @@ def has_controller_reference(obj: Mapping[str, Any]) -> bool:
     return any(r.get("controller") for r in refs)
 
 
-def remove_controller_reference(owner: Mapping[str, Any], obj: Obj) -> None:
+def remove_controller_reference(owner: Mapping[str, Any], obj: MutableObj) -> None:
     """Remove ``owner`` as ``obj``'s controller (in place), with every reference to it.
 
     Raises ``ValueError`` when ``obj`` has no controller, or when its controller is another
@@ -234,7 +233,7 @@ def remove_controller_reference(owner: Mapping[str, Any], obj: Obj) -> None:
     remove_owner_reference(owner, obj)
 
 
-def remove_owner_reference(owner: Mapping[str, Any], obj: Obj) -> bool:
+def remove_owner_reference(owner: Mapping[str, Any], obj: MutableObj) -> bool:
     """Remove ``obj``'s references to ``owner`` (in place); whether there was one."""
     meta = obj.get("metadata") or {}
     refs = meta.get("ownerReferences") or []
@@ -253,7 +252,7 @@ def contains_finalizer(obj: Mapping[str, Any], finalizer: str) -> bool:
     return finalizer in ((obj.get("metadata") or {}).get("finalizers") or ())
 
 
-def add_finalizer(obj: Obj, finalizer: str) -> bool:
+def add_finalizer(obj: MutableObj, finalizer: str) -> bool:
     """Add ``finalizer`` (in place) unless present; whether ``obj`` changed (write it then)."""
     if contains_finalizer(obj, finalizer):
         return False
@@ -262,7 +261,7 @@ def add_finalizer(obj: Obj, finalizer: str) -> bool:
     return True
 
 
-def remove_finalizer(obj: Obj, finalizer: str) -> bool:
+def remove_finalizer(obj: MutableObj, finalizer: str) -> bool:
     """Remove ``finalizer`` (in place); whether ``obj`` changed. The list stays (possibly
     empty) so that an update or a merge patch of ``obj`` carries the removal."""
     if not contains_finalizer(obj, finalizer):
@@ -292,7 +291,7 @@ def merge_patch(before: Any, after: Any) -> Any:
     return patch
 
 
-async def _mutated(obj: Obj, mutate: MutateFn, name: str, namespace: str | None) -> None:
+async def _mutated(obj: MutableObj, mutate: MutateFn, name: str, namespace: str | None) -> None:
     result = mutate(obj)
     if inspect.isawaitable(result):
         await result
@@ -304,7 +303,7 @@ async def _mutated(obj: Obj, mutate: MutateFn, name: str, namespace: str | None)
         )
 
 
-def _skeleton(kind: Kind, name: str, namespace: str | None) -> Obj:
+def _skeleton(kind: Kind, name: str, namespace: str | None) -> MutableObj:
     meta: dict[str, Any] = {"name": name}
     if namespace:
         meta["namespace"] = namespace
@@ -322,7 +321,7 @@ async def create_or_update(
     name: str,
     namespace: str | None,
     mutate: MutateFn,
-) -> tuple[OperationResult, Obj]:
+) -> tuple[OperationResult, MutableObj]:
     """Make object ``name`` (in ``namespace``) what ``mutate`` says, and say what happened.
 
     ``mutate(obj)`` (sync or async) edits ``obj`` in place towards the desired state: the
@@ -357,7 +356,7 @@ async def create_or_patch(
     name: str,
     namespace: str | None,
     mutate: MutateFn,
-) -> tuple[OperationResult, Obj]:
+) -> tuple[OperationResult, MutableObj]:
     """As :func:`create_or_update`, but changes are sent as JSON merge patches of what
     ``mutate`` changed, without a resourceVersion: fields others wrote meanwhile are kept
     and there is no conflict (the last writer of a field wins).

@@ -12,10 +12,9 @@ mapping (:class:`EnqueueRequestsFromMapFunc`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
-from sdgruntime.kinds import Kind
+from sdgruntime.kinds import Kind, Obj
 from sdgruntime.reconcile import Request
 
 __all__ = [
@@ -25,8 +24,6 @@ __all__ = [
     "EventHandler",
     "request_for",
 ]
-
-Obj = Mapping[str, Any]
 
 
 def request_for(obj: Obj) -> Request:

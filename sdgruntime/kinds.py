@@ -1,9 +1,17 @@
-"""Resource descriptors: where a kind lives in the API, without any model classes."""
+"""Resource descriptors: where a kind lives in the API, without any model classes, and
+the one type of a decoded object."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
+
+#: A decoded Kubernetes object (or any JSON object) as code reads it.
+Obj = Mapping[str, Any]
+#: One that code builds or edits in place.
+MutableObj = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

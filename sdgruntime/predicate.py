@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sdgruntime.kinds import Obj
+
 __all__ = [
     "And",
     "AnnotationChangedPredicate",
@@ -28,8 +30,6 @@ __all__ = [
     "label_selector_matcher",
     "label_selector_predicate",
 ]
-
-Obj = Mapping[str, Any]
 
 
 def _meta(obj: Obj) -> Mapping[str, Any]:

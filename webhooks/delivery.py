@@ -71,9 +71,8 @@ from api.constants import (
 )
 from api.pods import devices_annotation
 from api.validation import is_dns_subdomain, is_label_key
+from sdgruntime.kinds import Obj
 from sdgruntime.webhook.jsonpatch import escape
-
-Obj = Mapping[str, Any]
 
 #: The resource whose index-named devices get ``CUDA_DEVICE_ORDER``.
 NVIDIA_GPU: Final = "nvidia.com/gpu"

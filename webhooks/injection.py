@@ -56,6 +56,8 @@ from api.envvars import device_env_vars, env_var_for, env_vars_reached, names_no
 from api.pods import parse_devices_annotation, tolerates
 from api.v1alpha1 import allows_host_access, format_ids, parse_ids
 from api.validation import is_dns_subdomain
+from sdgruntime.kinds import Obj
+from sdgruntime.webhook.jsonpatch import unescape
 from webhooks.delivery import (
     CUDA_DEVICE_ORDER,
     Delivery,
@@ -87,7 +89,6 @@ __all__ = [
     "pointer",
 ]
 
-Obj = Mapping[str, Any]
 
 #: Lets group pods onto shared nodes tainted ``deviceshare.io/mode=shared`` with any
 #: effect: NoSchedule keeps every other pod off them, and NoExecute also evicts the ones
@@ -657,10 +658,6 @@ def build_ephemeral_injection(
     return Patch(ops, warnings=warnings)
 
 
-def _unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
-
-
 def apply_operations(doc: Obj, operations: list[dict[str, Any]]) -> dict[str, Any]:
     """Apply this module's ``add``/``replace`` operations to a deep copy of ``doc``.
 
@@ -671,7 +668,7 @@ def apply_operations(doc: Obj, operations: list[dict[str, Any]]) -> dict[str, An
     for op in operations:
         if op["op"] not in ("add", "replace", "remove"):
             raise ValueError(f"unsupported operation {op['op']!r}")
-        *parents, last = [_unescape(t) for t in op["path"].split("/")[1:]]
+        *parents, last = [unescape(t) for t in op["path"].split("/")[1:]]
         target: Any = out
         for token in parents:
             target = target[int(token)] if isinstance(target, list) else target[token]

@@ -57,10 +57,8 @@ from sdgruntime.kinds import (
     PODS,
     RUNTIMECLASSES,
     Kind,
+    Obj,
 )
-
-Obj = Mapping[str, Any]
-
 
 # --- manager settings, from its Deployment -----------------------------------------------
 

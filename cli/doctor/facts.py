@@ -25,10 +25,8 @@ from sdgruntime.kinds import (
     MUTATING_WEBHOOKS,
     VALIDATING_WEBHOOKS,
     Kind,
+    Obj,
 )
-
-Obj = Mapping[str, Any]
-
 
 # --- names (tests/unit/test_doctor.py proves they match config/) ---------------------------
 

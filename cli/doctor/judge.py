@@ -66,10 +66,8 @@ from controllers.ledger.book import Ledger
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.ledger.view import describe
 from controllers.placement import unaddressable_devices
+from sdgruntime.kinds import Obj
 from webhooks.delivery import NVIDIA_ENV, Delivery, Denial, choose_delivery, runtime_handlers
-
-Obj = Mapping[str, Any]
-
 
 # --- small readers -----------------------------------------------------------------------
 

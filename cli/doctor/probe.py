@@ -45,9 +45,7 @@ from cli.doctor.judge import name_of, quote
 from controllers.inventory import DEFAULT_DRA_DRIVERS, RESOURCESLICES, node_of_slice, node_offers
 from sdgruntime import errors
 from sdgruntime.client import Client
-from sdgruntime.kinds import NODES, PODS
-
-Obj = Mapping[str, Any]
+from sdgruntime.kinds import NODES, PODS, Obj
 
 PROBE_GROUP_PREFIX: Final = "sdg-doctor-probe-"
 #: The chart's CLI image needs a registry; busybox has ``sh``, ``ls`` and ``head``.

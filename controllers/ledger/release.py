@@ -24,7 +24,7 @@ may be using the devices right now (a finalizer removed by hand, an old incarnat
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from api.constants import PHASE_BOUND, SDG_KIND
@@ -34,11 +34,10 @@ from controllers.ledger.book import Ledger
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
-from sdgruntime.kinds import PODS
+from sdgruntime.kinds import PODS, Obj
 
 log = logging.getLogger(__name__)
 
-Obj = Mapping[str, Any]
 #: Bumps a Pending group's resourceVersion before its claim on a node is given back
 #: (``GroupWriter.fence``): the group as written, or None when someone wrote it first.
 Fence = Callable[[Obj, str], Awaitable[Obj | None]]

@@ -14,7 +14,6 @@ from sdgruntime.cache.informer import NAMESPACE_INDEX, Informer
 from sdgruntime.cache.reflector import ReflectorOptions, Selector
 from sdgruntime.cache.store import (
     IndexFunc,
-    Obj,
     Transform,
     drop_managed_fields,
     json_copy,
@@ -22,7 +21,7 @@ from sdgruntime.cache.store import (
 )
 from sdgruntime.cache.sync import CacheNotSynced, CacheSyncError, Notifier, wait_synced
 from sdgruntime.discovery import explain_missing
-from sdgruntime.kinds import Kind
+from sdgruntime.kinds import Kind, MutableObj
 
 if TYPE_CHECKING:
     from sdgruntime.client import Client
@@ -108,7 +107,9 @@ class Cache:
             raise CacheNotSynced(f"the cache of {kind.name} has not synced yet")
         return inf
 
-    def get(self, kind: Kind, name: str, namespace: str | None = None, *, copy: bool = True) -> Obj:
+    def get(
+        self, kind: Kind, name: str, namespace: str | None = None, *, copy: bool = True
+    ) -> MutableObj:
         """The cached object; :class:`errors.NotFound` if the synced cache does not hold it,
         :class:`CacheNotSynced` (not a NotFound) if the kind has not synced yet."""
         if kind.namespaced and not namespace:
@@ -129,7 +130,7 @@ class Cache:
         index: str | None = None,
         value: str | None = None,
         copy: bool = True,
-    ) -> list[Obj]:
+    ) -> list[MutableObj]:
         """Cached objects, narrowed by namespace, an index value and equality on labels."""
         store = self._synced(kind).store
         if index is not None or value is not None:
@@ -198,6 +199,6 @@ class Cache:
         return hints
 
 
-def _labels_match(obj: Obj, selector: Mapping[str, Any]) -> bool:
+def _labels_match(obj: MutableObj, selector: Mapping[str, Any]) -> bool:
     labels = obj["metadata"].get("labels") or {}
     return all(labels.get(k) == v for k, v in selector.items())

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sdgruntime.cache.reflector import Reflector, ReflectorOptions, Selector
-from sdgruntime.cache.store import IndexFunc, Obj, Store, Transform, drop_managed_fields
+from sdgruntime.cache.store import IndexFunc, Store, Transform, drop_managed_fields
 from sdgruntime.cache.sync import Notifier, wait_synced
-from sdgruntime.kinds import Kind
+from sdgruntime.kinds import Kind, MutableObj
 
 if TYPE_CHECKING:
     from sdgruntime.client import Client
@@ -24,15 +24,15 @@ NAMESPACE_INDEX = "metadata.namespace"
 """The index every informer of a namespaced kind has, so namespace lists skip a scan."""
 
 
-def namespace_index(obj: Obj) -> list[str]:
+def namespace_index(obj: MutableObj) -> list[str]:
     ns = obj["metadata"].get("namespace")
     return [ns] if ns else []
 
 
 # Handlers may return anything (a method that also answers its own callers): it is ignored.
-OnAdd = Callable[[Obj], object]
-OnUpdate = Callable[[Obj, Obj], object]
-OnDelete = Callable[[Obj], object]
+OnAdd = Callable[[MutableObj], object]
+OnUpdate = Callable[[MutableObj, MutableObj], object]
+OnDelete = Callable[[MutableObj], object]
 
 _ids = itertools.count(1)
 
@@ -152,23 +152,23 @@ class Informer:
 
     # --- EventSink (called by the reflector) ---------------------------------------------
 
-    def on_add(self, obj: Obj) -> None:
+    def on_add(self, obj: MutableObj) -> None:
         for h in self._handlers:
             if h.on_add is not None:
                 _call(h.on_add, obj)
 
-    def on_update(self, old: Obj, new: Obj) -> None:
+    def on_update(self, old: MutableObj, new: MutableObj) -> None:
         for h in self._handlers:
             if h.on_update is not None:
                 _call(h.on_update, old, new)
 
-    def on_delete(self, obj: Obj) -> None:
+    def on_delete(self, obj: MutableObj) -> None:
         for h in self._handlers:
             if h.on_delete is not None:
                 _call(h.on_delete, obj)
 
 
-def _call(fn: Callable[..., object], *args: Obj) -> None:
+def _call(fn: Callable[..., object], *args: MutableObj) -> None:
     try:
         fn(*args)
     except Exception:

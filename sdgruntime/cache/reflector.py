@@ -34,8 +34,8 @@ import anyio
 
 from sdgruntime import errors
 from sdgruntime.cache.backoff import Backoff
-from sdgruntime.cache.store import Obj, Store, object_key
-from sdgruntime.kinds import Kind
+from sdgruntime.cache.store import Store, object_key
+from sdgruntime.kinds import Kind, MutableObj
 
 if TYPE_CHECKING:
     from sdgruntime.client import Client
@@ -107,9 +107,9 @@ class ReflectorStats:
 class EventSink(Protocol):
     """Where a reflector reports changes to its store (objects are the stored ones)."""
 
-    def on_add(self, obj: Obj) -> None: ...
-    def on_update(self, old: Obj, new: Obj) -> None: ...
-    def on_delete(self, obj: Obj) -> None: ...
+    def on_add(self, obj: MutableObj) -> None: ...
+    def on_update(self, old: MutableObj, new: MutableObj) -> None: ...
+    def on_delete(self, obj: MutableObj) -> None: ...
 
 
 class Reflector:
@@ -186,7 +186,7 @@ class Reflector:
                 )
                 await anyio.sleep(delay)
 
-    async def _list_items(self) -> tuple[list[Obj], str]:
+    async def _list_items(self) -> tuple[list[MutableObj], str]:
         """Every object, transformed, and the resourceVersion to watch from."""
         opts = self.options
         # A client without streamed lists (a test's stand-in) lists in pages.

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sdgruntime.kinds import MutableObj
+
 __all__ = [
     "IndexFunc",
     "Replaced",
@@ -27,10 +29,9 @@ __all__ = [
     "object_key",
 ]
 
-Obj = dict[str, Any]
-IndexFunc = Callable[[Obj], Iterable[str]]
+IndexFunc = Callable[[MutableObj], Iterable[str]]
 """An indexer: the index values of an object (none, one or many)."""
-Transform = Callable[[Obj], Obj]
+Transform = Callable[[MutableObj], MutableObj]
 """Applied to every object before it is stored; may modify its argument and return it."""
 
 
@@ -85,7 +86,7 @@ def _copy_list(items: list[Any]) -> list[Any]:
 # --- transforms and indexers -----------------------------------------------------------
 
 
-def drop_managed_fields(obj: Obj) -> Obj:
+def drop_managed_fields(obj: MutableObj) -> MutableObj:
     """The default transform: ``metadata.managedFields`` is often half of an object's size
     and no controller here reads it."""
     meta = obj.get("metadata")
@@ -101,7 +102,7 @@ INTERN_MAX_LEN = 64
 _intern = sys.intern
 
 
-def intern_strings(obj: Obj) -> Obj:
+def intern_strings(obj: MutableObj) -> MutableObj:
     """A transform: every short string value in ``obj`` (in place) becomes the one shared
     copy of its text. Keys are shared already (orjson caches them). Objects of one kind
     repeat most of their short strings (namespaces, labels, images): 10000 slim pods of one
@@ -159,7 +160,7 @@ def field_indexer(path: str) -> IndexFunc:
     """
     segments = _parse_path(path)
 
-    def index(obj: Obj) -> list[str]:
+    def index(obj: MutableObj) -> list[str]:
         cur: Any = obj
         for seg in segments:
             if not isinstance(cur, dict):
@@ -178,12 +179,12 @@ def field_indexer(path: str) -> IndexFunc:
 class Replaced:
     """What :meth:`Store.replace` changed; objects are the stored ones (read-only)."""
 
-    added: list[Obj] = field(default_factory=list)
-    updated: list[tuple[Obj, Obj]] = field(default_factory=list)  # (old, new)
-    deleted: list[Obj] = field(default_factory=list)  # what vanished: last known state
+    added: list[MutableObj] = field(default_factory=list)
+    updated: list[tuple[MutableObj, MutableObj]] = field(default_factory=list)  # (old, new)
+    deleted: list[MutableObj] = field(default_factory=list)  # what vanished: last known state
 
 
-def _changed(old: Obj, new: Obj) -> bool:
+def _changed(old: MutableObj, new: MutableObj) -> bool:
     old_rv = old.get("metadata", {}).get("resourceVersion")
     new_rv = new.get("metadata", {}).get("resourceVersion")
     if old_rv and new_rv:
@@ -208,7 +209,7 @@ class Store:
         transform: Transform | None = None,
     ) -> None:
         self.transform: Transform | None = transform
-        self._items: dict[str, Obj] = {}
+        self._items: dict[str, MutableObj] = {}
         self._index_funcs: dict[str, IndexFunc] = {}
         self._indices: dict[str, dict[str, set[str]]] = {}
         self._values: dict[str, dict[str, tuple[str, ...]]] = {}  # index -> key -> values
@@ -231,13 +232,13 @@ class Store:
     def indexers(self) -> list[str]:
         return list(self._index_funcs)
 
-    def _index_one(self, name: str, fn: IndexFunc, key: str, obj: Obj) -> None:
+    def _index_one(self, name: str, fn: IndexFunc, key: str, obj: MutableObj) -> None:
         values = tuple(dict.fromkeys(fn(obj)))  # dedupe, keep order
         if values:
             self._values[name][key] = values
             _add_to_index(self._indices[name], key, values)
 
-    def _values_of(self, obj: Obj) -> dict[str, tuple[str, ...]]:
+    def _values_of(self, obj: MutableObj) -> dict[str, tuple[str, ...]]:
         """Every index's values for ``obj`` (computed before anything changes, so an
         indexer that raises leaves the store as it was)."""
         out = {}
@@ -274,7 +275,7 @@ class Store:
     def __contains__(self, key: object) -> bool:
         return key in self._items
 
-    def get(self, key: str, *, copy: bool = True) -> Obj | None:
+    def get(self, key: str, *, copy: bool = True) -> MutableObj | None:
         obj = self._items.get(key)
         if obj is None or not copy:
             return obj
@@ -283,7 +284,7 @@ class Store:
     def keys(self) -> list[str]:
         return list(self._items)
 
-    def list(self, *, copy: bool = True) -> list[Obj]:
+    def list(self, *, copy: bool = True) -> list[MutableObj]:
         if not copy:
             return list(self._items.values())
         return [_copy_dict(o) for o in self._items.values()]
@@ -300,17 +301,17 @@ class Store:
         """Every value index ``name`` currently holds."""
         return list(self._indices[name])
 
-    def by_index(self, name: str, value: str, *, copy: bool = True) -> builtins.list[Obj]:
+    def by_index(self, name: str, value: str, *, copy: bool = True) -> builtins.list[MutableObj]:
         items = self._items
         objs = [items[k] for k in self.index_keys(name, value)]
         return [_copy_dict(o) for o in objs] if copy else objs
 
     # --- writes --------------------------------------------------------------------------
 
-    def _prepare(self, obj: Obj) -> Obj:
+    def _prepare(self, obj: MutableObj) -> MutableObj:
         return self.transform(obj) if self.transform is not None else obj
 
-    def upsert(self, obj: Obj) -> tuple[Obj | None, Obj]:
+    def upsert(self, obj: MutableObj) -> tuple[MutableObj | None, MutableObj]:
         """Add or replace an object: ``(old or None, stored new)``."""
         obj = self._prepare(obj)
         key = object_key(obj)
@@ -320,14 +321,14 @@ class Store:
         self._reindex(key, values)
         return old, obj
 
-    def delete(self, key: str) -> Obj | None:
+    def delete(self, key: str) -> MutableObj | None:
         """Remove and return the object under ``key`` (None if there was none)."""
         old = self._items.pop(key, None)
         if old is not None:
             self._unindex(key)
         return old
 
-    def replace(self, items: Iterable[Obj], *, transformed: bool = False) -> Replaced:
+    def replace(self, items: Iterable[MutableObj], *, transformed: bool = False) -> Replaced:
         """Make the store hold exactly ``items`` (a relist); returns what changed.
 
         ``transformed``: the items already went through ``transform`` (the reflector
@@ -339,7 +340,7 @@ class Store:
         indexer raises on any item, the store is left exactly as it was (a partial swap
         would lose the deletes of everything after it).
         """
-        new_items: dict[str, Obj] = {}
+        new_items: dict[str, MutableObj] = {}
         new_values: dict[str, dict[str, tuple[str, ...]]] = {n: {} for n in self._index_funcs}
         for raw in items:
             obj = raw if transformed else self._prepare(raw)

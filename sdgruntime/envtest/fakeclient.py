@@ -32,11 +32,11 @@ from typing import Any
 import anyio
 
 from sdgruntime import errors
-from sdgruntime.kinds import PODS, Kind
+from sdgruntime.kinds import PODS, Kind, MutableObj
+from sdgruntime.webhook.jsonpatch import unescape
 
 __all__ = ["Action", "FakeClient", "parse_label_selector"]
 
-Obj = dict[str, Any]
 _Key = tuple[str, str, str]  # (kind, namespace, name)
 
 
@@ -98,14 +98,14 @@ def parse_label_selector(selector: str) -> Callable[[Mapping[str, str]], bool]:
     return matches
 
 
-_FIELDS: dict[str, Callable[[Obj], Any]] = {
+_FIELDS: dict[str, Callable[[MutableObj], Any]] = {
     "metadata.name": lambda o: o["metadata"].get("name"),
     "metadata.namespace": lambda o: o["metadata"].get("namespace"),
     "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName") or "",
 }
 
 
-def _field_test(selector: str) -> Callable[[Obj], bool]:
+def _field_test(selector: str) -> Callable[[MutableObj], bool]:
     tests = []
     for part in filter(None, (p.strip() for p in selector.split(","))):
         field, op, value = re.split(r"(!=|==|=)", part, maxsplit=1)
@@ -142,7 +142,7 @@ def _pointer(path: str) -> list[str]:
         return []
     if not path.startswith("/"):
         raise errors.BadRequest(f"JSON pointer {path!r} does not start with /", code=400)
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+    return [unescape(p) for p in path[1:].split("/")]
 
 
 def _json_patch(doc: Any, ops: Iterable[Mapping[str, Any]]) -> Any:
@@ -202,7 +202,7 @@ def _json_patch(doc: Any, ops: Iterable[Mapping[str, Any]]) -> Any:
     return doc
 
 
-def _spec(obj: Obj) -> Obj:
+def _spec(obj: MutableObj) -> MutableObj:
     """What a change of bumps ``generation``: all but metadata and status."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
@@ -220,19 +220,19 @@ class FakeClient:
         status_subresource: Iterable[Kind] = (),
         history: int = 1000,
     ) -> None:
-        self._objects: dict[_Key, Obj] = {}
+        self._objects: dict[_Key, MutableObj] = {}
         self._kinds: dict[str, Kind] = {}
         self._rv = 0
         self._status = {k.name for k in status_subresource}
         #: the last ``history`` changes (rv, kind, type, object), what watches replay
-        self._events: list[tuple[int, str, str, Obj]] = []
+        self._events: list[tuple[int, str, str, MutableObj]] = []
         self.history = history
         self._changed = anyio.Event()
         self.actions: list[Action] = []
         for kind, obj in objects:
             self.add(kind, obj)
 
-    def add(self, kind: Kind, obj: Mapping[str, Any]) -> Obj:
+    def add(self, kind: Kind, obj: Mapping[str, Any]) -> MutableObj:
         """Store ``obj`` as given, status and uid included, replacing one of its name:
         a fixture, or what another writer did behind the code under test. A watch sees
         it ADDED (or MODIFIED); it gets a new resourceVersion."""
@@ -243,7 +243,7 @@ class FakeClient:
         new = self._new(kind, new, ns or None)
         return self._store(kind, new, "ADDED" if old is None else "MODIFIED")
 
-    def stored(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
+    def stored(self, kind: Kind, name: str, namespace: str | None = None) -> MutableObj:
         """The object as stored now (a copy), without recording a get."""
         return copy.deepcopy(self._find(kind, self._ns(kind, namespace), name))
 
@@ -265,13 +265,13 @@ class FakeClient:
         self._kinds[kind.name] = kind
         return (kind.name, namespace, name)
 
-    def _find(self, kind: Kind, namespace: str, name: str) -> Obj:
+    def _find(self, kind: Kind, namespace: str, name: str) -> MutableObj:
         obj = self._objects.get(self._key(kind, namespace, name))
         if obj is None:
             raise errors.NotFound(f'{kind.plural} "{name}" not found', code=404, reason="NotFound")
         return obj
 
-    def _new(self, kind: Kind, obj: Mapping[str, Any], namespace: str | None) -> Obj:
+    def _new(self, kind: Kind, obj: Mapping[str, Any], namespace: str | None) -> MutableObj:
         new = copy.deepcopy(dict(obj))
         meta = new.setdefault("metadata", {})
         if not meta.get("name"):
@@ -291,20 +291,22 @@ class FakeClient:
         meta.setdefault("generation", 1)
         return new
 
-    def _store(self, kind: Kind, obj: Obj, event: str = "ADDED") -> Obj:
+    def _store(self, kind: Kind, obj: MutableObj, event: str = "ADDED") -> MutableObj:
         meta = obj["metadata"]
         self._objects[self._key(kind, meta.get("namespace", ""), meta["name"])] = obj
         self._notify(kind, event, obj)
         return copy.deepcopy(obj)
 
-    def _notify(self, kind: Kind, event: str, obj: Obj) -> None:
+    def _notify(self, kind: Kind, event: str, obj: MutableObj) -> None:
         rv = int(obj["metadata"]["resourceVersion"])
         self._events.append((rv, kind.name, event, copy.deepcopy(obj)))
         del self._events[: -self.history]  # watches from before that get 410, as on a server
         self._changed.set()
         self._changed = anyio.Event()
 
-    def _write(self, kind: Kind, old: Obj, new: Obj, subresource: str | None) -> Obj:
+    def _write(
+        self, kind: Kind, old: MutableObj, new: MutableObj, subresource: str | None
+    ) -> MutableObj:
         """Store ``new`` in place of ``old``: status kept apart, generation on spec."""
         if kind.name in self._status:
             if subresource == "status":
@@ -330,7 +332,7 @@ class FakeClient:
         return self._store(kind, new, "MODIFIED")
 
     # -- reads --
-    async def get(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
+    async def get(self, kind: Kind, name: str, namespace: str | None = None) -> MutableObj:
         ns = self._ns(kind, namespace)
         self.actions.append(Action("get", kind.name, ns or None, name))
         return copy.deepcopy(self._find(kind, ns, name))
@@ -341,11 +343,11 @@ class FakeClient:
         namespace: str | None,
         label_selector: str | None,
         field_selector: str | None,
-    ) -> Callable[[Obj], bool]:
+    ) -> Callable[[MutableObj], bool]:
         labels = parse_label_selector(label_selector or "")
         fields = _field_test(field_selector or "")
 
-        def test(obj: Obj) -> bool:
+        def test(obj: MutableObj) -> bool:
             meta = obj["metadata"]
             return (
                 (not namespace or meta.get("namespace") == namespace)
@@ -363,7 +365,7 @@ class FakeClient:
         label_selector: str | None = None,
         field_selector: str | None = None,
         **_paging: Any,
-    ) -> Obj:
+    ) -> MutableObj:
         """All matching items in one page (``limit``/``continue_`` are accepted, unused)."""
         self.actions.append(Action("list", kind.name, namespace, None))
         test = self._select(kind, namespace, label_selector, field_selector)
@@ -386,9 +388,9 @@ class FakeClient:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
-        transform: Callable[[Obj], Obj] | None = None,
+        transform: Callable[[MutableObj], MutableObj] | None = None,
         **_paging: Any,
-    ) -> tuple[builtins.list[Obj], str]:
+    ) -> tuple[builtins.list[MutableObj], str]:
         page = await self.list(
             kind, namespace, label_selector=label_selector, field_selector=field_selector
         )
@@ -404,7 +406,7 @@ class FakeClient:
         label_selector: str | None = None,
         field_selector: str | None = None,
         **_options: Any,
-    ) -> AsyncGenerator[Obj]:
+    ) -> AsyncGenerator[MutableObj]:
         """Events after ``resource_version`` (default: now), as they happen, until the
         caller stops; a version older than the kept history is :class:`errors.Gone`."""
         self.actions.append(Action("watch", kind.name, namespace, None))
@@ -424,7 +426,7 @@ class FakeClient:
     # -- writes --
     async def create(
         self, kind: Kind, obj: Mapping[str, Any], namespace: str | None = None, **_: Any
-    ) -> Obj:
+    ) -> MutableObj:
         ns = self._ns(kind, namespace, obj)
         name = (obj.get("metadata") or {}).get("name")
         self.actions.append(Action("create", kind.name, ns or None, name))
@@ -439,7 +441,7 @@ class FakeClient:
 
     async def update(
         self, kind: Kind, obj: Mapping[str, Any], *, subresource: str | None = None
-    ) -> Obj:
+    ) -> MutableObj:
         meta = obj.get("metadata") or {}
         ns = self._ns(kind, None, obj)
         self.actions.append(Action("update", kind.name, ns or None, meta.get("name"), subresource))
@@ -455,7 +457,7 @@ class FakeClient:
             )
         return self._write(kind, old, copy.deepcopy(dict(obj)), subresource)
 
-    async def update_status(self, kind: Kind, obj: Mapping[str, Any]) -> Obj:
+    async def update_status(self, kind: Kind, obj: Mapping[str, Any]) -> MutableObj:
         return await self.update(kind, obj, subresource="status")
 
     async def patch(
@@ -468,7 +470,7 @@ class FakeClient:
         patch_type: str = "merge",
         subresource: str | None = None,
         **_: Any,
-    ) -> Obj:
+    ) -> MutableObj:
         ns = self._ns(kind, namespace)
         self.actions.append(Action("patch", kind.name, ns or None, name, subresource))
         old = self._find(kind, ns, name)
@@ -498,7 +500,7 @@ class FakeClient:
         resource_version: str | None = None,
         uid: str | None = None,
         **_: Any,
-    ) -> Obj:
+    ) -> MutableObj:
         """Gone at once, or (with finalizers) marked with ``deletionTimestamp``."""
         ns = self._ns(kind, namespace)
         self.actions.append(Action("delete", kind.name, ns or None, name))

@@ -26,6 +26,11 @@ def escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
+def unescape(token: str) -> str:
+    """The inverse of :func:`escape` (``~1`` first, so ``~01`` reads as ``~1``)."""
+    return token.replace("~1", "/").replace("~0", "~")
+
+
 def json_equal(a: JSON, b: JSON) -> bool:
     """Equality of decoded JSON values that does not confuse bools, ints and floats."""
     if type(a) is not type(b):

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sdgruntime._checks import is_async_callable
-from sdgruntime.kinds import Kind
+from sdgruntime.kinds import Kind, MutableObj
 from sdgruntime.webhook.admission import (
     AdmissionRequest,
     AdmissionResponse,
@@ -53,7 +53,6 @@ __all__ = [
     "validate_path",
 ]
 
-Obj = dict[str, Any]
 Warnings = Sequence[str] | None
 
 _REQUEST: contextvars.ContextVar[AdmissionRequest] = contextvars.ContextVar("admission_request")
@@ -87,20 +86,20 @@ class CustomValidator:
     """Allows everything: subclass it and override the checks you need (or write any class
     with the three async methods)."""
 
-    async def validate_create(self, obj: Obj) -> Warnings:
+    async def validate_create(self, obj: MutableObj) -> Warnings:
         return None
 
-    async def validate_update(self, old: Obj, new: Obj) -> Warnings:
+    async def validate_update(self, old: MutableObj, new: MutableObj) -> Warnings:
         return None
 
-    async def validate_delete(self, obj: Obj) -> Warnings:
+    async def validate_delete(self, obj: MutableObj) -> Warnings:
         return None
 
 
 class CustomDefaulter(Protocol):
     """Sets defaults on ``obj`` in place (CREATE and UPDATE)."""
 
-    async def default(self, obj: Obj) -> None: ...
+    async def default(self, obj: MutableObj) -> None: ...
 
 
 def _kind_mismatch(kind: Kind, request: AdmissionRequest) -> AdmissionResponse | None:
