@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from api.constants import (
     DEVICES_ANNOTATION,
@@ -38,13 +38,27 @@ def index_by_node(pod: Mapping[str, Any]) -> list[str]:
     return [node] if node else []
 
 
+#: The phases of a pod whose containers have all ended for good.
+FINISHED_PHASES: Final = frozenset({"Succeeded", "Failed"})
+
+
+def pod_phase(pod: Mapping[str, Any]) -> str:
+    """``status.phase``; a pod the kubelet has not reported yet is Pending."""
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def is_finished(pod: Mapping[str, Any]) -> bool:
+    """Succeeded or Failed: its containers will not run again."""
+    return (pod.get("status") or {}).get("phase") in FINISHED_PHASES
+
+
 def is_active(pod: Mapping[str, Any]) -> bool:
-    """A pod that may still use its devices: not Succeeded or Failed.
+    """A pod that may still use its devices: not finished.
 
     A terminating pod still counts until its object is gone: its containers may still
     run on the GPUs, so its group must not release them yet.
     """
-    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    return not is_finished(pod)
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:

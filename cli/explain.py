@@ -19,7 +19,7 @@ from api.constants import (
 )
 from api.envvars import env_var_for
 from api.nodes import is_shared, node_name
-from api.pods import is_active, pod_group, pod_key, tolerates
+from api.pods import is_active, is_finished, pod_group, pod_key, pod_phase, tolerates
 from api.v1alpha1 import (
     format_ids,
     group_name,
@@ -383,7 +383,7 @@ def group_explanation(
     rows = [
         (
             pod_key(p),
-            (p.get("status") or {}).get("phase") or "Pending",
+            pod_phase(p),
             (p.get("spec") or {}).get("nodeName") or NONE,
             _pod_note(p, group, allocated_set, listed_until),
         )
@@ -494,7 +494,7 @@ def pod_explanation(
     group = by_group.get(name) if name else None
     node = spec.get("nodeName")
     scheduler = spec.get("schedulerName") or "default-scheduler"
-    phase = status.get("phase") or "Pending"
+    phase = pod_phase(pod)
 
     if name is None:
         group_text = NONE
@@ -544,7 +544,7 @@ def _pod_verdict(
     pod: Obj, name: str | None, group: Obj | None, by_node: Mapping[str, Obj], pods: list[Obj]
 ) -> str:
     spec = pod.get("spec") or {}
-    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    phase = pod_phase(pod)
     node = spec.get("nodeName")
     scheduler = spec.get("schedulerName") or "default-scheduler"
     if name is None:
@@ -558,7 +558,7 @@ def _pod_verdict(
         return text
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return f"Being deleted{f' from node {node}' if node else ''}."
-    if phase in ("Succeeded", "Failed"):
+    if is_finished(pod):
         where = f" on node {node}" if node else ""
         return f"Finished ({phase}){where}; it no longer counts among the pods of group {name}."
     if group is None:
@@ -603,7 +603,7 @@ def _pod_verdict(
 
 
 def _bound_verdict(pod: Obj, name: str, group: Obj, node: str, by_node: Mapping[str, Obj]) -> str:
-    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    phase = pod_phase(pod)
     if not is_bound(group):
         return f"Bound to node {node}, but its group {name} is {group_phase(group)}."
     target = group_node(group)

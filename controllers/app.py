@@ -18,6 +18,7 @@ from opentelemetry import trace
 
 from api.constants import SDG_KIND
 from api.envvars import device_env_vars, env_var_for
+from api.nodes import is_shared
 from api.pods import (
     POD_GROUP_INDEX,
     POD_NODE_INDEX,
@@ -27,10 +28,11 @@ from api.pods import (
     pod_key,
     pod_transform,
 )
+from api.v1alpha1 import group_phase
 from controllers import foreign, groupscheduler, podscheduler, statuscontroller
 from controllers import metrics as sdg_metrics
 from controllers.draclaims import RESOURCECLAIMS, DraAllocations, DraPublisher, cached_claim
-from controllers.foreign import ForeignDevices, ForeignPodReporter, is_shared
+from controllers.foreign import ForeignDevices, ForeignPodReporter
 from controllers.groupscheduler import GroupScheduler
 from controllers.holders import Holders, kubelet_hold
 from controllers.inventory import (
@@ -427,5 +429,4 @@ class SDG:
 
     def _count_phase(self, group: MutableObj, delta: int) -> None:
         """Keep ``sdg_groups{phase}`` exact per event, without recounting every group."""
-        phase = (group.get("status") or {}).get("phase") or "Pending"
-        sdg_metrics.GROUPS_BY_PHASE.labels(phase).inc(delta)
+        sdg_metrics.GROUPS_BY_PHASE.labels(group_phase(group)).inc(delta)

@@ -46,6 +46,7 @@ from api.envvars import (
     env_vars_reached,
     names_no_device,
 )
+from api.nodes import is_shared
 from api.pods import is_active, pod_key
 from controllers.groupstatus import listed
 from controllers.holders import is_holder
@@ -248,11 +249,6 @@ def device_use(
         frozenset(claims),
         frozenset(asked),
     )
-
-
-def is_shared(node: Obj | None) -> bool:
-    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-    return labels.get(NODE_MODE_LABEL) == NODE_MODE_SHARED
 
 
 def foreign_facts(

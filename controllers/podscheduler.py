@@ -22,7 +22,7 @@ from opentelemetry import trace
 
 from api.conditions import find_condition, rfc3339
 from api.constants import DEFAULT_ENV_TABLE, SCHEDULER_NAME, SDG_KIND
-from api.pods import POD_NODE_INDEX, delivered_devices, pod_group, pod_key
+from api.pods import POD_NODE_INDEX, delivered_devices, is_finished, pod_group, pod_key
 from api.v1alpha1 import is_bound, selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.groupstatus import conflict_of
@@ -53,7 +53,7 @@ def wants_scheduling(pod: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAM
         and not spec.get("nodeName")
         and not meta.get("deletionTimestamp")
         and not spec.get("schedulingGates")
-        and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not is_finished(pod)
     )
 
 
@@ -318,8 +318,7 @@ def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:
     def after_pod_left(pod: Mapping[str, Any]) -> Iterator[Request]:
         """A pod on a node ended or went away: its CPU/memory/ports are free again."""
         node = (pod.get("spec") or {}).get("nodeName")
-        phase = (pod.get("status") or {}).get("phase")
-        if node and (pod["metadata"].get("deletionTimestamp") or phase in ("Succeeded", "Failed")):
+        if node and (pod["metadata"].get("deletionTimestamp") or is_finished(pod)):
             for group in groups_bound_to(node):
                 yield from pending_pods_of(group)
 

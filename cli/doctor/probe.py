@@ -39,6 +39,8 @@ from api.constants import (
 )
 from api.envvars import env_var_for
 from api.nodes import is_shared
+from api.pods import FINISHED_PHASES
+from api.v1alpha1 import is_bound
 from cli.doctor.collect import read_list
 from cli.doctor.facts import Check, Unreadable
 from cli.doctor.judge import name_of, quote
@@ -520,7 +522,7 @@ async def _probe_steps(
     while True:
         got = await client.get(SDG_KIND, group)
         status = got.get("status") or {}
-        if status.get("phase") == "Bound":
+        if is_bound(got):
             bound = got
             break
         why = next(
@@ -559,7 +561,7 @@ async def _probe_steps(
         pod = await client.get(PODS, group, ns)
         status = pod.get("status") or {}
         phase = status.get("phase")
-        if phase in ("Succeeded", "Failed"):
+        if phase in FINISHED_PHASES:
             break
         waiting = _waiting(status)
         if waiting.partition(":")[0] in STUCK:
