@@ -85,6 +85,6 @@ bench-compare: controlplane  ## SDG vs kube-scheduler, a raw binder and kopf, S1
 	$(BIN)/python hack/bench/compare.py --scale $(or $(SCALE),full)
 
 .PHONY: bench-soak
-bench-soak: controlplane  ## Memory under churn: the manager's RSS over rounds of groups+pods made and deleted (DURATION=540 s, WARMUP=200 s; CENSUS=1 for tracemalloc; the issue bar: DURATION=1200)
+bench-soak: controlplane  ## Memory under churn: the manager's RSS over rounds of groups+pods made and deleted (DURATION=540 s, WARMUP=200 s; CENSUS=1 for tracemalloc; SPLIT=1 for the parts in three processes; the issue bar: DURATION=1200)
 	$(BIN)/pip install --quiet -e '.[test,otlp,bench]'
-	$(BIN)/python hack/bench/soak.py --duration $(or $(DURATION),540) --warmup $(or $(WARMUP),200) $(if $(CENSUS),--census)
+	$(BIN)/python hack/bench/soak.py --duration $(or $(DURATION),540) --warmup $(or $(WARMUP),200) $(if $(CENSUS),--census) $(if $(SPLIT),--split)

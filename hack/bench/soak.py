@@ -36,6 +36,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +89,19 @@ def group(name: str) -> Obj:
     }
 
 
-async def start_manager(env: Env, args: argparse.Namespace) -> tuple[Proc, int, Path]:
+#: ``--split``: the manager's parts in three processes (``--controllers``), each measured.
+SPLIT = {
+    "schedulers": ["--controllers=group-scheduler,pod-scheduler,foreign-reporter"],
+    "status": ["--controllers=status", "--leader-election-id=deviceshare-status"],
+    "webhooks": ["--controllers=webhooks", "--no-leader-elect"],
+}
+
+
+async def start_manager(
+    env: Env, args: argparse.Namespace, name: str = "manager", flags: list[str] | None = None
+) -> tuple[Proc, int, Path]:
     webhook_port, probe_port = free_port(), free_port()
-    out = env.work / "memhook"
+    out = env.work / f"memhook-{name}"
     cmd = [
         sys.executable,
         str(HERE / "memhook.py"),
@@ -104,6 +115,7 @@ async def start_manager(env: Env, args: argparse.Namespace) -> tuple[Proc, int, 
         f"--leader-election-namespace={MANAGER_NS}",
         f"--claims-namespace={MANAGER_NS}",
         "--holders=auto",
+        *(flags or []),
         *args.manager_args,
     ]
     for pair in ([] if args.no_image_env else IMAGE_ENV) + args.manager_env:
@@ -111,13 +123,13 @@ async def start_manager(env: Env, args: argparse.Namespace) -> tuple[Proc, int, 
         env.env[key] = value
     env.env["SDG_MEMHOOK_OUT"] = str(out)
     env.env["SDG_MEMHOOK_TRACE"] = str(args.frames if args.census else 0)
-    env.commands["manager"] = shlex.join(["python", *cmd[1:]])
+    env.commands[name] = shlex.join(["python", *cmd[1:]])
     saved = compare.ROOT
     if args.tree:  # another source tree's manager (an A/B): its modules, its directory
         compare.ROOT = Path(args.tree)
         env.env["PYTHONPATH"] = args.tree
     try:
-        proc = Proc("sdg-manager", cmd, env.work / "manager.log", env.env)
+        proc = Proc(f"sdg-{name}", cmd, env.work / f"{name}.log", dict(env.env))
     finally:
         compare.ROOT = saved
     await wait_http_ok(proc, f"http://127.0.0.1:{probe_port}/readyz")
@@ -208,22 +220,42 @@ def slope_mib_per_min(samples: list[tuple[float, int]]) -> float:
     )
 
 
+def figures(rows: list[Obj], name: str, warm_at: int) -> Obj:
+    """One process's RSS figures from the rounds' samples."""
+    after = rows[warm_at:]
+    half = after[len(after) // 2 :]
+    rss = [row["rss"][name] for row in rows]
+    return {
+        "rss_first": rss[0],
+        "rss_warm": rss[warm_at],
+        "rss_end": rss[-1],
+        "growth": rss[-1] - rss[warm_at],
+        "second_half_growth": half[-1]["rss"][name] - half[0]["rss"][name],
+        "slope_after_warmup": slope_mib_per_min([(x["t"], x["rss"][name]) for x in after]),
+    }
+
+
 async def soak(args: argparse.Namespace) -> Obj:
     cp = ControlPlane(crd_paths=[ROOT / "config" / "crd"])
     cp.start()
+    parts = SPLIT if args.split else {"manager": []}
+    procs: dict[str, tuple[Proc, Path]] = {}
     try:
         install_rbac(cp)
         env = Env(cp, cp.work_dir)
         async with Kube(env.admin_kubeconfig, limit=args.in_flight + 16) as kube:
             await create_nodes(kube, 0, args.nodes, 32)
             await ensure_namespace(kube, NS)
-            mgr, port, out = await start_manager(env, args)
-            env.webhooks(port)
+            for name, flags in parts.items():
+                proc, port, out = await start_manager(env, args, name, flags)
+                procs[name] = (proc, out)
+                if name in ("manager", "webhooks"):
+                    env.webhooks(port)
             await asyncio.sleep(2)
             kubelet = asyncio.ensure_future(fake_kubelet(env))
             rows: list[Obj] = []
             t_start = time.perf_counter()
-            cpu0 = cpu_seconds(mgr.pid)
+            cpu0 = {name: cpu_seconds(proc.pid) for name, (proc, _) in procs.items()}
             warm_at: int | None = None
             try:
                 r = 0
@@ -234,116 +266,142 @@ async def soak(args: argparse.Namespace) -> Obj:
                     if not args.rounds and elapsed >= args.duration:
                         break
                     times = await one_round(kube, r, args)
-                    rss = memory(mgr.pid)["VmRSS"]
+                    rss = {name: memory(proc.pid)["VmRSS"] for name, (proc, _) in procs.items()}
                     row = {"round": r, "t": time.perf_counter() - t_start, "rss": rss, **times}
                     rows.append(row)
                     print(
-                        f"round {r:4d} t={row['t']:7.1f}s RSS {rss / MIB:7.2f} MiB "
-                        f"(bound {times['bound_s']:.2f} s, gone {times['gone_s']:.2f} s)",
+                        f"round {r:4d} t={row['t']:7.1f}s RSS "
+                        + " ".join(f"{n} {b / MIB:7.2f}" for n, b in rss.items())
+                        + f" MiB (bound {times['bound_s']:.2f} s, gone {times['gone_s']:.2f} s)",
                         flush=True,
                     )
                     if warm_at is None and row["t"] >= args.warmup:
-                        os.kill(mgr.pid, signal.SIGUSR1)
-                        mark = await wait_file(out / "mark.json", mgr)
+                        for name, (proc, out) in procs.items():
+                            os.kill(proc.pid, signal.SIGUSR1)
+                            mark = await wait_file(out / "mark.json", proc)
+                            print(f"  warm-up over at round {r}: {name} mark {mark}", flush=True)
                         warm_at = r
                         # The mark's own books (gc counts, container sizes) count as warm-up.
-                        rows[-1]["rss"] = memory(mgr.pid)["VmRSS"]
-                        print(f"  warm-up over at round {r}: mark {mark}", flush=True)
+                        rows[-1]["rss"] = {
+                            name: memory(proc.pid)["VmRSS"] for name, (proc, _) in procs.items()
+                        }
                     r += 1
                 if warm_at is None:
                     raise RuntimeError("the soak ended before its warm-up: lengthen --duration")
-                rss_end = memory(mgr.pid)
-                cpu = cpu_seconds(mgr.pid) - cpu0
-                os.kill(mgr.pid, signal.SIGUSR2)
-                report = await wait_file(out / "report.json", mgr, within=600)
+                peak = {name: memory(proc.pid)["VmHWM"] for name, (proc, _) in procs.items()}
+                cpu = {name: cpu_seconds(p.pid) - cpu0[name] for name, (p, _) in procs.items()}
+                reports = {}
+                for name, (proc, out) in procs.items():
+                    os.kill(proc.pid, signal.SIGUSR2)
+                    reports[name] = await wait_file(out / "report.json", proc, within=600)
             finally:
                 kubelet.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await kubelet
-                await mgr.stop(10)
+                for proc, _ in procs.values():
+                    await proc.stop(10)
     finally:
         cp.stop()
-    after = rows[warm_at:]
-    half = after[len(after) // 2 :]
-    result = {
+    return {
         "args": vars(args),
         "machine": machine(),
-        "command": env.commands.get("manager", ""),
+        "commands": {name: env.commands.get(name, "") for name in procs},
         "manager_env": ([] if args.no_image_env else IMAGE_ENV) + args.manager_env,
         "rounds": len(rows),
         "warm_round": warm_at,
         "seconds": rows[-1]["t"],
-        "rss_first": rows[0]["rss"],
-        "rss_warm": rows[warm_at]["rss"],
-        "rss_end": rows[-1]["rss"],
-        "rss_peak": rss_end["VmHWM"],
-        "growth": rows[-1]["rss"] - rows[warm_at]["rss"],
-        "second_half_growth": half[-1]["rss"] - half[0]["rss"],
-        "slope_after_warmup": slope_mib_per_min([(x["t"], x["rss"]) for x in after]),
-        "manager_cpu_s": cpu,
+        "processes": {
+            name: {
+                **figures(rows, name, warm_at),
+                "rss_peak": peak[name],
+                "cpu_s": cpu[name],
+                "report": reports[name],
+            }
+            for name in procs
+        },
         "bound_s_mean": statistics.fmean(x["bound_s"] for x in rows),
         "rows": rows,
-        "report": report,
     }
-    return result
 
 
 def markdown(res: Obj, bar: float) -> str:
     a, m = res["args"], res["machine"]
-    ok = res["growth"] <= bar * MIB
+    procs = res["processes"]
     lines = [
         f"Machine: {machine_line(m)}.",
         f"Command: `python hack/bench/soak.py --duration {a['duration']:g} --warmup "
         f"{a['warmup']:g} --nodes {a['nodes']} --groups {a['groups']} --pods {a['pods']}"
+        + (" --split" if a.get("split") else "")
         + (" --census" if a["census"] else "")
         + (f" --tree {a['tree']}" if a["tree"] else "")
         + "".join(f" --manager-env {e}" for e in a["manager_env"])
         + (" --no-image-env" if a.get("no_image_env") else "")
-        + "`; manager: `"
-        + res["command"]
-        + "`, environment "
+        + "`; "
+        + "; ".join(f"{name}: `{cmd}`" for name, cmd in res["commands"].items())
+        + "; environment "
         + (", ".join(f"`{e}`" for e in res.get("manager_env", [])) or "glibc defaults")
         + ".",
         "",
         f"{res['rounds']} rounds in {res['seconds']:.0f} s ({res['rounds'] * a['groups']} groups"
         f" and {res['rounds'] * a['pods']} pods created, bound and deleted; a round took "
-        f"{res['bound_s_mean']:.1f} s to bind on average); manager CPU {res['manager_cpu_s']:.0f}"
-        " s.",
+        f"{res['bound_s_mean']:.1f} s to bind on average); CPU "
+        + ", ".join(f"{name} {p['cpu_s']:.0f} s" for name, p in procs.items())
+        + ".",
         "",
-        "| RSS at round end | MiB |",
-        "| --- | ---: |",
-        f"| first round | {res['rss_first'] / MIB:.2f} |",
-        f"| end of warm-up (round {res['warm_round']}) | {res['rss_warm'] / MIB:.2f} |",
-        f"| end of soak (round {res['rounds'] - 1}) | {res['rss_end'] / MIB:.2f} |",
-        f"| growth after warm-up (bar <= {bar:g}) | {res['growth'] / MIB:+.2f} "
-        f"({'met' if ok else 'NOT met'}) |",
-        f"| growth over the second half after warm-up | {res['second_half_growth'] / MIB:+.2f} |",
-        f"| slope after warm-up (least squares) | {res['slope_after_warmup']:+.3f} MiB/min |",
-        f"| peak (VmHWM) | {res['rss_peak'] / MIB:.2f} |",
+        "| RSS at round end, MiB | " + " | ".join(procs) + " |",
+        "| --- |" + " ---: |" * len(procs),
     ]
-    rep = res["report"]
-    grown = [t for t in rep.get("types_grown", []) if t["grew"] >= 50][:8]
-    if grown:
-        lines += [
-            "",
-            "Live objects grown after warm-up (gc, by type): "
-            + ", ".join(f"`{t['type']}` +{t['grew']}" for t in grown)
-            + ".",
-        ]
-    cont = [c for c in rep.get("containers_grown", []) if c["now"] - c["before"] >= 50][:8]
-    if cont:
-        lines += [
-            "",
-            "Containers grown after warm-up: "
-            + ", ".join(f"`{c['holder']}` {c['before']}->{c['now']}" for c in cont)
-            + ".",
-        ]
+
+    def row(label: str, cell: Callable[[Obj], str]) -> str:
+        return f"| {label} | " + " | ".join(cell(p) for p in procs.values()) + " |"
+
+    def met(p: Obj) -> str:
+        return f"{p['growth'] / MIB:+.2f} ({'met' if p['growth'] <= bar * MIB else 'NOT met'})"
+
+    lines += [
+        row("first round", lambda p: f"{p['rss_first'] / MIB:.2f}"),
+        row(f"end of warm-up (round {res['warm_round']})", lambda p: f"{p['rss_warm'] / MIB:.2f}"),
+        row(f"end of soak (round {res['rounds'] - 1})", lambda p: f"{p['rss_end'] / MIB:.2f}"),
+        row(f"growth after warm-up (bar <= {bar:g})", met),
+        row(
+            "growth over the second half after warm-up",
+            lambda p: f"{p['second_half_growth'] / MIB:+.2f}",
+        ),
+        row(
+            "slope after warm-up (least squares), MiB/min",
+            lambda p: f"{p['slope_after_warmup']:+.3f}",
+        ),
+        row("peak (VmHWM)", lambda p: f"{p['rss_peak'] / MIB:.2f}"),
+    ]
+    for name, p in procs.items():
+        rep = p["report"]
+        grown = [t for t in rep.get("types_grown", []) if t["grew"] >= 50][:8]
+        if grown:
+            lines += [
+                "",
+                f"{name}: live objects grown after warm-up (gc, by type): "
+                + ", ".join(f"`{t['type']}` +{t['grew']}" for t in grown)
+                + ".",
+            ]
+        cont = [c for c in rep.get("containers_grown", []) if c["now"] - c["before"] >= 50][:8]
+        if cont:
+            lines += [
+                "",
+                f"{name}: containers grown after warm-up: "
+                + ", ".join(f"`{c['holder']}` {c['before']}->{c['now']}" for c in cont)
+                + ".",
+            ]
     return "\n".join(lines)
 
 
 def print_report(res: Obj) -> None:
-    rep = res["report"]
-    print(f"\nheap census after warm-up ({rep.get('seconds_since_mark', 0):.0f} s):")
+    for name, p in res["processes"].items():
+        print(f"\n== {name}")
+        print_census(p["report"])
+
+
+def print_census(rep: Obj) -> None:
+    print(f"heap census after warm-up ({rep.get('seconds_since_mark', 0):.0f} s):")
     print("  objects:", rep.get("objects"))
     for when, books in (rep.get("allocators") or {}).items():
         print(
@@ -378,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--round-timeout", type=float, default=120.0)
     parser.add_argument("--bar-mib", type=float, default=2.0)
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="three managers (--controllers): schedulers, status, webhooks, each measured",
+    )
     parser.add_argument("--census", action="store_true", help="tracemalloc from the mark on")
     parser.add_argument("--frames", type=int, default=8, help="tracemalloc frames (--census)")
     parser.add_argument("--json", default="", help="also write the figures to this file")
@@ -417,8 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
     if not args.no_results and not args.census:
-        update_section("soak", md)
-    return 0 if res["growth"] <= args.bar_mib * MIB else 1
+        update_section("soak-split" if args.split else "soak", md)
+    met = all(p["growth"] <= args.bar_mib * MIB for p in res["processes"].values())
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
