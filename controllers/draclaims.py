@@ -2,66 +2,16 @@
 ResourceClaim, and every ResourceClaim allocation is read back.
 
 kube-scheduler's DRA allocator hands out every slice device that no ResourceClaim has
-allocated, and SDG hands out devices it holds no record of. Each must see the other's
-holdings, or a plain pod's claim is given a group's GPUs (or a group a claim's):
-
-* **Entering a group** (:class:`DraPublisher`): one ResourceClaim per group,
-  ``sdg-group.<group>`` in the manager's namespace, labelled
-  ``deviceshare.io/role=group-claim``, annotated ``deviceshare.io/claim-for: <group>`` and
-  owned by the group. Its spec asks for exactly the group's count of the driver's
-  DeviceClass; SDG writes ``status.allocation`` itself (results naming exactly the group's
-  devices, the node pinned by ``matchFields metadata.name``, as kube-scheduler writes it)
-  and ``status.reservedFor`` naming the group. No pod uses it; the kubelet never prepares
-  it; it is a book entry.
-* **Reading every allocation** (:class:`DraAllocations`): fed by a ResourceClaim informer
-  over all namespaces, it says who holds each allocated ``(driver, pool, device)``: a
-  group (its claim) or ``ResourceClaim <ns>/<name>``.
-
-What Kubernetes v1.37.2 does with such a claim (``pkg/...`` is k8s.io/kubernetes):
-
-* kube-scheduler counts the devices of every allocated claim in its informer, whoever
-  wrote the allocation: ``allocatedDevices`` adds a claim's results on add/update and drops
-  them on delete or when the allocation is cleared
-  (``pkg/scheduler/framework/plugins/dynamicresources/allocateddevices.go:152-193``), and
-  every PreFilter builds its allocator from that set
-  (``dynamicresources.go:800-825``). Only results with ``adminAccess`` are skipped
-  (``allocateddevices.go:55``); SDG never sets it.
-* kube-controller-manager's ResourceClaim controller keeps any ``reservedFor`` entry that
-  is neither a pod nor a PodGroup ("We don't know how to check this entry, so we just keep
-  it", ``pkg/controller/resourceclaim/controller.go:1570-1573``), and deallocates a claim
-  only on the transition from "reserved" to "no consumer left"
-  (``controller.go:1578-1607``) or when a claim carrying the built-in finalizer is deleted
-  with no consumer (``controller.go:1627-1646``). A claim whose only entry is the group's is
-  never deallocated; one with an empty ``reservedFor`` would not be either (the transition
-  never happens), but kube-scheduler's PostFilter deallocates an unreserved claim that a
-  pending pod uses (``dynamicresources.go:1193-1197``), so the group's entry is always
-  written.
-* kube-scheduler adds ``resource.kubernetes.io/delete-protection``
-  (``k8s.io/api/resource/v1/types.go:33``: reserved for Kubernetes) before it writes an
-  allocation (``dynamicresources.go:1919-1929``), so that a deleted claim keeps its
-  allocation until the controller clears it. SDG's claim must not carry it: the
-  controller would wait forever for the group's entry to go. It carries SDG's own
-  ``deviceshare.io/protection`` instead: deleting the claim (a user, or the garbage
-  collector cascading a foreground deletion of the group while its pods still run) then
-  leaves it Terminating *and allocated*, so kube-scheduler still counts its devices, until
-  :meth:`DraPublisher.remove` lets it go.
-
-Writing ``status.allocation`` or ``status.reservedFor`` needs, besides
-``resourceclaims/status``, the synthetic ``resourceclaims/binding`` right (feature
-DRAResourceClaimGranularStatusAuthorization, beta and on since 1.36), which the API server
-checks cluster-wide: namespace "" and name "" (``pkg/registry/resource/utils.go:119-144``,
-called by the status strategy's ``ValidateUpdate``, ``resourceclaim/strategy.go:215``;
-the gate: ``pkg/features/kube_features.go:1533-1535``). So it can only come from a
-ClusterRole (``config/rbac/role.yaml``); the status write itself is namespaced.
-
-The books are not fenced against each other: the API server checks no device against
-other claims, so a group's claim written while kube-scheduler allocates the same device
-to a pod's claim both succeed. :meth:`DraPublisher.ensure` refuses devices the mirror
-already shows held; a device given to two claims anyway shows as two holders
-(:meth:`DraAllocations.holders`), which is how such a race is seen afterwards.
-
-Pure helpers and the mirror take plain decoded JSON; loops are bounded by
-``AllocationResultsMaxSize`` (32 results per claim, ``k8s.io/api/resource/v1/types.go:2205``).
+allocated, and SDG hands out devices it holds no record of; each must see the other's
+holdings. :class:`DraPublisher` writes one claim per group (``sdg-group.<group>`` in the
+manager's namespace, owned by the group, ``status.allocation`` naming exactly its devices
+and ``status.reservedFor`` the group); :class:`DraAllocations` mirrors every claim's
+allocation (all namespaces) as holders. Why this shape keeps kube-scheduler and
+kube-controller-manager v1.37.2 from reusing or deallocating the devices, and which
+rights it needs: docs/design.md, "The cluster's books". The books are not fenced against
+each other: :meth:`DraPublisher.ensure` refuses devices the mirror shows held, and a
+device given to two claims anyway shows as two holders. Loops are bounded by
+``AllocationResultsMaxSize`` (32 results per claim).
 """
 
 from __future__ import annotations

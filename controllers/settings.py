@@ -150,8 +150,8 @@ class Settings(BaseModel):
         None, description="a file of RESOURCE_GLOB=ENV_VAR mappings, one per line (# comments)"
     )
     group_workers: int = Field(
-        # 8 reach S3's 100+ groups/s (hack/bench/RESULTS.md). Placement and reservation
-        # stay one serialised step; the record writes they lead to overlap.
+        # Placement and reservation stay one serialised step; the record writes they
+        # lead to overlap (S3 in hack/bench/RESULTS.md).
         8,
         ge=1,
         le=64,

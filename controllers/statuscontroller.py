@@ -35,10 +35,9 @@ from sdgruntime.reconcile import Request, Result
 
 __all__ = ["EVENT_PODS", "STATUS_BATCH_PERIOD", "STATUS_WORKERS", "StatusController", "setup"]
 
-#: Concurrent reconciles, each mostly one status PATCH's round trip. After a burst of pods
-#: across 2000 groups nearly every group still needs its last write (~1900 of them); with
-#: 2 workers that drain ran at ~140 writes/s (13-15 s), with 8 at ~250-270/s (7 s), where
-#: the API server, not the workers, is the limit. (A setting: ``--status-workers``.)
+#: Concurrent reconciles, each mostly one status PATCH's round trip: after a burst of
+#: pods across many groups nearly every group needs its last write, and 8 workers make
+#: the API server, not the workers, the limit (``--status-workers``; S4 in RESULTS.md).
 STATUS_WORKERS: Final = 8
 #: Seconds between two status writes of one group (``--status-batch-period``): as the Job
 #: controller's pod update batching, a burst is written once per period, not per pod.

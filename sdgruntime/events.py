@@ -80,9 +80,8 @@ _Pending = tuple[Mapping[str, Any], "EventType", str, str, str | None]
 class EventRecorder:
     """Writes Events for one component (``source.component``/``reportingComponent``).
 
-    ``writers`` Events are in flight at once and ``buffer`` wait: a scheduler binding
-    400+ pods/s emits one Event per bind, and at ~10-30 ms per POST under that load 4
-    writers and 1024 places dropped half of them (hack/bench/RESULTS.md, session 14).
+    ``writers`` Events are in flight at once and ``buffer`` wait (a scheduler binding
+    hundreds of pods a second emits one Event per bind; too few writers drop them).
     A waiting Event holds a reference to its (cached) object and its strings: ~1 KB.
     When :meth:`run` is cancelled, the queued and in-flight Events get ``drain_timeout``
     seconds to be written (the manager passes its ``graceful_shutdown_timeout``).

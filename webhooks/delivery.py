@@ -1,42 +1,15 @@
 """How a group pod is given its devices: the delivery modes, as pure functions.
 
-A node's container runtime decides how a pod can be handed GPUs, so the mode is chosen
-per node, by one rule (``choose_delivery``, which the pod webhook, ``sdg explain`` and
-``sdg doctor`` share): the node label ``deviceshare.io/delivery`` first; else the
-manager's ``--delivery``; under ``auto`` (the default) what the cluster says of the
-node's runtime (RuntimeClass ``nvidia`` whose handler the node lists in
-``status.runtimeHandlers``: ``runtimeclass``; label ``deviceshare.io/default-runtime``:
-``env``), and where nothing says, ``env``, flagged unverified so the webhook warns on
-the group and doctor on the node. Each mode turns (pod, the group's devices, settings)
-into JSON patch operations (RFC 6902), or a denial that says what to change:
-
-- ``env``: the vendor env var (``NVIDIA_VISIBLE_DEVICES=0,1``, or UUIDs) in every
-  container, init container and native sidecar. Needs a runtime hook that reads it from
-  unprivileged pods (nvidia-container-toolkit's legacy mode).
-- ``runtimeclass``: the same, plus ``spec.runtimeClassName`` (the GPU Operator's
-  ``nvidia``), for nodes whose default runtime has no GPU hook.
-- ``cdi``: CDI device names (``nvidia.com/gpu=0``) in the per-container annotation NRI's
-  device-injector reads, for runtimes that refuse env injection; the vendor env var is
-  set empty (``api.constants.NO_DEVICES``: no device for NVIDIA's, AMD's and Ascend's
-  runtimes alike) so an image's ``NVIDIA_VISIBLE_DEVICES=all`` cannot expose every GPU.
-
-On a group pod SDG owns the device-injector's CDI annotation families in every mode: in
-``cdi`` it writes them, in ``env`` and ``runtimeclass`` it removes them (a group pod's own
-``cdi-devices.noderesource.dev/pod: ["nvidia.com/gpu=all"]`` would hand it every GPU
-beside the group's); ``owned_cdi_changes`` says which of the pod's own keys a patch
-removes or replaces, for the webhook's warning. (Raw device-node and mount annotations
-are refused by ``webhooks.injection``: SDG writes neither family, so it has nothing to
-put in their place.)
-
-Every mode also records the IDs given in the pod annotation ``deviceshare.io/devices``
-(see ``api.pods.delivered_devices``), and adds ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` when the
-pod's NVIDIA GPUs are named by index, so CUDA numbers them as nvidia-smi does (CUDA's
-default, fastest first, can swap them). Only ``nvidia.com/gpu``: no other vendor's
-runtime reads that variable. A container's own CUDA_DEVICE_ORDER is kept (a numbering
-preference, not a device choice).
-
-All operations are computed against the pod as given, and applied to their own result
-they yield none, so the webhook can be reinvoked after other mutating webhooks.
+``choose_delivery`` picks a node's mode (the pod webhook, ``sdg explain`` and ``sdg
+doctor`` share it; the rule is in docs/design.md, "Devices are real"). Each mode turns
+(pod, the group's devices, settings) into RFC 6902 operations or a denial that says what
+to change: ``env`` (the vendor env var in every container), ``runtimeclass`` (the same
+plus ``spec.runtimeClassName``), ``cdi`` (CDI names in NRI's device-injector annotation,
+the vendor env var set to ``api.constants.NO_DEVICES``). In every mode SDG owns the
+injector's CDI annotation families on a group pod (``owned_cdi_changes``), records the
+IDs in ``deviceshare.io/devices`` and adds ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for NVIDIA
+GPUs named by index. Applied to their own result the operations yield none, so the
+webhook can be reinvoked after other mutating webhooks.
 """
 
 from __future__ import annotations

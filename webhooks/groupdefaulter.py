@@ -3,7 +3,7 @@
 The group scheduler adds ``deviceshare.io/protection`` before it binds a group, and still
 does for a group created while this webhook is down (its failurePolicy is Ignore). Given
 at admission it costs no write of its own: one PATCH of the group, its watch event and a
-reconcile less per group (S3 in hack/bench/RESULTS.md).
+reconcile less per group.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ class DeviceTracker:
 
         Placement calls this once per node for every group, so it reads the dicts
         directly and counts in C unless some held ID is at or beyond capacity (a node that
-        shrank): 1.6x faster at 1000 nodes (hack/bench/bench_placement.py)."""
+        shrank)."""
         cap = self._capacity.get(node, _NONE).get(resource, 0)
         held = self._held.get(node, _NONE).get(resource)
         if not held:

@@ -57,10 +57,8 @@ def json_copy(obj: Any) -> Any:
 
     Reads copy every object they return, so this is on the hot path. One comprehension per
     container, recursing only into dicts and lists (exact type checks, no memo, no
-    ``__deepcopy__`` dispatch). Measured on a 3 KB pod (Python 3.11, timeit best of 5 x 5000):
-    ``copy.deepcopy`` 65 us, ``json.loads(json.dumps())`` 39 us,
-    ``pickle`` round trip 17.5 us, this 17.5 us: 3.7x faster than deepcopy, as fast as
-    pickle without its byte buffer. Other (non-JSON) types are shared, not copied.
+    ``__deepcopy__`` dispatch): several times faster than ``copy.deepcopy``. Other
+    (non-JSON) types are shared, not copied.
     """
     t = type(obj)
     if t is dict:
