@@ -13,8 +13,8 @@ Every input is bounded, and every refusal says why in a text body:
   ``max_buffered_bytes`` (503 beyond);
 - a request head over ``max_header_bytes`` gets 431, whole or still arriving;
 - a request not complete within ``request_timeout`` of its first byte gets 408 and is
-  closed (slowloris); a TLS handshake gets the same time; a connection that sends nothing
-  is closed after ``request_timeout``, an idle keep-alive one after ``idle_timeout``;
+  closed (slowloris); a TLS handshake gets the same time; a connection with no request
+  in progress (fresh or kept alive) is closed after ``idle_timeout``;
 - a malformed request gets 400; a handler that raises gets 500, one that outlives
   ``handler_timeout`` 503.
 
@@ -463,8 +463,10 @@ class _Connection(web.RequestHandler):
     and idle timeout, and 431/400 answers for heads aiohttp's parser refuses.
 
     One timer per connection: from the first byte of a request until its head is parsed
-    it is the request deadline (408 when it passes), between requests the idle timeout,
-    before the first byte of the first request ``request_timeout`` (closed silently).
+    it is the request deadline (408 when it passes); before a connection's first request
+    and between requests the idle timeout (closed silently). A fresh connection waits as
+    long as a kept one: HTTP clients (Go's among them) dial spare connections and pool them
+    unused, and one closed early fails the next request written on it with EOF.
     """
 
     __slots__ = (
@@ -509,7 +511,7 @@ class _Connection(web.RequestHandler):
         peer = transport.get_extra_info("peername")
         self.client = (peer[0], peer[1]) if isinstance(peer, tuple) else None
         super().connection_made(transport)
-        self._arm(owner.request_timeout)
+        self._arm(owner.idle_timeout)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self._admitted:

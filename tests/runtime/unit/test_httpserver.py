@@ -385,6 +385,17 @@ def test_limits_that_could_never_serve_are_refused() -> None:
         make_server(max_body_bytes=1000, max_buffered_bytes=999)
 
 
+async def test_a_fresh_connection_waits_for_its_first_request_as_long_as_an_idle_one() -> None:
+    # Go's transport pools connections it dialed but did not use; closing one before the
+    # idle timeout makes the next request written on it fail with EOF.
+    async with running(make_server(request_timeout=0.1, idle_timeout=60)) as srv:
+        spare = await srv.connect()
+        async with spare:
+            await anyio.sleep(0.4)  # four request timeouts
+            await spare.send(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await RawReader(spare).response()).status == 200
+
+
 async def test_silent_and_idle_connections_are_closed_without_an_answer() -> None:
     async with running(make_server(request_timeout=0.2, idle_timeout=0.2)) as srv:
         silent = await srv.connect()
