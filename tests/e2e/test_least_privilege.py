@@ -72,7 +72,7 @@ async def test_sdg_writes_only_the_pod_scheduled_condition_of_unbound_pods(
         assert [(c["type"], c["status"], c["message"]) for c in conds] == [
             ("PodScheduled", "False", "no node fits")
         ]
-        tries = {
+        tries: dict[str, dict[str, Any]] = {
             "metadata.labels": {"metadata": {"labels": {"app": "frontend"}}},
             "metadata.annotations": {"metadata": {"annotations": {"team": "x"}}},
             "metadata.finalizers": {"metadata": {"finalizers": ["example.com/hold"]}},
