@@ -204,6 +204,7 @@ class SDG:
             cache,
             mgr.event_recorder("deviceshare-controller"),
             batch_period=settings.status_batch_period,
+            allocated_pods=settings.allocated_pods,
         )
         if runs("status"):
             statuscontroller.setup(mgr, self.status_controller, workers=settings.status_workers)

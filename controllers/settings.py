@@ -170,6 +170,12 @@ class Settings(BaseModel):
         description="seconds between two status writes of one group (a burst of pods is "
         "written once per period; 0 writes every change at once)",
     )
+    allocated_pods: Literal["names", "counts"] = Field(
+        "names",
+        description="names: status.allocatedPods lists the group's pods (namespace/name); "
+        "counts: status.allocatedPodCounts counts them per namespace and allocatedPods stays "
+        "empty, so readers of groups see no pod names (nor PodsJoined/PodsLeft events)",
+    )
     controllers: str = Field(
         "*",
         description=(

@@ -10,16 +10,20 @@ events are coalesced per group (``controllers.podevents``) instead of one per wr
 Writes are batched per group: the first after a quiet ``batch_period`` goes out at once,
 later ones wait until ``batch_period`` has passed since the last, so a burst of pods
 joining one group costs one write per period, and the status is at most that stale.
+
+``--allocated-pods counts`` writes ``status.allocatedPodCounts`` (namespace -> active
+pods) instead and leaves ``allocatedPods`` empty: whoever may read groups then learns no
+pod names, nor from PodsJoined/PodsLeft events, which are not sent (they name pods).
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Final
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Literal
 
-from api.constants import SDG_KIND
+from api.constants import MAX_ALLOCATED_PODS, SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.v1alpha1 import pod_list_update
 from controllers.podevents import EVENT_PODS, PodEvents
@@ -33,7 +37,14 @@ from sdgruntime.kinds import PODS
 from sdgruntime.manager import Manager
 from sdgruntime.reconcile import Request, Result
 
-__all__ = ["EVENT_PODS", "STATUS_BATCH_PERIOD", "STATUS_WORKERS", "StatusController", "setup"]
+__all__ = [
+    "EVENT_PODS",
+    "STATUS_BATCH_PERIOD",
+    "STATUS_WORKERS",
+    "StatusController",
+    "namespace_counts",
+    "setup",
+]
 
 #: Concurrent reconciles, each mostly one status PATCH's round trip: after a burst of
 #: pods across many groups nearly every group needs its last write, and 8 workers make
@@ -42,6 +53,14 @@ STATUS_WORKERS: Final = 8
 #: Seconds between two status writes of one group (``--status-batch-period``): as the Job
 #: controller's pod update batching, a burst is written once per period, not per pod.
 STATUS_BATCH_PERIOD: Final = 1.0
+
+
+def namespace_counts(keys: Iterable[str], limit: int = MAX_ALLOCATED_PODS) -> dict[str, int]:
+    """``status.allocatedPodCounts``: active pods per namespace, from ``namespace/name``
+    keys; the sorted first ``limit`` namespaces (as ``allocatedPods``, so the object stays
+    small; ``podCount`` stays exact)."""
+    counts = Counter(key.partition("/")[0] for key in set(keys))
+    return {ns: counts[ns] for ns in sorted(counts)[:limit]}
 
 
 class StatusController:
@@ -56,8 +75,10 @@ class StatusController:
         events: PodEvents | None = None,
         batch_period: float = STATUS_BATCH_PERIOD,
         clock: Callable[[], float] = time.monotonic,
+        allocated_pods: Literal["names", "counts"] = "names",
     ) -> None:
         self.client = client
+        self.allocated_pods = allocated_pods
         self.cache = cache
         self.recorder = recorder
         self.events = events if events is not None else PodEvents(recorder)
@@ -97,11 +118,29 @@ class StatusController:
         before_count = status.get("podCount", 0)
         if not isinstance(before_count, int) or isinstance(before_count, bool):
             before_count = len(before)
-        update = pod_list_update(before, before_count, (pod_key(p) for p in pods if is_active(p)))
+        active = [pod_key(p) for p in pods if is_active(p)]
+        before_counts = status.get("allocatedPodCounts") or {}
+        fields: dict[str, Any]
+        if self.allocated_pods == "counts":
+            counts = namespace_counts(active)
+            count = len(set(active))
+            joined: list[str] = []
+            left: list[str] = []
+            unchanged = not before and before_counts == counts
+            # Namespaces no pod uses any more go (a merge patch merges maps).
+            gone = {ns: None for ns in before_counts if ns not in counts}
+            fields = {"allocatedPods": [], "allocatedPodCounts": {**gone, **counts}}
+        else:
+            update = pod_list_update(before, before_count, active)
+            count, joined, left = update.count, update.joined, update.left
+            unchanged = before == update.listed and not before_counts
+            fields = {"allocatedPods": update.listed}
+            if before_counts:  # the manager ran with --allocated-pods counts before
+                fields["allocatedPodCounts"] = None
         # A new group has neither field: that already says "no pods" (the scheduler's first
         # status write sets podCount 0), and writing it here would only make the
         # scheduler's conditional finalizer patch of the new group conflict.
-        if before == update.listed and status.get("podCount", 0) == update.count:
+        if unchanged and status.get("podCount", 0) == count:
             return None
         now = self.clock()
         wait = self._wait(request.name, now)
@@ -111,7 +150,7 @@ class StatusController:
             return Result(requeue_after=wait)
         patch = {
             "metadata": {"uid": group["metadata"]["uid"]},
-            "status": {"allocatedPods": update.listed, "podCount": update.count},
+            "status": {**fields, "podCount": count},
         }
         try:
             updated = await self.client.patch(SDG_KIND, request.name, patch, subresource="status")
@@ -122,7 +161,7 @@ class StatusController:
         if self.batch_period > 0:
             self._written[request.name] = now
             self._written.move_to_end(request.name)
-        self.events.record(updated, update.joined, update.left)
+        self.events.record(updated, joined, left)
         return None
 
 

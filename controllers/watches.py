@@ -52,7 +52,7 @@ pod_matters_to_group = Funcs(update=lambda old, new: _group_pod_facts(old) != _g
 
 #: What the status controller writes to a group (from the pod cache): the group scheduler
 #: has its own pod watch for that, so these writes need not wake it again.
-_POD_LIST_FIELDS = ("allocatedPods", "podCount")
+_POD_LIST_FIELDS = ("allocatedPods", "allocatedPodCounts", "podCount")
 
 
 def _beyond_pod_list(group: Obj) -> tuple[Any, ...]:

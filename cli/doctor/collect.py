@@ -153,6 +153,21 @@ async def read_list(client: Client, kind: Kind, namespace: str | None = None, **
     return got[0] if isinstance(got, tuple) else got
 
 
+async def _pods_on(client: Client, facts: Facts, node_name: str) -> list[Obj] | Unreadable:
+    """The pods on a shared node: every namespace's where the reader may list pods
+    cluster-wide (the opt-in deviceshare-doctor-pods role; pods carry their env values),
+    else only the manager's namespace's (SDG's holder pods, which deviceshare-doctor-records
+    reads), with ``facts.pods_refused`` saying why the rest were not read."""
+    selector = f"spec.nodeName={node_name}"
+    if facts.pods_refused is None:
+        pods = await read_list(client, PODS, field_selector=selector)
+        if not isinstance(pods, Unreadable):
+            return [] if pods is None else pods
+        facts.pods_refused = pods.error
+    own = await read_list(client, PODS, facts.manager_namespace, field_selector=selector)
+    return [] if own is None else own
+
+
 async def run_probe(client: Client, namespace: str) -> Probe | Unreadable:
     """The server-side dry-run CREATE: nothing is stored, admission runs in full."""
     group = PROBE_PREFIX + secrets.token_hex(4)
@@ -221,8 +236,7 @@ async def collect(
         for node in facts.nodes:
             if is_shared(node):
                 node_name = name_of(node)
-                pods = await read_list(client, PODS, field_selector=f"spec.nodeName={node_name}")
-                facts.pods[node_name] = [] if pods is None else pods
+                facts.pods[node_name] = await _pods_on(client, facts, node_name)
     if facts.config.holders == "auto" and facts.config.holder_priority_class:
         facts.priority_class = await _read(
             client.get(PRIORITYCLASSES, facts.config.holder_priority_class)

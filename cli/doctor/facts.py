@@ -179,8 +179,12 @@ class Facts:
     nodes: list[Obj] | Unreadable = field(default_factory=list)
     #: Every ResourceSlice; None when resource.k8s.io/v1 is not served.
     slices: list[Obj] | Unreadable | None = field(default_factory=list)
-    #: Shared node -> the pods bound to it.
+    #: Shared node -> the pods bound to it (only the manager's namespace's when
+    #: ``pods_refused``).
     pods: dict[str, list[Obj] | Unreadable] = field(default_factory=dict)
+    #: Why pods could not be listed in every namespace (None: they could, or no shared
+    #: node needed it): the deviceshare-doctor role does not, as pods carry env values.
+    pods_refused: str | None = None
     runtime_class: Fetched = None  # read when delivery auto looks for it or some needs it
     #: The holder pods' PriorityClass (read when holders are on and name one).
     priority_class: Fetched = None

@@ -10,7 +10,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
+from api.conditions import find_condition
 from api.constants import (
+    CONDITION_READY,
     DEFAULT_ENV_TABLE,
     DELIVERY_AUTO,
     DELIVERY_CDI,
@@ -22,6 +24,7 @@ from api.constants import (
     NODE_MODE_LABEL,
     NODE_MODE_SHARED,
     PLURAL,
+    REASON_FOREIGN_DEVICE_PODS,
     SHARED_TAINT_KEY,
     SHARED_TAINT_VALUE,
     VERSION,
@@ -537,19 +540,67 @@ def judge_resource_slices(
     return Check(name, True, detail + f" ({len(slices)} in all)")
 
 
+def _foreign_reported(node_name: str, name: str, refused: str, groups: Sequence[Obj]) -> Check:
+    """The foreign-pods check from the manager's findings, for a reader who may not list
+    pods in every namespace (their env values may hold secrets): the groups bound to the
+    node say ``Ready=False, ForeignDevicePods`` when pods outside any group use its
+    devices; with no group bound there, nothing says, and the check is left undecided."""
+    bound = sorted(
+        (g for g in groups if (g.get("status") or {}).get("nodeName") == node_name), key=name_of
+    )
+    reported = []
+    for g in bound:
+        ready = find_condition((g.get("status") or {}).get("conditions"), CONDITION_READY) or {}
+        if ready.get("status") == "False" and ready.get("reason") == REASON_FOREIGN_DEVICE_PODS:
+            reported.append((name_of(g), str(ready.get("message") or "")))
+    why = (
+        f"doctor may not list pods outside the manager's namespace ({refused}): the "
+        "deviceshare-doctor role leaves them out, since pods carry their env values"
+    )
+    if reported:
+        group, message = reported[0]
+        return Check(
+            name,
+            False,
+            f"the manager reports for group(s) {_names([g for g, _ in reported])}: {message}",
+            f"sdg explain {shlex.quote(group)}   (as someone who may list pods: kubectl get "
+            f"pods -A --field-selector spec.nodeName={node_name})",
+        )
+    if bound:
+        return Check(
+            name,
+            True,
+            f"none reported by the manager for group(s) {_names([name_of(g) for g in bound])} "
+            f"bound here ({why})",
+        )
+    return Check(
+        name,
+        None,
+        f"not checked: no group is bound here to report them, and {why}",
+        "bind the ClusterRole deviceshare-doctor-pods too (it reads every pod, env included) "
+        "for this check, or run doctor as a cluster admin",
+    )
+
+
 def judge_foreign(
     node: Obj,
     pods: Sequence[Obj] | Unreadable,
     env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
     holders_namespace: str = MANAGER_NAMESPACE,
+    *,
+    refused: str | None = None,
+    groups: Sequence[Obj] = (),
 ) -> Check:
     """Pods outside any group that use devices on a shared node: SDG cannot know which
     devices they see, so it hands out no more there and flags the groups bound there.
-    (SDG's holder pods in the manager's namespace are SDG's own books.)"""
+    (SDG's holder pods in the manager's namespace are SDG's own books.) ``refused``: the
+    pods of other namespaces could not be read (why); then the groups' conditions say."""
     node_name = name_of(node)
     name = f"node {node_name}: foreign device pods"
     if isinstance(pods, Unreadable):
         return Check(name, False, _unreadable(f"the pods on node {node_name}", pods))
+    if refused is not None:
+        return _foreign_reported(node_name, name, refused, groups)
     uses = sorted(
         (
             u
@@ -921,7 +972,12 @@ def judge(facts: Facts) -> list[Check]:
         checks.append(judge_devices(node, slices_by_node.get(node_name, ()), config.dra_drivers))
         checks.append(
             judge_foreign(
-                node, facts.pods.get(node_name, []), config.env_table, facts.manager_namespace
+                node,
+                facts.pods.get(node_name, []),
+                config.env_table,
+                facts.manager_namespace,
+                refused=facts.pods_refused,
+                groups=facts.groups,
             )
         )
         env_vars = node_env_vars(node, slices_by_node.get(node_name, ()), config)
@@ -985,8 +1041,13 @@ def judge_books(
             "run again in a minute: the manager repairs these; if they stay, sdg explain GROUP",
         )
     bound = sum(1 for g in groups if name_of(g) in ledger.statuses)
+    # Without other namespaces' pods, devices the kubelet gave pods outside any group are
+    # not in this ledger (the foreign-pods checks say what the manager reports of them).
+    partial = "" if facts.pods_refused is None else " (pods of the manager's namespace only)"
     return Check(
-        name, True, f"{len(ledger.records)} record(s), {bound} Bound group(s): one holder each"
+        name,
+        True,
+        f"{len(ledger.records)} record(s), {bound} Bound group(s): one holder each{partial}",
     )
 
 

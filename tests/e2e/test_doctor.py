@@ -139,49 +139,64 @@ def binding(kind: str, user: str, role: str, namespace: str | None = None) -> di
 
 
 @contextlib.contextmanager
-def doctor_user(cluster: ControlPlane, probe_namespace: str) -> Iterator[tuple[str, str]]:
+def doctor_user(
+    cluster: ControlPlane, probe_namespace: str, *, pods: bool = False
+) -> Iterator[tuple[str, str]]:
     """(name, kubeconfig) of a user with only config/rbac's doctor roles, bound as their
     comment says: deviceshare-doctor cluster-wide, the probe role in ``probe_namespace``,
-    the records role in the manager's namespace."""
+    the records role in the manager's namespace; with ``pods``, the optional
+    deviceshare-doctor-pods cluster-wide too."""
     user = f"doctor-{uuid.uuid4().hex[:8]}"
     objs = [
         binding("ClusterRoleBinding", user, "deviceshare-doctor"),
         binding("RoleBinding", user, "deviceshare-doctor-probe", probe_namespace),
         binding("RoleBinding", user, "deviceshare-doctor-records", MANAGER_NS),
     ]
+    if pods:
+        objs.append(binding("ClusterRoleBinding", f"{user}-pods", "deviceshare-doctor-pods"))
+        objs[-1]["subjects"][0]["name"] = user
     for obj in objs:
         cluster.apply(obj)
     try:
         yield user, str(cluster.user_kubeconfig(user))
     finally:
         cluster.delete("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", user)
+        if pods:
+            cluster.delete("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", f"{user}-pods")
         cluster.delete("rbac.authorization.k8s.io/v1", "RoleBinding", user, probe_namespace)
         cluster.delete("rbac.authorization.k8s.io/v1", "RoleBinding", user, MANAGER_NS)
 
 
-@pytest.fixture(params=["admin", "the doctor roles"])
+@pytest.fixture(params=["admin", "the doctor roles", "the doctor roles and pods"])
 def doctor_kubeconfig(
     request: pytest.FixtureRequest, cluster: ControlPlane, kubeconfig: str
-) -> Iterator[str]:
-    """The admin's kubeconfig, or one of a user with only config/rbac's doctor roles."""
+) -> Iterator[tuple[str, str]]:
+    """(which, kubeconfig): the admin's, or a user's with only config/rbac's doctor roles
+    (their pod reads: the manager's namespace only, or every pod with the optional role)."""
     if request.param == "admin":
-        yield kubeconfig
+        yield request.param, kubeconfig
         return
-    with doctor_user(cluster, "default") as (_, user_kubeconfig):
-        yield user_kubeconfig
+    pods = request.param.endswith("pods")
+    with doctor_user(cluster, "default", pods=pods) as (_, user_kubeconfig):
+        yield request.param, user_kubeconfig
 
 
 async def test_healthy_cluster_passes(
     cluster: ControlPlane,
     client: Client,
-    doctor_kubeconfig: str,
+    doctor_kubeconfig: tuple[str, str],
     namespace: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Every ✗-able check passes: exit 0. gpu-2's IDs come from a count, a warning that
     does not fail the run; a group's pod on gpu-1 (it carries NVIDIA_VISIBLE_DEVICES) is not
     a foreign device pod; delivery runtimeclass (doctor's flag) finds its RuntimeClass. The
-    same for a user who has only config/rbac's doctor roles: nothing it reads is refused."""
+    same for a user who has only config/rbac's doctor roles with the optional pods role:
+    nothing it reads is refused. Without it, doctor reads no pod outside the manager's
+    namespace: gpu-1's check rests on its group's Ready condition, gpu-2 (no group) is
+    left undecided, a warning."""
+    reader, doctor_kubeconfig_path = doctor_kubeconfig
+    narrow = reader == "the doctor roles"
     rc = f"doctor-rc-{uuid.uuid4().hex[:6]}"
     await add_node(client, "doc-gpu-1", 2, taints=[TAINT])
     await add_node(client, "doc-gpu-2", 1, taints=[TAINT])
@@ -208,7 +223,12 @@ async def test_healthy_cluster_passes(
         await eventually(bound, what="member bound to doc-gpu-1")
 
         code, out, err = await doctor(
-            capsys, doctor_kubeconfig, "--delivery", "runtimeclass", "--runtime-class-name", rc
+            capsys,
+            doctor_kubeconfig_path,
+            "--delivery",
+            "runtimeclass",
+            "--runtime-class-name",
+            rc,
         )
     print(out)
     assert (code, err) == (0, ""), out
@@ -229,12 +249,22 @@ async def test_healthy_cluster_passes(
         "node doc-gpu-1: delivery": "✓",
         "node doc-gpu-2: taint": "✓",
         "node doc-gpu-2: devices": "!",
-        "node doc-gpu-2: foreign device pods": "✓",
+        "node doc-gpu-2: foreign device pods": "!" if narrow else "✓",
         "node doc-gpu-2: delivery": "✓",
         "RuntimeClass": "✓",
         "holder pods": "✓",
         "claim records": "✓",
     }
+    if narrow:
+        assert "none reported by the manager for group(s) doc-g bound here" in line_of(
+            out, "node doc-gpu-1: foreign device pods"
+        )
+        assert "not checked: no group is bound here" in line_of(
+            out, "node doc-gpu-2: foreign device pods"
+        )
+        assert "(pods of the manager's namespace only)" in line_of(out, "claim records")
+    else:
+        assert "forbidden" not in out.lower()
     assert "(1 group(s))" in line_of(out, "CRD")
     assert "denied by SDG" in line_of(out, "pod webhook")
     assert "a manager runs elsewhere (it holds the leader Lease)" in line_of(out, "manager")
@@ -246,7 +276,7 @@ async def test_healthy_cluster_passes(
     assert "runtimeclass (the manager's --delivery runtimeclass)" in line_of(
         out, "node doc-gpu-1: delivery"
     )
-    warnings = 1 + (marks(out)["cert-manager"] == "!")
+    warnings = 1 + narrow + (marks(out)["cert-manager"] == "!")
     assert out.endswith(f"0 problem(s), {warnings} warning(s) in 20 checks\n")
     # the probe was a dry run: no pod of it exists
     pods, _ = await client.list_all(PODS, "default")
@@ -399,7 +429,10 @@ async def test_every_doctor_rule_is_needed(
     rule = roles[role]["rules"][index]
     thirdparty.install(cluster, thirdparty.CERT_MANAGER)
     await add_node(client, "doc-gpu-1", 1, taints=[TAINT])
-    with doctor_user(cluster, "default") as (user, kubeconfig):
+    # The optional pods role only when it is the one tested: with it, the records role's
+    # pod read (the manager's namespace) is never needed.
+    every_pod = role == "deviceshare-doctor-pods"
+    with doctor_user(cluster, "default", pods=every_pod) as (user, kubeconfig):
         check = {
             "user": user,
             "resourceAttributes": {
@@ -407,7 +440,7 @@ async def test_every_doctor_rule_is_needed(
                 "resource": rule["resources"][0],
                 "verb": rule["verbs"][0],
                 "name": (rule.get("resourceNames") or [""])[0],
-                "namespace": "default" if role.endswith("-probe") else MANAGER_NS,
+                "namespace": "default" if role.endswith(("-probe", "-pods")) else MANAGER_NS,
             },
         }
         wait_rbac(cluster, check, True)

@@ -50,6 +50,7 @@ KUBECTL = Path(sys.executable).parent / "kubectl"
 NAMESPACE = "deviceshare-system"
 RELEASE = "sdg"
 CRD = "shareddevicegroups.deviceshare.io"
+PRODUCTION_VALUES = CHART / "examples" / "production-values.yaml"
 # config/default's certificate is cert-manager's; overlays/prometheus adds monitoring.
 LIKE_CONFIG_DEFAULT = ["--set=certificates.source=cert-manager"]
 WITH_MONITORING = [
@@ -61,6 +62,7 @@ COMPARED = {
     "default": LIKE_CONFIG_DEFAULT,
     "overlays/prometheus": LIKE_CONFIG_DEFAULT + WITH_MONITORING,
     "overlays/network-policy": [*LIKE_CONFIG_DEFAULT, "--set=networkPolicy.enabled=true"],
+    "overlays/production": [*LIKE_CONFIG_DEFAULT, "-f", str(PRODUCTION_VALUES)],
 }
 # Labels the chart adds (Helm's conventions) or sets differently (managed-by).
 HELM_LABELS = {
@@ -555,6 +557,31 @@ def test_pod_values(helm: Helm, tmp_path: Path) -> None:
     assert "PodDisruptionBudget" not in {o["kind"] for o in helm.template()}
 
 
+def test_webhook_port_only_from_the_api_servers_cidrs(helm: Helm, cluster: ControlPlane) -> None:
+    """networkPolicy.webhookFrom: the webhook port only from those CIDRs (the API server
+    accepts them), else from anywhere; a value that is no CIDR is refused by the schema."""
+    webhook = "deviceshare-allow-webhook-traffic"
+    anywhere = one(helm.template("--set=networkPolicy.enabled=true"), "NetworkPolicy", webhook)
+    assert anywhere["spec"]["ingress"] == [{"ports": [{"port": 9443, "protocol": "TCP"}]}]
+    objs = helm.template(
+        "--set=networkPolicy.enabled=true",
+        "--set=networkPolicy.webhookFrom={10.0.0.0/28,fd00::/64}",
+    )
+    policy = one(objs, "NetworkPolicy", webhook)
+    assert policy["spec"]["ingress"] == [
+        {
+            "ports": [{"port": 9443, "protocol": "TCP"}],
+            "from": [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "fd00::/64"}}],
+        }
+    ]
+    (answered,) = dry_run(cluster.kubeconfig_path, [policy], "sdg-helm-test-webhook-from")
+    assert answered["spec"]["ingress"][0]["from"] == policy["spec"]["ingress"][0]["from"]
+    out = helm.run(
+        "template", RELEASE, str(CHART), "--set=networkPolicy.webhookFrom={10.0.0.1}", ok=False
+    )
+    assert out.returncode != 0 and "does not match pattern" in out.stderr, out.stderr
+
+
 def test_release_namespace_is_used_everywhere(helm: Helm) -> None:
     ns = "gpu-sharing"
     objs = helm.template(*LIKE_CONFIG_DEFAULT, *WITH_MONITORING, namespace=ns)
@@ -565,6 +592,9 @@ def test_release_namespace_is_used_everywhere(helm: Helm) -> None:
             assert NAMESPACE not in json.dumps(obj), obj["kind"]
     bindings = [o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
     assert len(bindings) == 3  # the manager's two, and the metrics reviews'
+    # The membership policy holds the release's manager ServiceAccount to its one status use.
+    membership = json.dumps(one(objs, "ValidatingAdmissionPolicy", "deviceshare-group-membership"))
+    assert f"system:serviceaccount:{ns}:deviceshare-manager" in membership
     for binding in bindings:
         assert binding["subjects"][0]["namespace"] == ns
     svc = f"deviceshare-webhook-service.{ns}.svc"

@@ -49,6 +49,12 @@ OVERLAYS = [
 ]
 # The overlays with a ServiceMonitor and the Grafana dashboard (config/prometheus).
 MONITORED = {"overlays/production", "overlays/prometheus"}
+# The overlays with config/network-policy, and the labels of the namespace whose pods may
+# scrape /metrics there.
+ISOLATED = {
+    "overlays/network-policy": {"metrics": "enabled"},
+    "overlays/production": {"kubernetes.io/metadata.name": "monitoring"},
+}
 NAMESPACE = "deviceshare-system"
 CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"
 
@@ -176,7 +182,7 @@ def test_every_object_is_accepted_and_nothing_is_stored(
         expected.add("PodDisruptionBudget")
     if overlay in MONITORED:
         expected |= {"ServiceMonitor", "ConfigMap"}  # the ConfigMap is the Grafana dashboard
-    if overlay == "overlays/network-policy":
+    if overlay in ISOLATED:
         expected.add("NetworkPolicy")
     assert set(kinds) == expected
     cluster_scoped = {
@@ -396,8 +402,8 @@ def test_network_policy_overlay_admits_only_metrics_scrapers_and_webhook_calls(
 ) -> None:
     overlay, _, answered = applied
     policies = [o for o in answered if o["kind"] == "NetworkPolicy"]
-    if overlay != "overlays/network-policy":
-        assert not policies  # optional: no other overlay isolates the manager
+    if overlay not in ISOLATED:
+        assert not policies  # optional: only these overlays isolate the manager
         return
     deploy = one(answered, "Deployment", "deviceshare-manager")
     pod = deploy["spec"]["template"]["metadata"]["labels"]
@@ -415,9 +421,11 @@ def test_network_policy_overlay_admits_only_metrics_scrapers_and_webhook_calls(
         # Ingress only: the manager keeps reaching the API server.
         assert policy["spec"]["policyTypes"] == ["Ingress"]
 
-    scraper, other = {"metrics": "enabled"}, {"kubernetes.io/metadata.name": "team-a"}
+    scraper, other = ISOLATED[overlay], {"kubernetes.io/metadata.name": "team-a"}
     assert ingress_allowed(policies, pod, ports["metrics"], scraper)
     assert not ingress_allowed(policies, pod, ports["metrics"], other)
+    if overlay == "overlays/production":  # the monitoring namespace only, not any labelled one
+        assert not ingress_allowed(policies, pod, ports["metrics"], {"metrics": "enabled"})
     # The API server calls the webhooks from outside any namespace: allowed from anywhere.
     assert ports["webhook"] == 9443
     assert ingress_allowed(policies, pod, ports["webhook"], other)
