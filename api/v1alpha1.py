@@ -233,8 +233,20 @@ def group_pod_count(group: Mapping[str, Any]) -> int:
     return max(count, listed) if isinstance(count, int) and not isinstance(count, bool) else listed
 
 
+def pod_counts(group: Mapping[str, Any]) -> dict[str, int] | None:
+    """``status.allocatedPodCounts`` (namespace -> active pods) when the manager runs with
+    ``--allocated-pods counts`` (then ``allocatedPods`` names no pod); else None."""
+    counts = (group.get("status") or {}).get("allocatedPodCounts")
+    if not isinstance(counts, Mapping):
+        return None
+    return {str(ns): n for ns, n in counts.items() if isinstance(n, int) and n > 0}
+
+
 def pods_truncated(group: Mapping[str, Any]) -> bool:
-    """True when ``status.allocatedPods`` lists fewer pods than use the group."""
+    """True when ``status.allocatedPods`` lists fewer pods than use the group (never in
+    counts mode, where it lists none by design)."""
+    if pod_counts(group) is not None:
+        return False
     return group_pod_count(group) > len((group.get("status") or {}).get("allocatedPods") or ())
 
 

@@ -29,6 +29,7 @@ from api.v1alpha1 import (
     group_resources,
     group_strategy,
     is_bound,
+    pod_counts,
     pods_truncated,
     selected_devices,
     spec_pins,
@@ -186,7 +187,8 @@ def _waiting_reason(pod: Obj) -> str:
     return ""
 
 
-def _pod_note(pod: Obj, group: Obj, allocated: set[str], listed_until: str | None) -> str:
+def _pod_note(pod: Obj, group: Obj, allocated: set[str] | None, listed_until: str | None) -> str:
+    """``allocated`` None: the group's status counts pods per namespace, names none."""
     spec = pod.get("spec") or {}
     node = spec.get("nodeName")
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
@@ -199,7 +201,12 @@ def _pod_note(pod: Obj, group: Obj, allocated: set[str], listed_until: str | Non
     if is_bound(group) and node != group_node(group):
         return f"on {node}, not on the group's node {group_node(group)}"
     key = pod_key(pod)
-    if is_active(pod) and key not in allocated and (listed_until is None or key < listed_until):
+    if (
+        allocated is not None
+        and is_active(pod)
+        and key not in allocated
+        and (listed_until is None or key < listed_until)
+    ):
         return "not yet in status.allocatedPods"
     return _waiting_reason(pod)
 
@@ -345,7 +352,11 @@ def group_explanation(
         summary = f"Bound to node {node} with {devices_text(devices)}; {pod_count} pod(s) use it."
     else:
         summary = f"Pending: {_scheduled_message(group)}"
-    if pods_truncated(group):
+    counts = pod_counts(group)
+    if counts is not None:
+        per_ns = ", ".join(f"{ns} {n}" for ns, n in sorted(counts.items())) or NONE
+        summary += f"\nstatus.allocatedPodCounts (pods per namespace): {per_ns}."
+    elif pods_truncated(group):
         summary += (
             f"\nstatus.allocatedPods lists the first {len(allocated)} of {pod_count} pods; "
             "the table below lists every pod found."
@@ -385,7 +396,7 @@ def group_explanation(
             pod_key(p),
             pod_phase(p),
             (p.get("spec") or {}).get("nodeName") or NONE,
-            _pod_note(p, group, allocated_set, listed_until),
+            _pod_note(p, group, None if counts is not None else allocated_set, listed_until),
         )
         for p in member_pods
     ]

@@ -752,6 +752,22 @@ def test_explain_group_with_a_cut_pod_list_counts_every_pod() -> None:
     assert "  ml/p1100    Running   gpu-a\n" in text
 
 
+def test_explain_group_in_counts_mode_reads_the_counts_not_the_names() -> None:
+    # --allocated-pods counts: allocatedPods names no pod by design, so no pod is "missing".
+    counted = group("counted", {GPU: 1}, node="gpu-a", devices={GPU: "2"})
+    counted["status"].update(podCount=2, allocatedPods=[], allocatedPodCounts={"ml": 2})
+    pods = [
+        pod("ml/a", "counted", node="gpu-a", phase="Running"),
+        pod("ml/b", "counted", node="gpu-a", phase="Running"),
+    ]
+    text = explain_group(
+        "counted", [counted], NODES, [record("gpu-a", {"counted": {GPU: "2"}})], pods
+    )
+    assert "status.allocatedPodCounts (pods per namespace): ml 2." in text
+    assert "not yet in status.allocatedPods" not in text
+    assert "lists the first" not in text
+
+
 def test_the_default_namespace_is_the_kubeconfig_contexts(tmp_path: Path) -> None:
     """As kubectl: -n defaults to the chosen context's namespace, else "default"."""
     config = tmp_path / "config"
