@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import pytest
 
 from controllers.ledger.book import Ledger
@@ -16,6 +15,7 @@ from controllers.ledger.records import record_name
 from controllers.ledger.writer import ClaimRecordBroken
 from sdgruntime import errors
 from sdgruntime.kinds import Kind
+from tests.factories import settle
 
 pytestmark = pytest.mark.anyio
 
@@ -90,11 +90,6 @@ def book(api: Records, *nodes: str) -> Ledger:
     for node in nodes:
         b.set_capacity(node, {GPU: 8})
     return b
-
-
-async def settle() -> None:
-    for _ in range(20):
-        await anyio.lowlevel.checkpoint()
 
 
 async def write(

@@ -4,7 +4,6 @@ handlers and predicates that turn watch events into requests."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -41,6 +40,7 @@ from sdgruntime.predicate import (
 )
 from sdgruntime.reconcile import Request, Result, TerminalError
 from sdgruntime.workqueue import FakeClock
+from tests.runtime.helpers import settle
 
 SDG = Kind("deviceshare.io", "v1alpha1", "SharedDeviceGroup", "shareddevicegroups", False)
 DEPLOY = Kind("apps", "v1", "Deployment", "deployments", True)
@@ -76,21 +76,6 @@ def obj(
 
 def sample(metric: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(metric, labels) or 0.0
-
-
-async def settle() -> None:
-    """Run every other task until all are blocked (no 0.1 s polling, so FakeClock tests
-    stay fast)."""
-    me = asyncio.current_task()
-    for _ in range(10_000):
-        await anyio.lowlevel.checkpoint()
-        waiting = (
-            t is me or (t._fut_waiter is not None and not t._fut_waiter.done())  # type: ignore[attr-defined]
-            for t in asyncio.all_tasks()
-        )
-        if all(waiting):
-            return
-    raise AssertionError("tasks never settled")
 
 
 # --- an in-memory informer and cache ------------------------------------------------------

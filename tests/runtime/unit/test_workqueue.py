@@ -14,23 +14,10 @@ import pytest
 from sdgruntime.metrics import REGISTRY
 from sdgruntime.ratelimiter import ItemExponentialFailureRateLimiter
 from sdgruntime.workqueue import FakeClock, ShutDown, WorkQueue
+from tests.runtime.helpers import settle
 
 # A broken queue hangs rather than fails; the timeout turns a hang into a failure.
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
-
-
-async def settle() -> None:
-    """Let every other task run until it blocks: anyio's ``wait_all_tasks_blocked`` without
-    its 0.1 s back-off, so tests that step a FakeClock stay fast."""
-    me = asyncio.current_task()
-    for _ in range(10_000):
-        await anyio.lowlevel.checkpoint()
-        if all(
-            t is me or (t._fut_waiter is not None and not t._fut_waiter.done())  # type: ignore[attr-defined]
-            for t in asyncio.all_tasks()
-        ):
-            return
-    raise AssertionError("tasks never blocked")
 
 
 async def drain_ready(q: WorkQueue[str]) -> list[str]:
