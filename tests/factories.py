@@ -90,6 +90,8 @@ def group(
     strategy: str = "binpack",
     uid: str | None = None,
     rv: int | str | None = None,
+    generation: int | None = None,
+    finalizers: Sequence[str] | None = None,
     deleting: bool = False,
     status: Mapping[str, Any] | None = None,
 ) -> Obj:
@@ -97,15 +99,19 @@ def group(
     holds it (``schedulingStrategy`` defaulted). Bound to ``node`` on ``devices``
     (resource -> "0,1") when a node is given, else Pending; ``phase`` says otherwise.
     ``pods`` sets allocatedPods and podCount; ``deleting`` marks it deleted with our
-    finalizer holding it; ``status`` is merged in last, as given."""
+    finalizer holding it (unless ``finalizers`` are given); ``status`` is merged in last."""
     meta: Obj = {"name": name}
     if uid is not None:
         meta["uid"] = uid
     if rv is not None:
         meta["resourceVersion"] = str(rv)
+    if generation is not None:
+        meta["generation"] = generation
     if deleting:
         meta["deletionTimestamp"] = T0
         meta["finalizers"] = [FINALIZER]
+    if finalizers is not None:
+        meta["finalizers"] = list(finalizers)
     spec: Obj = {"resources": dict(resources or {GPU: 1}), "schedulingStrategy": strategy}
     if selector:
         spec["nodeSelector"] = dict(selector)

@@ -11,10 +11,11 @@ from unittest import mock
 from controllers import podscheduler
 from controllers.podscheduler import PodScheduler
 from sdgruntime.kinds import PODS
+from tests import factories
 
 
 def pod(i: int) -> dict[str, Any]:
-    return {"metadata": {"namespace": "ns", "name": f"p-{i}"}, "spec": {"nodeName": "n1"}}
+    return factories.pod(f"p-{i}", node="n1")
 
 
 def scheduler() -> PodScheduler:

@@ -20,6 +20,7 @@ from controllers.ledger.tracker import InsufficientDevices
 from controllers.pinning import LedgerPins, claim_matches_pins
 from controllers.placement import filter_node, place
 from sdgruntime.webhook.admission import AdmissionRequest
+from tests import factories
 from webhooks.groupvalidator import GroupValidator
 
 GPU = "nvidia.com/gpu"
@@ -28,18 +29,8 @@ CRD = Path(__file__).parents[2] / "config" / "crd" / "deviceshare.io_shareddevic
 
 
 def node(name: str, gpus: int = 4, **annotations: str) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "labels": {"deviceshare.io/mode": "shared"},
-            "annotations": annotations,
-        },
-        "spec": {},
-        "status": {
-            "allocatable": {GPU: str(gpus)},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
+    """A Ready shared node offering ``gpus`` GPUs and nothing else."""
+    return factories.node(name, {GPU: gpus}, annotations=annotations, allocatable={}, ready="True")
 
 
 def bound(name: str, node_name: str, ids: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from controllers.podevents import EVENT_PODS, PodEvents
+from tests import factories
 
 
 class Recorder:
@@ -30,13 +31,7 @@ class Clock:
 
 
 def group(name: str = "g", uid: str = "u1", rv: str = "1") -> dict[str, Any]:
-    return {
-        "apiVersion": "deviceshare.io/v1alpha1",
-        "kind": "SharedDeviceGroup",
-        "metadata": {"name": name, "uid": uid, "resourceVersion": rv, "finalizers": ["f"]},
-        "spec": {"resources": {"nvidia.com/gpu": 1}},
-        "status": {"phase": "Bound"},
-    }
+    return factories.group(name, uid=uid, rv=rv, phase="Bound")
 
 
 def make(quiet: float = 5.0, longest: float = 30.0) -> tuple[PodEvents, Recorder, Clock]:
