@@ -862,7 +862,9 @@ def test_uuids_that_do_not_match_the_ids_are_denied(uuids: str) -> None:
 
 def test_env_mode_reaches_init_containers_and_native_sidecars() -> None:
     out = patched(sidecar_pod(), group())
-    for c in every_container(out):
+    containers = every_container(out)
+    assert [c["name"] for c in containers] == ["setup", "proxy", "app"]  # none left out
+    for c in containers:
         assert c["env"] == [GPUS, ORDER], c["name"]
 
 

@@ -526,16 +526,17 @@ async def test_graceful_stop_lets_in_flight_reconciles_finish() -> None:
             await c.run()
         stopped.set()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        await settle()
-        cache.informer(CONFIGMAPS).add(obj("a"))
-        await entered.wait()
-        stop.cancel()  # stop while "a" is in flight
-        cache.informer(CONFIGMAPS).add(obj("b"))  # not handed out any more
-        await settle()
-        assert not stopped.is_set()  # waiting for "a"
-        release.set()
+    with anyio.fail_after(10):  # a stop that never ends fails here, not at the 300 s limit
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await settle()
+            cache.informer(CONFIGMAPS).add(obj("a"))
+            await entered.wait()
+            stop.cancel()  # stop while "a" is in flight
+            cache.informer(CONFIGMAPS).add(obj("b"))  # not handed out any more
+            await settle()
+            assert not stopped.is_set()  # waiting for "a"
+            release.set()
     assert stopped.is_set()
     assert finished == ["a"]
 

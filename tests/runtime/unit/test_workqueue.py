@@ -395,11 +395,21 @@ async def test_shutdown_with_drain_returns_at_once_when_idle() -> None:
 async def test_shutdown_cuts_a_drain_short() -> None:
     q: WorkQueue[str] = WorkQueue()
     q.add("a")
-    await q.get()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(q.shutdown_with_drain)
-        await settle()
-        q.shutdown()  # e.g. the graceful-shutdown timeout expired
+    await q.get()  # "a" in flight and never done: a drain alone would wait for ever
+    drained = anyio.Event()
+
+    async def drain() -> None:
+        await q.shutdown_with_drain()
+        drained.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain)
+            await settle()
+            assert not drained.is_set()  # waiting for "a"
+            q.shutdown()  # e.g. the graceful-shutdown timeout expired
+            await drained.wait()
+    assert q.shutting_down
 
 
 # --- metrics ---------------------------------------------------------------------------------
