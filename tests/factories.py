@@ -1,7 +1,8 @@
 """Shared Device Group's objects as its unit tests build them: ``node``, ``group``, ``pod``,
-``record`` (a node's claim record) and ``resource_slice``, plus sdgruntime's shared helpers
-(``settle``, ``configmap``, ``as_client``). One builder per kind, so a test says only what
-matters to it, by keyword; the defaults are what a small healthy cluster has."""
+``record`` (a node's claim record) and ``resource_slice``, plus sdgruntime's shared test
+helpers (``settle``, ``configmap``, ``as_client``, ``running_cache``). One builder per
+kind, so a test says only what matters to it, by keyword; the defaults are what a small
+healthy cluster has."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Final
 
 from api.constants import API_VERSION, FINALIZER, GROUP_ANNOTATION, KIND, SCHEDULER_NAME
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE, record_name
-from tests.runtime.helpers import as_client, configmap, settle
+from tests.runtime.helpers import as_client, configmap, running_cache, settle
 
 __all__ = [
     "CUDA_IMAGE",
@@ -24,6 +25,7 @@ __all__ = [
     "pod",
     "record",
     "resource_slice",
+    "running_cache",
     "settle",
 ]
 

@@ -1,21 +1,25 @@
 """What sdgruntime's unit tests share: ``settle()`` (run every other task until all are
-blocked), a ConfigMap builder, and ``as_client`` (envtest's FakeClient where a Client is
-typed). Imports nothing of Shared Device Group, so SDG's tests may use it too
-(tests/factories.py re-exports it)."""
+blocked), a ConfigMap builder, ``as_client`` (envtest's FakeClient where a Client is
+typed) and ``running_cache`` (a real Cache over one). Imports nothing of Shared Device
+Group, so SDG's tests may use it too (tests/factories.py re-exports it)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
 
+from sdgruntime.cache import Cache
 from sdgruntime.client import Client
 from sdgruntime.envtest import FakeClient
+from sdgruntime.kinds import Kind
 
 Obj = dict[str, Any]
+C = TypeVar("C", bound=Cache)
 
 
 async def settle() -> None:
@@ -67,3 +71,17 @@ def as_client(fake: FakeClient) -> Client:
     Client's methods without being a subclass, so this is the one cast, instead of a
     ``type: ignore[arg-type]`` at every call."""
     return cast(Client, fake)
+
+
+@asynccontextmanager
+async def running_cache(cache: C, *kinds: Kind, sync_timeout: float = 5.0) -> AsyncIterator[C]:
+    """Run ``cache`` (a real one, over a FakeClient) with informers for ``kinds``; yield it
+    once they have synced, stop it on exit. A kind read that is not among them is not
+    synced: its reads raise CacheNotSynced, as in a manager that is starting."""
+    for kind in kinds:
+        cache.informer(kind)
+    async with anyio.create_task_group() as tg:
+        await tg.start(cache.run)
+        await cache.wait_for_sync(sync_timeout)
+        yield cache
+        tg.cancel_scope.cancel()

@@ -4,6 +4,7 @@ coalesced per group, and the cached group never copied nor changed."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -14,10 +15,11 @@ from controllers.podevents import PodEvents
 from controllers.statuscontroller import StatusController
 from sdgruntime import errors
 from sdgruntime.envtest import FakeClient
+from sdgruntime.events import EventRecorder, EventType
 from sdgruntime.kinds import PODS
 from sdgruntime.reconcile import Request
 from tests import factories
-from tests.factories import pod
+from tests.factories import as_client, pod
 
 pytestmark = pytest.mark.anyio
 
@@ -60,11 +62,22 @@ class Server(FakeClient):
         return dict(self.stored(SDG_KIND, name).get("status") or {})
 
 
-class Recorder:
+class Recorder(EventRecorder):
+    """Keeps what it is told instead of writing it (client-go's FakeRecorder)."""
+
     def __init__(self) -> None:
+        super().__init__(as_client(FakeClient()), "test")
         self.events: list[tuple[str, str]] = []
 
-    def emit(self, obj: Any, type_: str, reason: str, message: str) -> None:
+    def emit(
+        self,
+        obj: Mapping[str, Any],
+        type_: EventType,
+        reason: str,
+        message: str,
+        *,
+        action: str | None = None,
+    ) -> None:
         self.events.append((reason, message))
 
 
@@ -84,7 +97,7 @@ def group(name: str = "g", **status: Any) -> dict[str, Any]:
 def controller() -> tuple[StatusController, Cache, Server, Recorder, Clock]:
     cache, rec, clock = Cache(), Recorder(), Clock()
     server = Server()
-    events = PodEvents(rec, quiet=5.0, clock=clock)  # type: ignore[arg-type]
+    events = PodEvents(rec, quiet=5.0, clock=clock)
     sc = StatusController(server, cache, rec, events=events, clock=clock)  # type: ignore[arg-type]
     return sc, cache, server, rec, clock
 
