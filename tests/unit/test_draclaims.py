@@ -28,6 +28,7 @@ from controllers.draclaims import (
 )
 from controllers.holders import ROLE_LABEL
 from sdgruntime.envtest import FakeClient
+from tests import factories
 from tests.factories import as_client
 
 DRIVER = "gpu.nvidia.com"
@@ -41,11 +42,7 @@ def ref(device: str, pool: str = "n1", driver: str = DRIVER) -> DeviceRef:
 
 
 def group(name: str = "train", uid: str = "uid-train") -> dict[str, Any]:
-    return {
-        "apiVersion": "deviceshare.io/v1alpha1",
-        "kind": "SharedDeviceGroup",
-        "metadata": {"name": name, "uid": uid},
-    }
+    return factories.group(name, uid=uid)
 
 
 def claim(
