@@ -255,7 +255,7 @@ async def test_ensure_refuses_devices_the_mirror_shows_held_before_any_write() -
     publisher = DraPublisher(as_client(client), NS, allocations=mirror)
     with pytest.raises(DevicesHeldElsewhere) as refused:
         await publisher.ensure(group(), "n1", [ref("gpu-1"), ref("gpu-2"), ref("gpu-3")])
-    assert client.actions == []  # refused on the mirror: not even a read
+    assert client.writes() == []  # refused before any write
     message = str(refused.value)
     assert "gpu.nvidia.com/n1/gpu-2 by ResourceClaim apps/four" in message
     assert "gpu.nvidia.com/n1/gpu-3 by other" in message
