@@ -10,7 +10,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from api.constants import API_VERSION, FINALIZER, GROUP_ANNOTATION, KIND, SCHEDULER_NAME
+from api.constants import (
+    API_VERSION,
+    FINALIZER,
+    GROUP_ANNOTATION,
+    KIND,
+    MANAGER_NAMESPACE,
+    SCHEDULER_NAME,
+)
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE, record_name
 from tests.runtime.helpers import as_client, configmap, running_cache, settle
 
@@ -201,16 +208,17 @@ def record(
     claims: Mapping[str, Any] | str,
     *,
     name: str | None = None,
-    namespace: str | None = "ns",
+    namespace: str | None = MANAGER_NAMESPACE,
     rv: int | str | None = 1,
     uids: Mapping[str, str] | str | None = None,
     labelled: bool = False,
 ) -> Obj:
-    """Node ``node``'s claim record (a ConfigMap named ``sdg-claims.<node>`` unless
-    ``name`` says otherwise): ``claims`` (group -> resource -> "0,1") as JSON, or a string
-    stored as given, malformed ones too; ``node=None`` leaves the node out of the data.
-    ``rv`` is its resourceVersion, what the ledger orders a record's versions by.
-    ``labelled`` adds the label the manager's informer selects records by."""
+    """Node ``node``'s claim record: a ConfigMap ``sdg-claims.<node>`` in the manager's
+    namespace, unless ``name``/``namespace`` say otherwise. ``claims`` (group ->
+    resource -> "0,1") is stored as JSON, or a string as given, malformed ones too;
+    ``node=None`` leaves the node out of the data. ``rv`` is its resourceVersion, what
+    the ledger orders a record's versions by; ``labelled`` adds the label the manager's
+    informer selects records by."""
     if name is None:
         if node is None:
             raise ValueError("record(None, ...) needs a name: there is no node to name it by")

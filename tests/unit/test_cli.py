@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from api.constants import SCHEDULER_NAME
+from api.constants import MANAGER_NAMESPACE, SCHEDULER_NAME
 from cli import main as cli
 from cli.devices import device_map, devices_view, render_device_table
 from cli.explain import explain_group, explain_pod
@@ -21,7 +21,6 @@ from cli.render import table
 from tests.factories import GPU, T0, group, node, pod, record
 
 Obj = dict[str, Any]
-CLAIMS_NS = "deviceshare-system"  # where the manager keeps its records
 
 
 # --- builders ---------------------------------------------------------------------------------
@@ -657,11 +656,11 @@ def test_a_decoy_record_reads_the_same_in_the_cli_as_in_the_manager() -> None:
     from controllers.ledger.book import Ledger
 
     cms = [
-        record("n0", {"a": {GPU: "0"}}, namespace=CLAIMS_NS, rv=1),
-        record("n0", {"b": {GPU: "1"}}, name="decoy", namespace=CLAIMS_NS, rv=1),
+        record("n0", {"a": {GPU: "0"}}),
+        record("n0", {"b": {GPU: "1"}}, name="decoy"),
     ]
     view = claim_view([], cms)
-    manager = Ledger(None, CLAIMS_NS)  # reads only
+    manager = Ledger(None, MANAGER_NAMESPACE)  # reads only
     for cm in cms:
         manager.observe(cm)
     assert (
