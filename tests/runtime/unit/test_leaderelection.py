@@ -18,8 +18,18 @@ from sdgruntime.manager import ManagerOptions
 from tests.runtime.helpers import as_client
 
 
-def elector(**durations: float) -> LeaderElector:
-    return LeaderElector(as_client(FakeClient()), "l", "ns", **durations)
+def elector(
+    *, lease_duration: float = 15.0, renew_deadline: float = 10.0, retry_period: float = 2.0
+) -> LeaderElector:
+    """An elector that is never run: only its duration checks are tested."""
+    return LeaderElector(
+        as_client(FakeClient()),
+        "l",
+        "ns",
+        lease_duration=lease_duration,
+        renew_deadline=renew_deadline,
+        retry_period=retry_period,
+    )
 
 
 def test_lease_duration_must_be_whole_seconds_as_the_lease_stores_it() -> None:
