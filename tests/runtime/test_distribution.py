@@ -132,11 +132,13 @@ def test_the_installed_wheel_imports_whole_without_sdg(fresh_venv: Path, tmp_pat
 
 
 def test_sdgruntimes_unit_tests_pass_without_sdg(fresh_venv: Path, tmp_path: Path) -> None:
-    """tests/runtime/unit with the root conftest (the envtest plugin, anyio's backend) and
-    this project's pytest settings, run by the fresh venv's pytest."""
+    """tests/runtime/unit with the root conftest (the envtest plugin, anyio's backend), the
+    helpers they share (tests/runtime/helpers.py) and this project's pytest settings, run
+    by the fresh venv's pytest."""
     tests = tmp_path / "tests"
     shutil.copytree(ROOT / "tests" / "runtime" / "unit", tests / "runtime" / "unit", ignore=IGNORED)
-    for name in ("tests/__init__.py", "tests/conftest.py", "tests/runtime/__init__.py"):
+    shared = ("tests/__init__.py", "tests/conftest.py", "tests/runtime/__init__.py")
+    for name in (*shared, "tests/runtime/helpers.py"):
         shutil.copy2(ROOT / name, tmp_path / name)
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     (tmp_path / "pytest.ini").write_text(

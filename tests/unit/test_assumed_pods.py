@@ -3,9 +3,8 @@ shows a bind, and when it stops counting it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from controllers.podscheduler import AssumedPods
+from tests.factories import pod
 
 
 class Clock:
@@ -14,10 +13,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def pod(name: str) -> dict[str, Any]:
-    return {"metadata": {"namespace": "ns", "name": name}}
 
 
 def test_an_assumed_pod_counts_on_its_node_only() -> None:

@@ -9,36 +9,28 @@ import pytest
 
 from api.constants import SDG_KIND
 from sdgruntime import errors
-from sdgruntime.cache import CacheNotSynced
+from sdgruntime.cache import Cache
+from sdgruntime.envtest import FakeClient
 from sdgruntime.kinds import PODS, Kind
 from sdgruntime.webhook import AdmissionRequest
+from tests.factories import as_client, group, pod
 from webhooks.bindingvalidator import BindingValidator
 
 pytestmark = pytest.mark.anyio
 
-BOUND = {"metadata": {"name": "g"}, "status": {"phase": "Bound", "nodeName": "n1"}}
-MEMBER = {
-    "metadata": {"name": "p", "namespace": "ns", "annotations": {"deviceshare.io/group": "g"}}
-}
+BOUND = group("g", node="n1")
+MEMBER = pod("p", "g")
 
 
-class Unsynced:
-    def get(self, kind: Kind, name: str, namespace: str | None = None, *, copy: bool = True) -> Any:
-        raise CacheNotSynced("not synced")
+class Unreadable(FakeClient):
+    """An API server that answers every read with the HTTP status ``error``."""
 
-
-class Live:
-    """The API server: objects by (kind, name), or an error for every read."""
-
-    def __init__(self, objects: dict[tuple[Kind, str], Any], error: int = 0) -> None:
-        self.objects, self.error = objects, error
+    def __init__(self, error: int) -> None:
+        super().__init__()
+        self.error = error
 
     async def get(self, kind: Kind, name: str, namespace: str | None = None) -> Any:
-        if self.error:
-            raise errors.ApiError("etcdserver: request timed out", code=self.error)
-        if (kind, name) not in self.objects:
-            raise errors.NotFound(f"{name} not found", code=404)
-        return self.objects[(kind, name)]
+        raise errors.ApiError("etcdserver: request timed out", code=self.error)
 
 
 def review(node: str) -> AdmissionRequest:
@@ -61,13 +53,16 @@ def review(node: str) -> AdmissionRequest:
     )
 
 
-async def judge(objects: dict[tuple[Kind, str], Any], node: str, error: int = 0) -> Any:
-    validator = BindingValidator(Unsynced(), Live(objects, error))  # type: ignore[arg-type]
+async def judge(objects: list[tuple[Kind, Any]], node: str, error: int = 0) -> Any:
+    """The validator's answer, its cache not synced: what it reads comes from the API
+    server, which holds ``objects`` (or fails every read with ``error``)."""
+    client = Unreadable(error) if error else FakeClient(objects)
+    validator = BindingValidator(Cache(as_client(FakeClient())), as_client(client))
     return await validator.validate(review(node))
 
 
 async def test_a_group_pod_binds_only_to_its_groups_node() -> None:
-    objects = {(PODS, "p"): MEMBER, (SDG_KIND, "g"): BOUND}
+    objects = [(PODS, MEMBER), (SDG_KIND, BOUND)]
     assert (await judge(objects, "n1")).allowed
     response = await judge(objects, "n2")
     assert not response.allowed
@@ -77,19 +72,18 @@ async def test_a_group_pod_binds_only_to_its_groups_node() -> None:
 
 
 async def test_pods_outside_any_group_and_missing_pods_are_not_judged() -> None:
-    plain = {"metadata": {"name": "p", "namespace": "ns", "annotations": {"x": "y"}}}
-    assert (await judge({(PODS, "p"): plain}, "n2")).allowed
-    assert (await judge({}, "n2")).allowed
+    plain = pod("p", annotations={"x": "y"})
+    assert (await judge([(PODS, plain)], "n2")).allowed
+    assert (await judge([], "n2")).allowed
 
 
 async def test_it_fails_closed_for_group_pods() -> None:
-    missing = await judge({(PODS, "p"): MEMBER}, "n1")
+    missing = await judge([(PODS, MEMBER)], "n1")
     assert not missing.allowed and "'g', which does not exist" in missing.message
-    pending = {"metadata": {"name": "g"}, "status": {"phase": "Pending"}}
-    response = await judge({(PODS, "p"): MEMBER, (SDG_KIND, "g"): pending}, "n1")
+    response = await judge([(PODS, MEMBER), (SDG_KIND, group("g"))], "n1")  # Pending
     assert not response.allowed and "which is not Bound to a node yet" in response.message
     # A pod it cannot read may be a group's.
-    unread = await judge({}, "n1", error=500)
+    unread = await judge([], "n1", error=500)
     assert not unread.allowed
     assert "cannot tell whether pod ns/p is in a SharedDeviceGroup" in unread.message
     assert "etcdserver: request timed out" in unread.message

@@ -36,6 +36,7 @@ from controllers.holders import ROLE_LABEL, KubeletHold
 from controllers.inventory import SOURCE_ANNOTATION, SOURCE_COUNT, SOURCE_SLICE, Device, Offer
 from controllers.ledger.book import Ledger
 from controllers.ledger.tracker import InsufficientDevices
+from tests.factories import record
 
 GPU = "nvidia.com/gpu"
 ASC = "huawei.com/Ascend910"
@@ -292,13 +293,8 @@ def real_offer(node: str, res: str, offer: ModelOffer) -> Offer:
 
 
 def configmap(name: str, version: int, node: str | None, claims: str) -> dict[str, Any]:
-    data = {"claims": claims}
-    if node is not None:
-        data["node"] = node
-    return {
-        "metadata": {"name": name, "namespace": "ns", "resourceVersion": str(version)},
-        "data": data,
-    }
+    """The record ``name`` at ``version``, saying it is ``node``'s (or no node's)."""
+    return record(node, claims, name=name, rv=version)
 
 
 def encode(claims: dict[str, dict[str, set[int]]]) -> str:
@@ -330,7 +326,7 @@ class ClaimBookMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.book = Ledger(None, "ns", family=book_family)  # type: ignore[arg-type]  # reads only
+        self.book = Ledger(None, "ns", family=book_family)  # reads only
         self.book.read_only = True  # quiet: every malformed record would log an error
         self.dra = DraAllocations("ns")
         self.book.set_dra(self.dra)
@@ -705,13 +701,9 @@ def test_the_model_families_are_the_managers() -> None:
 
 
 def family_book() -> Ledger:
-    book = Ledger(None, "ns", family=book_family)  # type: ignore[arg-type]  # reads only
+    book = Ledger(None, "ns", family=book_family)  # reads only
     book.read_only = True
     return book
-
-
-def record(node: str, claims: dict[str, dict[str, set[int]]], version: int = 1) -> dict[str, Any]:
-    return configmap(record_name(node), version, node, encode(claims))
 
 
 def test_a_family_sibling_not_offered_still_holds_its_devices() -> None:
@@ -719,7 +711,7 @@ def test_a_family_sibling_not_offered_still_holds_its_devices() -> None:
     resource now (its Ascend910 offer gone for a while): NPU 0 is still the group's."""
     book = family_book()
     book.set_capacity("n0", {ASC2C: 2})
-    book.observe(record("n0", {"g0": {ASC: {0}}}))
+    book.observe(record("n0", encode({"g0": {ASC: {0}}})))
     assert book.tracker.free("n0", ASC2C) == 1
 
 
@@ -737,7 +729,7 @@ def test_a_pods_unreported_devices_are_not_counted_on_a_siblings_devices() -> No
     saying which. None is free under either name."""
     book = family_book()
     book.set_capacity("n0", {ASC: 4, ASC2C: 4})
-    book.observe(record("n0", {"g0": {ASC: {0, 1}}}))
+    book.observe(record("n0", encode({"g0": {ASC: {0, 1}}})))
     book.set_kubelet_hold("n0", "default/p0", KubeletHold({ASC2C: 2}, {}))
     assert (book.tracker.free("n0", ASC), book.tracker.free("n0", ASC2C)) == (0, 0)
 

@@ -3,22 +3,17 @@ once, those that take devices after a delay (a Pending message counts free devic
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
-from controllers.ledger.records import record_name
 from controllers.watches import record_frees_devices, record_takes_devices
+from tests.factories import GPU, record
 
-GPU = "nvidia.com/gpu"
 
-
-def cm(claims: Any, node: str = "n0", name: str | None = None, uids: Any = None) -> dict:
-    data = {"node": node, "claims": claims if isinstance(claims, str) else json.dumps(claims)}
-    if uids is not None:
-        data["uids"] = json.dumps(uids)
-    return {"metadata": {"name": name or record_name(node)}, "data": data}
+def cm(claims: Any, node: str = "n0", uids: Any = None) -> dict:
+    """Node ``node``'s claim record holding ``claims``."""
+    return record(node, claims, uids=uids)
 
 
 A = {"a": {GPU: "0,1"}}

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import pytest
 
+from api.constants import SDG_KIND
 from controllers.ledger.book import Ledger
 from controllers.ledger.records import record_name
 from controllers.ledger.writer import ClaimRecordBroken
 from sdgruntime import errors
-from sdgruntime.kinds import Kind
+from sdgruntime.envtest import FakeClient
+from sdgruntime.kinds import CONFIGMAPS, Kind
+from tests.factories import as_client, group, settle
 
 pytestmark = pytest.mark.anyio
 
@@ -23,32 +26,23 @@ GPU = "nvidia.com/gpu"
 Obj = dict[str, Any]
 
 
-class Records:
-    """The API server's ConfigMaps, as far as the claim book uses them: create, a
-    conditional update, get. Each write waits for ``gate``; ``fail`` is raised once."""
+class Records(FakeClient):
+    """The API server (a FakeClient: conditional updates, AlreadyExists), each ConfigMap
+    write waiting for ``gate`` first; ``fail`` is raised once, instead of a write. Groups
+    added with ``add(SDG_KIND, ...)`` are what a record's create reads live."""
 
     def __init__(self) -> None:
-        self.objs: dict[str, Obj] = {}
-        self.rv = 0
-        self.writes: list[tuple[str, Obj]] = []
+        super().__init__()
+        self.written: list[tuple[str, Obj]] = []
         self.in_flight = 0
         self.most_in_flight: dict[str, int] = {}
         self.gate = anyio.Event()
         self.gate.set()
         self.fail: Exception | None = None
-        #: SharedDeviceGroups the API server holds (the book's cache may not have them).
-        self.groups: list[Obj] = []
 
-    def _store(self, obj: Obj) -> Obj:
-        self.rv += 1
-        obj = copy.deepcopy(obj)
-        obj["metadata"]["resourceVersion"] = str(self.rv)
-        self.objs[obj["metadata"]["name"]] = obj
-        return copy.deepcopy(obj)
-
-    async def _write(self, verb: str, obj: Obj) -> None:
+    async def _held(self, verb: str, obj: Mapping[str, Any]) -> None:
         name = obj["metadata"]["name"]
-        self.writes.append((verb, copy.deepcopy(obj["data"])))
+        self.written.append((verb, copy.deepcopy(obj["data"])))
         self.in_flight += 1
         self.most_in_flight[name] = max(self.most_in_flight.get(name, 0), self.in_flight)
         try:
@@ -59,42 +53,34 @@ class Records:
             err, self.fail = self.fail, None
             raise err
 
-    async def create(self, kind: Kind, obj: Obj, namespace: str) -> Obj:
-        await self._write("create", obj)
-        if obj["metadata"]["name"] in self.objs:
-            raise errors.AlreadyExists("exists", code=409)
-        return self._store(obj)
+    async def create(
+        self, kind: Kind, obj: Mapping[str, Any], namespace: str | None = None, **kw: Any
+    ) -> Obj:
+        await self._held("create", obj)
+        return await super().create(kind, obj, namespace, **kw)
 
-    async def update(self, kind: Kind, obj: Obj) -> Obj:
-        await self._write("update", obj)
-        now = self.objs.get(obj["metadata"]["name"])
-        if now is None or now["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
-            raise errors.Conflict("changed", code=409)
-        return self._store(obj)
+    async def update(
+        self, kind: Kind, obj: Mapping[str, Any], *, subresource: str | None = None
+    ) -> Obj:
+        await self._held("update", obj)
+        return await super().update(kind, obj, subresource=subresource)
 
-    async def list_all(self, kind: Kind) -> tuple[list[Obj], str]:
-        """The groups as the API server has them (``groups``), for a record create."""
-        return copy.deepcopy(self.groups), str(self.rv)
-
-    async def get(self, kind: Kind, name: str, namespace: str) -> Obj:
-        if name not in self.objs:
-            raise errors.NotFound("gone", code=404)
-        return copy.deepcopy(self.objs[name])
+    def record(self, node: str) -> Obj | None:
+        """Node ``node``'s record as stored, or None."""
+        try:
+            return self.stored(CONFIGMAPS, record_name(node), "ns")
+        except errors.NotFound:
+            return None
 
     def claims_of(self, node: str) -> Any:
-        return json.loads(self.objs[record_name(node)]["data"]["claims"])
+        return json.loads(self.stored(CONFIGMAPS, record_name(node), "ns")["data"]["claims"])
 
 
 def book(api: Records, *nodes: str) -> Ledger:
-    b = Ledger(api, "ns")  # type: ignore[arg-type]  # the fake serves what it calls
+    b = Ledger(as_client(api), "ns")
     for node in nodes:
         b.set_capacity(node, {GPU: 8})
     return b
-
-
-async def settle() -> None:
-    for _ in range(20):
-        await anyio.lowlevel.checkpoint()
 
 
 async def write(
@@ -121,7 +107,7 @@ async def test_claims_arriving_during_a_write_go_together_in_the_next_one() -> N
         await settle()
         api.gate.set()
     assert out == {"a": "ok", "b": "ok", "c": "ok", "d": "ok"}
-    assert [verb for verb, _ in api.writes] == ["create", "update"]  # 4 claims, 2 writes
+    assert [verb for verb, _ in api.written] == ["create", "update"]  # 4 claims, 2 writes
     assert api.most_in_flight[record_name("n0")] == 1  # never two writes of one record
     assert api.claims_of("n0") == {
         "a": {GPU: "0"},
@@ -164,7 +150,7 @@ async def test_a_claim_overlapping_the_record_fails_alone() -> None:
     assert out["first"] == out["b"] == "ok"
     assert isinstance(out["c"], errors.Conflict) and isinstance(out["d"], errors.Conflict)
     assert api.claims_of("n0") == {"a": {GPU: "0"}, "first": {GPU: "5"}, "b": {GPU: "1"}}
-    assert len(api.writes) == 3  # a; first; b (c and d left out, not a write of their own)
+    assert len(api.written) == 3  # a; first; b (c and d left out, not a write of their own)
 
 
 async def test_a_conflict_fails_the_whole_batch_and_refreshes_the_view() -> None:
@@ -172,9 +158,10 @@ async def test_a_conflict_fails_the_whole_batch_and_refreshes_the_view() -> None
     b = book(api, "n0")
     await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     # Another manager writes the record: our view of it is now one version behind.
-    theirs = copy.deepcopy(api.objs[record_name("n0")])
+    theirs = api.record("n0")
+    assert theirs is not None
     theirs["data"]["claims"] = '{"a":{"nvidia.com/gpu":"0"},"x":{"nvidia.com/gpu":"1"}}'
-    api._store(theirs)
+    api.add(CONFIGMAPS, theirs)
     out: dict[str, object] = {}
     async with anyio.create_task_group() as tg:
         tg.start_soon(write, b, out, "n0", "b", [1])
@@ -239,7 +226,7 @@ async def test_nothing_is_written_to_a_malformed_record() -> None:
     )
     with pytest.raises(ClaimRecordBroken):
         await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
-    assert api.writes == []
+    assert api.written == []
 
 
 async def test_a_change_that_changes_nothing_writes_nothing() -> None:
@@ -248,7 +235,7 @@ async def test_a_change_that_changes_nothing_writes_nothing() -> None:
     await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     await b.writer.write("n0", "a", {GPU: [0]}, expect=b.claim("n0", "a"), uid="uid-a")
     await b.writer.write("n0", "ghost", None, expect=None)
-    assert len(api.writes) == 1
+    assert len(api.written) == 1
 
 
 async def test_a_bind_that_did_not_see_the_groups_claim_never_replaces_it() -> None:
@@ -258,11 +245,11 @@ async def test_a_bind_that_did_not_see_the_groups_claim_never_replaces_it() -> N
     api = Records()
     ours, theirs = book(api, "n0"), book(api, "n0")
     await ours.writer.write("n0", "a", {GPU: [0]}, expect=None, uid="uid-a", version="5")
-    theirs.observe(api.objs[record_name("n0")])
+    theirs.observe(api.stored(CONFIGMAPS, record_name("n0"), "ns"))
     with pytest.raises(errors.Conflict, match="claim of a is"):
         await theirs.writer.write("n0", "a", {GPU: [3]}, expect=None, uid="uid-a", version="5")
     assert api.claims_of("n0") == {"a": {GPU: "0"}}
-    assert len(api.writes) == 1  # refused before any write
+    assert len(api.written) == 1  # refused before any write
 
 
 async def test_a_release_decided_on_a_claim_renewed_since_fails() -> None:
@@ -273,7 +260,9 @@ async def test_a_release_decided_on_a_claim_renewed_since_fails() -> None:
     assert judged is not None and judged.version == "5"
     # A bind adopts the claim, renewing it with the group version it writes Bound on.
     await b.writer.write("n0", "a", {GPU: [0]}, expect=judged, uid="uid-a", version="8")
-    assert json.loads(api.objs[record_name("n0")]["data"]["versions"]) == {"a": "8"}
+    assert json.loads(api.stored(CONFIGMAPS, record_name("n0"), "ns")["data"]["versions"]) == {
+        "a": "8"
+    }
     with pytest.raises(errors.Conflict, match=r"group version 5\) as when decided"):
         await b.writer.write("n0", "a", None, expect=judged)
     assert api.claims_of("n0") == {"a": {GPU: "0"}}
@@ -288,12 +277,7 @@ async def test_a_record_created_anew_never_overlaps_a_live_bound_group() -> None
     bind of 'a' on GPUs 0,1: the re-create reads the groups live and refuses the overlap
     (a create cannot fence on a resourceVersion, so it must not decide on a stale view)."""
     api = Records()
-    api.groups = [
-        {
-            "metadata": {"name": "a"},
-            "status": {"phase": "Bound", "nodeName": "n1", "selectedDevices": {GPU: "0,1"}},
-        }
-    ]
+    api.add(SDG_KIND, group("a", {GPU: 2}, node="n1", devices={GPU: "0,1"}))
     b = book(api, "n1")
     deleted = {
         "metadata": {"name": record_name("n1"), "resourceVersion": "1"},
@@ -305,7 +289,7 @@ async def test_a_record_created_anew_never_overlaps_a_live_bound_group() -> None
     await write(b, out, "n1", "b", [1, 2])
     assert isinstance(out["b"], errors.Conflict), out
     assert "overlap" in str(out["b"]) and "'a'" in str(out["b"])
-    assert record_name("n1") not in api.objs  # nothing was written
+    assert api.record("n1") is None  # nothing was written
     await write(b, out, "n1", "b", [2, 3])
     assert out["b"] == "ok"
     assert api.claims_of("n1") == {"b": {GPU: "2,3"}}

@@ -12,50 +12,18 @@ from typing import Any
 
 import pytest
 
+from api.constants import MANAGER_NAMESPACE, SCHEDULER_NAME
 from cli import main as cli
 from cli.devices import device_map, devices_view, render_device_table
 from cli.explain import explain_group, explain_pod
 from cli.kube import context_namespace
 from cli.render import table
+from tests.factories import GPU, T0, group, node, pod, record
 
 Obj = dict[str, Any]
-GPU = "nvidia.com/gpu"
-T0 = "2026-01-01T00:00:00Z"
 
 
 # --- builders ---------------------------------------------------------------------------------
-
-
-def node(
-    name: str,
-    devices: dict[str, int] | None = None,
-    *,
-    shared: bool = True,
-    ready: bool = True,
-    cordoned: bool = False,
-    labels: dict[str, str] | None = None,
-    taints: list[Obj] | None = None,
-) -> Obj:
-    allocatable = {"cpu": "8", "memory": "32Gi", "pods": "110"}
-    allocatable.update({res: str(n) for res, n in (devices or {}).items()})
-    all_labels = {"kubernetes.io/hostname": name, **(labels or {})}
-    if shared:
-        all_labels["deviceshare.io/mode"] = "shared"
-    spec: Obj = {}
-    if cordoned:
-        spec["unschedulable"] = True
-    if taints:
-        spec["taints"] = taints
-    ready_cond = (
-        {"type": "Ready", "status": "True", "reason": "KubeletReady"}
-        if ready
-        else {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
-    )
-    return {
-        "metadata": {"name": name, "labels": all_labels},
-        "spec": spec,
-        "status": {"allocatable": allocatable, "conditions": [ready_cond]},
-    }
 
 
 def cond(type_: str, status: str, reason: str, message: str = "") -> Obj:
@@ -66,94 +34,6 @@ def cond(type_: str, status: str, reason: str, message: str = "") -> Obj:
         "message": message,
         "lastTransitionTime": T0,
     }
-
-
-def group(
-    name: str,
-    resources: dict[str, int],
-    *,
-    node: str | None = None,
-    devices: dict[str, str] | None = None,
-    pods: list[str] | None = None,
-    conditions: list[Obj] | None = None,
-    selector: dict[str, str] | None = None,
-    deleting: bool = False,
-) -> Obj:
-    g: Obj = {
-        "apiVersion": "deviceshare.io/v1alpha1",
-        "kind": "SharedDeviceGroup",
-        "metadata": {"name": name},
-        "spec": {"resources": resources, "schedulingStrategy": "binpack"},
-        "status": {"phase": "Bound" if node else "Pending"},
-    }
-    if selector:
-        g["spec"]["nodeSelector"] = selector
-    if deleting:
-        g["metadata"]["deletionTimestamp"] = T0
-        g["metadata"]["finalizers"] = ["deviceshare.io/protection"]
-    if node:
-        g["status"].update({"nodeName": node, "selectedDevices": devices or {}})
-    if pods:
-        g["status"].update({"allocatedPods": pods, "podCount": len(pods)})
-    if conditions:
-        g["status"]["conditions"] = conditions
-    return g
-
-
-def record(node: str, claims: dict[str, dict[str, str]] | str) -> Obj:
-    return {
-        "metadata": {
-            "name": f"sdg-claims.{node}",
-            "namespace": "deviceshare-system",
-            "labels": {"deviceshare.io/claims": "node"},
-        },
-        "data": {"node": node, "claims": claims if isinstance(claims, str) else json.dumps(claims)},
-    }
-
-
-def pod(
-    key: str,
-    group: str | None = None,
-    *,
-    node: str | None = None,
-    phase: str = "Pending",
-    env: dict[str, str] | None = None,
-    conditions: list[Obj] | None = None,
-    scheduler: str = "deviceshare-scheduler",
-    containers: tuple[str, ...] = ("cuda",),
-    cpu: str | None = None,
-    waiting: tuple[str, str] | None = None,
-) -> Obj:
-    ns, name = key.split("/")
-    spec_containers = []
-    for c in containers:
-        container: Obj = {"name": c, "image": "nvidia/cuda:12.4.1-base-ubuntu22.04"}
-        if env:
-            container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-        if cpu:
-            container["resources"] = {"requests": {"cpu": cpu}}
-        spec_containers.append(container)
-    p: Obj = {
-        "metadata": {
-            "namespace": ns,
-            "name": name,
-            "annotations": {"deviceshare.io/group": group} if group else {},
-        },
-        "spec": {"schedulerName": scheduler, "containers": spec_containers},
-        "status": {"phase": phase},
-    }
-    if node:
-        p["spec"]["nodeName"] = node
-    if conditions:
-        p["status"]["conditions"] = conditions
-    if waiting:
-        p["status"]["containerStatuses"] = [
-            {
-                "name": containers[0],
-                "state": {"waiting": {"reason": waiting[0], "message": waiting[1]}},
-            }
-        ]
-    return p
 
 
 # --- a healthy cluster ------------------------------------------------------------------------
@@ -201,7 +81,7 @@ ENV01 = {"NVIDIA_VISIBLE_DEVICES": "0,1"}
 PODS = [
     pod("ml/w1", "train", node="gpu-a", phase="Running", env=ENV01),
     pod("ml/w2", "train", node="gpu-a", env=ENV01, waiting=("ErrImagePull", "not found")),
-    pod("ml/other", None, node="gpu-a", phase="Running"),
+    pod("ml/other", node="gpu-a", phase="Running", scheduler=SCHEDULER_NAME),
 ]
 
 
@@ -232,7 +112,7 @@ Inventory:
 
 TROUBLE_NODES = [
     node("gpu-a", {GPU: 2}),
-    node("gpu-b", {GPU: 2}, cordoned=True),
+    node("gpu-b", {GPU: 2}, unschedulable=True),
     node("gpu-c", {GPU: 2}, ready=False),
     node("gpu-old", {GPU: 1}, shared=False),
     node("gpu-small", {GPU: 1}),
@@ -541,7 +421,7 @@ Insufficient cpu
             "Not a SharedDeviceGroup pod: it has no deviceshare.io/group annotation.\n",
         ),
         (
-            pod("ml/lonely"),
+            pod("ml/lonely", scheduler=SCHEDULER_NAME),
             "Not a SharedDeviceGroup pod: it has no deviceshare.io/group annotation. It names "
             "schedulerName deviceshare-scheduler, which only schedules group pods, so it stays "
             "Pending: add deviceshare.io/group: <group> (recreate the pod) or use another "
@@ -791,15 +671,12 @@ def test_a_decoy_record_reads_the_same_in_the_cli_as_in_the_manager() -> None:
     from cli.claims import claim_view
     from controllers.ledger.book import Ledger
 
-    def record(name: str, claims: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "metadata": {"name": name, "namespace": "deviceshare-system", "resourceVersion": "1"},
-            "data": {"node": "n0", "claims": json.dumps(claims)},
-        }
-
-    cms = [record("sdg-claims.n0", {"a": {GPU: "0"}}), record("decoy", {"b": {GPU: "1"}})]
+    cms = [
+        record("n0", {"a": {GPU: "0"}}),
+        record("n0", {"b": {GPU: "1"}}, name="decoy"),
+    ]
     view = claim_view([], cms)
-    manager = Ledger(None, "deviceshare-system")  # type: ignore[arg-type]
+    manager = Ledger(None, MANAGER_NAMESPACE)  # reads only
     for cm in cms:
         manager.observe(cm)
     assert (
@@ -814,7 +691,7 @@ def test_device_map_shows_what_the_kubelet_and_dra_gave_outside_any_group() -> N
     """A plain pod the kubelet gave GPU 3 (it reports which), and on a DRA node a
     ResourceClaim allocated gpu-1: the map says who holds each, as the manager's ledger
     does, and neither is free."""
-    plain = pod("ml/notebook", node="gpu-a", phase="Running")
+    plain = pod("ml/notebook", node="gpu-a", phase="Running", scheduler=SCHEDULER_NAME)
     plain["spec"]["containers"][0]["resources"] = {"limits": {GPU: "1"}}
     plain["status"]["containerStatuses"] = [
         {

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import anyio
-import anyio.lowlevel
 import pytest
 
 from controllers.ledger.coalesce import Abandoned, Coalescer
+from tests.factories import settle
 
 pytestmark = pytest.mark.anyio
 
@@ -36,11 +36,6 @@ class Flusher:
             return [self.fail.get(c) for c in changes]
         finally:
             self.running.discard(key)
-
-
-async def settle() -> None:
-    for _ in range(20):
-        await anyio.lowlevel.checkpoint()
 
 
 async def submit(c: Coalescer[str, str], key: str, change: str, out: dict[str, object]) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests import factories
 from webhooks.delivery import (
     Delivery,
     DeliveryChoice,
@@ -195,22 +196,16 @@ def test_ids_reason_says_when_indices_are_all_there_is() -> None:
 # --- what the webhook's patch does with both -------------------------------------------------
 
 
-def group(resources: dict[str, str], uuids: dict[str, str] | None = None) -> dict[str, Any]:
-    status: dict[str, Any] = {"phase": "Bound", "nodeName": "n1", "selectedDevices": resources}
-    if uuids:
-        status["physicalDevices"] = uuids
-    return {
-        "metadata": {"name": "g", "uid": "u1"},
-        "spec": {"resources": {r: len(ids.split(",")) for r, ids in resources.items()}},
-        "status": status,
-    }
+def group(devices: dict[str, str], uuids: dict[str, str] | None = None) -> dict[str, Any]:
+    """Group g bound on n1 to ``devices`` (and their ``uuids``), asking for as many."""
+    counts = {r: len(ids.split(",")) for r, ids in devices.items()}
+    status = {"physicalDevices": uuids} if uuids else None
+    return factories.group(uid="u1", resources=counts, node="n1", devices=devices, status=status)
 
 
 def pod() -> dict[str, Any]:
-    return {
-        "metadata": {"name": "p", "namespace": "ns", "annotations": {"deviceshare.io/group": "g"}},
-        "spec": {"containers": [{"name": "app", "image": "cuda"}]},
-    }
+    """Pod ns/p of group g as created, before our webhook: no scheduler set yet."""
+    return factories.pod("p", "g", containers=("app",), image="cuda", scheduler=None, phase=None)
 
 
 def admitted(g: dict[str, Any], **kw: Any) -> tuple[dict[str, Any], Patch]:

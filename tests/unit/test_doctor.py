@@ -60,10 +60,11 @@ from cli.doctor.judge import (
 from cli.doctor.render import render_json, render_text
 from controllers.inventory import node_offers
 from controllers.settings import Settings
+from tests import factories
+from tests.factories import GPU, resource_slice
 from webhooks.injection import Denial, build_injection
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU = "nvidia.com/gpu"
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 TAINT = {"key": "deviceshare.io/mode", "value": "shared", "effect": "NoSchedule"}
 Obj = dict[str, Any]
@@ -85,31 +86,17 @@ def node(
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
 ) -> Obj:
-    all_labels = {**({"deviceshare.io/mode": "shared"} if shared else {}), **(labels or {})}
-    alloc = {"cpu": "8", "memory": "32Gi", **({GPU: str(gpus)} if gpus else {})}
-    return {
-        "metadata": {"name": name, "labels": all_labels, "annotations": annotations or {}},
-        "spec": {"taints": taints} if taints else {},
-        "status": {"allocatable": alloc},
-    }
-
-
-def rslice(node_name: str, n: int, driver: str = "gpu.nvidia.com") -> Obj:
-    return {
-        "metadata": {"name": f"{node_name}-{driver}"},
-        "spec": {
-            "driver": driver,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": 1},
-            "devices": [
-                {
-                    "name": f"gpu-{i}",
-                    "attributes": {"index": {"int": i}, "uuid": {"string": f"U{i}"}},
-                }
-                for i in range(n)
-            ],
-        },
-    }
+    """A node as doctor reads it: ``gpus`` allocatable, no conditions (doctor reads none)."""
+    return factories.node(
+        name,
+        {GPU: gpus} if gpus else None,
+        shared=shared,
+        taints=taints,
+        labels=labels,
+        annotations=annotations or {},
+        allocatable={"cpu": "8", "memory": "32Gi"},
+        ready=None,
+    )
 
 
 def pod(
@@ -121,16 +108,18 @@ def pod(
     ns: str = "ml",
     phase: str = "Running",
 ) -> Obj:
-    meta: Obj = {"name": name, "namespace": ns}
-    if group:
-        meta["annotations"] = {"deviceshare.io/group": group}
-    container = {"name": "c", "image": "cuda"}
-    if env:
-        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    spec: Obj = {"containers": [container]}
-    if node_name:
-        spec["nodeName"] = node_name
-    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+    """A running pod on gpu-1 in ml, its scheduler left unset (doctor does not read it)."""
+    return factories.pod(
+        name,
+        group,
+        namespace=ns,
+        node=node_name,
+        phase=phase,
+        env=env,
+        containers=("c",),
+        image="cuda",
+        scheduler=None,
+    )
 
 
 def crd(established: str = "True", served: bool = True) -> Obj:
@@ -231,7 +220,9 @@ def test_names_match_config() -> None:
     assert manager["spec"]["template"]["spec"]["containers"][0]["name"] == MANAGER_CONTAINER
     cert = next(x for x in docs("certmanager") if x["kind"] == "Certificate")
     assert cert["metadata"]["name"] == SERVING_CERTIFICATE
-    assert Settings().leader_election_id == LEASE_NAME
+    # The Lease config/'s manager takes (Settings() defaults to LEASE_NAME by definition,
+    # so comparing those could not fail): a --leader-election-id there breaks this.
+    assert manager_config(manager, MANAGER_NAMESPACE).lease_name == LEASE_NAME
     crd_doc = docs("crd")[0]
     assert crd_doc["metadata"]["name"] == CRD_NAME
 
@@ -550,7 +541,7 @@ def test_taint() -> None:
 
 
 def test_devices_sources() -> None:
-    from_slice = judge_devices(node("a", 2), [rslice("a", 4)])
+    from_slice = judge_devices(node("a", 2), [resource_slice("a", 4)])
     assert from_slice == Check(
         "node a: devices", True, "nvidia.com/gpu: 4 from ResourceSlice (0-3)"
     )
@@ -567,9 +558,11 @@ def test_devices_sources() -> None:
         'kubectl annotate node a deviceshare.io/devices.nvidia.com_gpu="$(nvidia-smi '
     )
     # a slice of an unknown driver is not an inventory source
-    assert judge_devices(node("a", 3), [rslice("a", 4, "gpu.example.com")]).ok is None
+    assert (
+        judge_devices(node("a", 3), [resource_slice("a", 4, driver="gpu.example.com")]).ok is None
+    )
     drivers = {"gpu.example.com": "example.com/gpu"}
-    other = judge_devices(node("a"), [rslice("a", 2, "gpu.example.com")], drivers)
+    other = judge_devices(node("a"), [resource_slice("a", 2, driver="gpu.example.com")], drivers)
     assert other.detail == "example.com/gpu: 2 from ResourceSlice (0-1)"
 
 
@@ -594,7 +587,9 @@ def test_resource_slices() -> None:
     assert judge_resource_slices(None, config).detail.startswith(
         "resource.k8s.io/v1 is not served (Kubernetes 1.34+): skipped"
     )
-    served = judge_resource_slices([rslice("a", 1), rslice("b", 1, "x.io")], config)
+    served = judge_resource_slices(
+        [resource_slice("a", 1), resource_slice("b", 1, driver="x.io")], config
+    )
     assert served == Check(
         "ResourceSlices", True, "resource.k8s.io/v1 served: 1 of a known driver on a (2 in all)"
     )
@@ -807,7 +802,7 @@ def healthy_facts() -> Facts:
             node("cpu-1", shared=False),
         ],
         runtime_class={"metadata": {"name": "nvidia"}, "handler": "nvidia"},
-        slices=[rslice("gpu-1", 2)],
+        slices=[resource_slice("gpu-1", 2)],
         pods={"gpu-1": [pod("member", env={"NVIDIA_VISIBLE_DEVICES": "0,1"}, group="g")]},
         deployment=deployment(["--leader-elect"]),
         lease=lease(renewed=NOW - timedelta(seconds=2)),

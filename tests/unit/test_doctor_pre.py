@@ -16,8 +16,9 @@ from cli.doctor.judge import (
     judge_runtime,
     judge_version,
 )
+from tests import factories
+from tests.factories import GPU, resource_slice
 
-GPU = "nvidia.com/gpu"
 Obj = dict[str, Any]
 
 
@@ -30,37 +31,34 @@ def node(
     handlers: tuple[str, ...] = ("", "runc"),
     labels: dict[str, str] | None = None,
 ) -> Obj:
-    all_labels = {**({"deviceshare.io/mode": "shared"} if shared else {}), **(labels or {})}
-    return {
-        "metadata": {"name": name, "labels": all_labels},
-        "status": {
-            "allocatable": {"cpu": "8", **({GPU: str(gpus)} if gpus else {})},
-            "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": runtime},
-            "runtimeHandlers": [{"name": h} for h in handlers],
-        },
-    }
+    """A node with its kubelet's facts: versions and runtime handlers."""
+    obj = factories.node(
+        name,
+        {GPU: gpus} if gpus else None,
+        shared=shared,
+        labels=labels,
+        allocatable={"cpu": "8"},
+        ready=None,
+    )
+    obj["status"]["nodeInfo"] = {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": runtime}
+    obj["status"]["runtimeHandlers"] = [{"name": h} for h in handlers]
+    return obj
 
 
 def rslice(node_name: str, n: int, driver: str = "gpu.nvidia.com") -> Obj:
-    return {
-        "metadata": {"name": f"{node_name}-{driver}"},
-        "spec": {
-            "driver": driver,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": f"gpu-{i}",
-                    "attributes": {
-                        "type": {"string": "gpu"},
-                        "uuid": {"string": f"GPU-{i}"},
-                        "resource.kubernetes.io/pciBusID": {"string": f"0000:0{i}:00.0"},
-                    },
-                }
-                for i in range(n)
-            ],
-        },
-    }
+    """``n`` GPUs as NVIDIA's DRA driver publishes them: uuid, type and PCI bus ID."""
+    devices = [
+        {
+            "name": f"gpu-{i}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": f"GPU-{i}"},
+                "resource.kubernetes.io/pciBusID": {"string": f"0000:0{i}:00.0"},
+            },
+        }
+        for i in range(n)
+    ]
+    return resource_slice(node_name, devices, driver=driver, slices=1)
 
 
 RC = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}

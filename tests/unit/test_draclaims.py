@@ -27,6 +27,9 @@ from controllers.draclaims import (
     owner_uid,
 )
 from controllers.holders import ROLE_LABEL
+from sdgruntime.envtest import FakeClient
+from tests import factories
+from tests.factories import as_client
 
 DRIVER = "gpu.nvidia.com"
 NS = "deviceshare-system"
@@ -39,11 +42,7 @@ def ref(device: str, pool: str = "n1", driver: str = DRIVER) -> DeviceRef:
 
 
 def group(name: str = "train", uid: str = "uid-train") -> dict[str, Any]:
-    return {
-        "apiVersion": "deviceshare.io/v1alpha1",
-        "kind": "SharedDeviceGroup",
-        "metadata": {"name": name, "uid": uid},
-    }
+    return factories.group(name, uid=uid)
 
 
 def claim(
@@ -252,9 +251,11 @@ async def test_ensure_refuses_devices_the_mirror_shows_held_before_any_write() -
     mirror.observe(claim("four", results=[result("gpu-2")]))
     mirror.observe(build_group_claim(group("other", "uid-o"), "n1", [ref("gpu-3")], NS, DRIVER))
     mirror.observe(build_group_claim(group(), "n1", [ref("gpu-1")], NS, DRIVER))  # its own
-    publisher = DraPublisher(None, NS, allocations=mirror)  # type: ignore[arg-type]  # no I/O
+    client = FakeClient()
+    publisher = DraPublisher(as_client(client), NS, allocations=mirror)
     with pytest.raises(DevicesHeldElsewhere) as refused:
         await publisher.ensure(group(), "n1", [ref("gpu-1"), ref("gpu-2"), ref("gpu-3")])
+    assert client.writes() == []  # refused before any write
     message = str(refused.value)
     assert "gpu.nvidia.com/n1/gpu-2 by ResourceClaim apps/four" in message
     assert "gpu.nvidia.com/n1/gpu-3 by other" in message

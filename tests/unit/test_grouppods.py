@@ -12,6 +12,7 @@ from api.constants import DEFAULT_ENV_TABLE, DEVICES_ANNOTATION
 from api.pods import delivered_devices, is_active, pod_key
 from controllers.grouppods import survey
 from controllers.watches import group_changed, pod_matters_to_group, pod_moved
+from tests import factories
 
 GPU = "nvidia.com/gpu"
 RES = {GPU: 2}
@@ -27,20 +28,16 @@ def pod(
     env: str | None = None,
     group: str = "g",
 ) -> dict[str, Any]:
-    annotations = {"deviceshare.io/group": group}
-    if annotation is not None:
-        annotations[DEVICES_ANNOTATION] = annotation
-    container: dict[str, Any] = {"name": "c"}
-    if env is not None:
-        container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": env}]
-    spec: dict[str, Any] = {"containers": [container]}
-    if node:
-        spec["nodeName"] = node
-    return {
-        "metadata": {"name": name, "namespace": "ns", "annotations": annotations},
-        "spec": spec,
-        "status": {"phase": phase},
-    }
+    """A pod of ``group`` on ``node``, its devices told by ``annotation`` (as the webhook
+    records them) and, where given, by the NVIDIA env var ``env``."""
+    return factories.pod(
+        name,
+        group,
+        node=node,
+        phase=phase,
+        annotations=None if annotation is None else {DEVICES_ANNOTATION: annotation},
+        env=None if env is None else {"NVIDIA_VISIBLE_DEVICES": env},
+    )
 
 
 def test_active_pods_are_counted_bound_or_not_terminal_ones_are_not() -> None:
@@ -146,13 +143,9 @@ def test_pod_changes_the_group_scheduler_reads_wake_it() -> None:
 
 
 def sdg(**status: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "deviceshare.io/v1alpha1",
-        "kind": "SharedDeviceGroup",
-        "metadata": {"name": "g", "uid": "u", "resourceVersion": "5", "finalizers": ["f"]},
-        "spec": {"resources": {GPU: 1}},
-        "status": {"phase": "Bound", "nodeName": "n0", "podCount": 1, **status},
-    }
+    return factories.group(
+        uid="u", rv=5, finalizers=["f"], node="n0", status={"podCount": 1, **status}
+    )
 
 
 def test_the_status_controllers_pod_list_writes_do_not_wake_the_group_scheduler() -> None:

@@ -9,12 +9,10 @@ from controllers.groupstatus import (
     pending_status,
     with_ready_problem,
 )
+from tests import factories
+from tests.factories import GPU
 
-GPU = "nvidia.com/gpu"
-NODE = {
-    "metadata": {"name": "n0"},
-    "status": {"allocatable": {GPU: "4"}, "conditions": [{"type": "Ready", "status": "True"}]},
-}
+NODE = factories.node("n0", allocatable={GPU: "4"}, ready="True")
 
 
 def cond(status: dict, type_: str) -> dict:
@@ -22,7 +20,8 @@ def cond(status: dict, type_: str) -> dict:
 
 
 def group() -> dict:
-    return {"metadata": {"name": "g", "generation": 2}, "spec": {"resources": {GPU: 2}}}
+    """A new group (no node yet) asking for 2 GPUs, at generation 2."""
+    return factories.group(resources={GPU: 2}, generation=2)
 
 
 def test_a_new_binding_is_scheduled_healthy_and_ready() -> None:

@@ -12,6 +12,7 @@ import yaml
 
 from api.constants import CONFLICT_REASONS
 from api.envvars import parse_env_table
+from tests import factories
 from webhooks.delivery import (
     ResourceDevices,
     cdi_delivery,
@@ -42,20 +43,19 @@ def group(
     resources: dict[str, int] | None = None,
     devices: dict[str, str] | None = None,
     phase: str = "Bound",
-    **meta: Any,
+    *,
+    deleting: bool = False,
 ) -> dict[str, Any]:
-    resources = resources or {GPU: 2}
-    status: dict[str, Any] = {"phase": phase}
-    if phase == "Bound":
-        status["nodeName"] = "n1"
-        status["selectedDevices"] = devices if devices is not None else {GPU: "0,1"}
-    return {
-        "apiVersion": "deviceshare.io/v1alpha1",
-        "kind": "SharedDeviceGroup",
-        "metadata": {"name": name, **meta},
-        "spec": {"resources": resources},
-        "status": status,
-    }
+    """Group g asking for 2 GPUs; Bound on n1 (devices 0,1 unless ``devices`` says)."""
+    bound = phase == "Bound"
+    return factories.group(
+        name,
+        resources or {GPU: 2},
+        node="n1" if bound else None,
+        devices=({GPU: "0,1"} if devices is None else devices) if bound else None,
+        phase=phase,
+        deleting=deleting,
+    )
 
 
 def pod(
@@ -306,7 +306,7 @@ def test_pending_group_is_denied_with_its_scheduled_message() -> None:
 
 
 def test_group_being_deleted_is_denied() -> None:
-    g = group(deletionTimestamp="2025-01-01T00:00:00Z")
+    g = group(deleting=True)
     assert "is being deleted" in denial(pod(), g)
 
 
@@ -811,10 +811,9 @@ def with_uuids(g: dict[str, Any], uuids: str = UUIDS) -> dict[str, Any]:
 
 
 def node(name: str = "n1", mode: str | None = None) -> dict[str, Any]:
-    labels = {"deviceshare.io/mode": "shared"}
-    if mode is not None:
-        labels["deviceshare.io/delivery"] = mode
-    return {"metadata": {"name": name, "labels": labels}}
+    """A shared node, its delivery label set to ``mode`` where given."""
+    labels = {} if mode is None else {"deviceshare.io/delivery": mode}
+    return factories.node(name, labels=labels)
 
 
 def sidecar_pod() -> dict[str, Any]:
@@ -862,7 +861,9 @@ def test_uuids_that_do_not_match_the_ids_are_denied(uuids: str) -> None:
 
 def test_env_mode_reaches_init_containers_and_native_sidecars() -> None:
     out = patched(sidecar_pod(), group())
-    for c in every_container(out):
+    containers = every_container(out)
+    assert [c["name"] for c in containers] == ["setup", "proxy", "app"]  # none left out
+    for c in containers:
         assert c["env"] == [GPUS, ORDER], c["name"]
 
 

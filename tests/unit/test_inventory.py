@@ -19,15 +19,16 @@ from controllers.inventory import (
     slice_offers,
 )
 from controllers.ledger.book import Ledger
+from tests import factories
 
 GPU = "nvidia.com/gpu"
 
 
 def node(gpus: int = 0, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "n0", "annotations": annotations or {}},
-        "status": {"allocatable": {GPU: str(gpus)} if gpus else {}},
-    }
+    """Node n0 with ``gpus`` allocatable (none: no entry) and ``annotations``."""
+    return factories.node(
+        "n0", {GPU: gpus} if gpus else None, annotations=annotations or {}, allocatable={}
+    )
 
 
 def device(name: str, index: int | None = None, uuid: str = "", **extra: Any) -> dict[str, Any]:
@@ -563,7 +564,7 @@ def test_the_mirror_tells_only_real_changes_and_the_claim_book_blocks_holes() ->
     inv.observe_slice(rslice([device("gpu-0", 0, "GPU-0"), device("gpu-2", 2, "GPU-2")]))
     offers = inv.of("n0")
     assert offers[GPU].usable() == [0, 2] and len(changes) == 2
-    book = Ledger(None, "ns")  # type: ignore[arg-type]
+    book = Ledger(None, "ns")  # reads only
     book.set_offers("n0", offers)
     assert book.tracker.free("n0", GPU) == 2
     assert book.tracker.lowest_free("n0", GPU, 2) == [0, 2]  # the hole at 1 is skipped

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from controllers.holders import KubeletHold
 from controllers.ledger.book import Ledger
-from controllers.ledger.records import encode_claims, record_name
+from controllers.ledger.records import encode_claims
 from controllers.ledger.view import (
     Conflict,
     Group,
@@ -23,6 +23,7 @@ from controllers.ledger.view import (
     key,
     parse,
 )
+from tests.factories import group, record
 
 GPU = "nvidia.com/gpu"
 
@@ -50,23 +51,11 @@ def test_every_holder_name_reads_back_as_its_holder(holder: Holder) -> None:
     assert describe(holder)
 
 
-def record(node: str, claims: dict[str, dict[str, list[int]]]) -> dict[str, object]:
-    return {
-        "metadata": {"name": record_name(node), "namespace": "ns", "resourceVersion": "1"},
-        "data": {"node": node, "claims": encode_claims(claims)},
-    }
-
-
 def test_the_view_names_groups_conflicts_pods_and_unreadable_records() -> None:
     book = Ledger(None, "ns")
     book.set_capacity("n0", {GPU: 4})
-    book.observe(record("n0", {"a": {GPU: [0]}, "b": {GPU: [1]}}))
-    book.observe_group(
-        {
-            "metadata": {"name": "c"},
-            "status": {"phase": "Bound", "nodeName": "n0", "selectedDevices": {GPU: "1"}},
-        }
-    )
+    book.observe(record("n0", encode_claims({"a": {GPU: [0]}, "b": {GPU: [1]}})))
+    book.observe_group(group("c", node="n0", devices={GPU: "1"}))
     book.set_kubelet_hold("n0", "ml/train", KubeletHold({GPU: 1}, {GPU: ("3",)}))
     view = book.view("n0")
     assert view.holders[(GPU, 0)] == Group("a")
@@ -78,13 +67,7 @@ def test_the_view_names_groups_conflicts_pods_and_unreadable_records() -> None:
     assert list(view.conflicts()) == [(GPU, 1)]
     assert view.broken is None
 
-    book.observe(
-        {
-            **record("n0", {}),
-            "metadata": {"name": record_name("n0"), "namespace": "ns", "resourceVersion": "2"},
-            "data": {"node": "n0", "claims": "not json"},
-        }
-    )
+    book.observe(record("n0", "not json", rv=2))
     broken = book.view("n0")
     assert broken.broken and "not JSON" in broken.broken
     assert broken.free(GPU) == [] and Malformed() in broken.holders.values()

@@ -10,15 +10,22 @@ from unittest import mock
 
 from controllers import podscheduler
 from controllers.podscheduler import PodScheduler
+from sdgruntime.cache import Cache
+from sdgruntime.envtest import FakeClient
+from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import PODS
+from tests import factories
+from tests.factories import as_client
 
 
 def pod(i: int) -> dict[str, Any]:
-    return {"metadata": {"namespace": "ns", "name": f"p-{i}"}, "spec": {"nodeName": "n1"}}
+    return factories.pod(f"p-{i}", node="n1")
 
 
 def scheduler() -> PodScheduler:
-    return PodScheduler(None, None, None)  # type: ignore[arg-type]  # no I/O here
+    """A pod scheduler that is never run: its cache unsynced, its client in memory."""
+    client = as_client(FakeClient())
+    return PodScheduler(client, Cache(client), EventRecorder(client, "deviceshare-scheduler"))
 
 
 def test_deleted_pods_leave_no_assumed_binds_and_the_book_is_back_to_empty() -> None:

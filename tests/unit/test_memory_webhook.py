@@ -9,15 +9,9 @@ from typing import Any
 import pytest
 
 from api.constants import SDG_KIND
-from tests.unit.test_podmutator import (
-    GroupCache,
-    LiveClient,
-    Recorder,
-    bound,
-    labelled,
-    new_pod,
-    review,
-)
+from sdgruntime.kinds import NODES
+from tests.factories import as_client, settle
+from tests.unit.test_podmutator import Recorder, bound, cached, labelled, live, new_pod, review
 from webhooks.podmutator import PodMutator
 
 pytestmark = pytest.mark.anyio
@@ -33,10 +27,11 @@ async def test_deleted_groups_are_forgotten_and_the_book_is_back_to_empty() -> N
     names = [f"g{i}" for i in range(200)]
     groups = {n: bound(n, f"uid-{n}") for n in names}
     recorder = Recorder()
-    cache = GroupCache(groups, {"n1": labelled("n1", None)})
-    mutator = PodMutator(cache, LiveClient({}), recorder=recorder)  # type: ignore[arg-type]
-    for n in names:
-        assert (await mutator.mutate(review("CREATE", pod_of(n)))).allowed
+    objects = [*((SDG_KIND, g) for g in groups.values()), (NODES, labelled("n1", None))]
+    async with cached(*objects) as (cache, _):
+        mutator = PodMutator(cache, as_client(live()), recorder=recorder)
+        for n in names:
+            assert (await mutator.mutate(review("CREATE", pod_of(n)))).allowed
     assert len(recorder.events) == 200
     assert len(mutator._warned) == 200
     for n in names:
@@ -45,12 +40,16 @@ async def test_deleted_groups_are_forgotten_and_the_book_is_back_to_empty() -> N
 
 
 async def test_a_recreated_group_is_warned_about_again() -> None:
-    groups = {"g": bound("g", "uid-1")}
-    cache = GroupCache(groups, {"n1": labelled("n1", None)})
     recorder = Recorder()
-    mutator = PodMutator(cache, LiveClient({}), recorder=recorder)  # type: ignore[arg-type]
-    await mutator.mutate(review("CREATE", pod_of("g")))
-    mutator.forget_group(groups["g"])
-    cache.objects[SDG_KIND]["g"] = bound("g", "uid-2")
-    await mutator.mutate(review("CREATE", pod_of("g")))
+    async with cached((SDG_KIND, bound("g", "uid-1")), (NODES, labelled("n1", None))) as (
+        cache,
+        server,
+    ):
+        mutator = PodMutator(cache, as_client(live()), recorder=recorder)
+        await mutator.mutate(review("CREATE", pod_of("g")))
+        gone = await server.delete(SDG_KIND, "g")
+        mutator.forget_group(gone)  # as the manager's handler of the group's delete does
+        await server.create(SDG_KIND, bound("g", "uid-2"))
+        await settle()  # the informer delivers the new group
+        await mutator.mutate(review("CREATE", pod_of("g")))
     assert [e[2] for e in recorder.events] == ["DeliveryUnverified", "DeliveryUnverified"]

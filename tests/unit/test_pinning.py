@@ -19,7 +19,11 @@ from controllers.ledger.book import Ledger
 from controllers.ledger.tracker import InsufficientDevices
 from controllers.pinning import LedgerPins, claim_matches_pins
 from controllers.placement import filter_node, place
+from sdgruntime.cache import Cache
+from sdgruntime.envtest import FakeClient
 from sdgruntime.webhook.admission import AdmissionRequest
+from tests import factories
+from tests.factories import as_client
 from webhooks.groupvalidator import GroupValidator
 
 GPU = "nvidia.com/gpu"
@@ -28,18 +32,8 @@ CRD = Path(__file__).parents[2] / "config" / "crd" / "deviceshare.io_shareddevic
 
 
 def node(name: str, gpus: int = 4, **annotations: str) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "labels": {"deviceshare.io/mode": "shared"},
-            "annotations": annotations,
-        },
-        "spec": {},
-        "status": {
-            "allocatable": {GPU: str(gpus)},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
+    """A Ready shared node offering ``gpus`` GPUs and nothing else."""
+    return factories.node(name, {GPU: gpus}, annotations=annotations, allocatable={}, ready="True")
 
 
 def bound(name: str, node_name: str, ids: str) -> dict[str, Any]:
@@ -264,7 +258,7 @@ def test_explain_shows_the_pins_and_each_nodes_pin_reason() -> None:
 
 @pytest.mark.anyio
 async def test_the_group_webhook_refuses_bad_pins_and_a_change_once_bound() -> None:
-    validator = GroupValidator(cache=None)  # type: ignore[arg-type]  # read on DELETE only
+    validator = GroupValidator(cache=Cache(as_client(FakeClient())))  # read on DELETE only
 
     def request(operation: str, spec: dict[str, Any], old: dict[str, Any] | None) -> Any:
         return AdmissionRequest.from_dict(

@@ -19,40 +19,17 @@ from controllers.placement import (
     too_many_devices_reason,
     unaddressable_devices,
 )
+from tests import factories
+from tests.factories import GPU
 
-GPU = "nvidia.com/gpu"
+Obj = dict[str, Any]
 NPU = "huawei.com/Ascend910"
 
 
-def node(
-    name: str,
-    *,
-    shared: bool = True,
-    labels: dict[str, str] | None = None,
-    allocatable: dict[str, str] | None = None,
-    taints: list[dict[str, str]] | None = None,
-    unschedulable: bool = False,
-    ready: str | None = "True",
-) -> dict[str, Any]:
-    all_labels = {"kubernetes.io/hostname": name, **(labels or {})}
-    if shared:
-        all_labels["deviceshare.io/mode"] = "shared"
-    obj: dict[str, Any] = {
-        "metadata": {"name": name, "labels": all_labels},
-        "spec": {},
-        "status": {
-            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", GPU: "4"}
-            if allocatable is None
-            else allocatable
-        },
-    }
-    if taints:
-        obj["spec"]["taints"] = taints
-    if unschedulable:
-        obj["spec"]["unschedulable"] = True
-    if ready is not None:
-        obj["status"]["conditions"] = [{"type": "Ready", "status": ready}]
-    return obj
+def node(name: str, *, allocatable: dict[str, str] | None = None, **kwargs: Any) -> Obj:
+    """The shared node, with 4 GPUs unless ``allocatable`` says exactly what it has."""
+    four = {"cpu": "8", "memory": "32Gi", "pods": "110", GPU: "4"}
+    return factories.node(name, allocatable=four if allocatable is None else allocatable, **kwargs)
 
 
 CAP_REASON = f"advertise 1000000000 {GPU}, more than the 1024 devices SDG addresses per node"

@@ -3,20 +3,36 @@ quiet, and not later than a bound), nothing lost, bounded."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import pytest
 
 from controllers.podevents import EVENT_PODS, PodEvents
+from sdgruntime.envtest import FakeClient
+from sdgruntime.events import EventRecorder, EventType
+from tests import factories
+from tests.factories import as_client
 
 
-class Recorder:
+class Recorder(EventRecorder):
+    """Keeps what it is told instead of writing it (client-go's FakeRecorder)."""
+
     def __init__(self) -> None:
+        super().__init__(as_client(FakeClient()), "test")
         self.events: list[tuple[str, str, str, str]] = []  # (uid, type, reason, message)
         self.emitted = anyio.Event()
 
-    def emit(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    def emit(
+        self,
+        obj: Mapping[str, Any],
+        type_: EventType,
+        reason: str,
+        message: str,
+        *,
+        action: str | None = None,
+    ) -> None:
         self.events.append((obj["metadata"].get("uid", ""), type_, reason, message))
         self.emitted.set()
 
@@ -30,18 +46,12 @@ class Clock:
 
 
 def group(name: str = "g", uid: str = "u1", rv: str = "1") -> dict[str, Any]:
-    return {
-        "apiVersion": "deviceshare.io/v1alpha1",
-        "kind": "SharedDeviceGroup",
-        "metadata": {"name": name, "uid": uid, "resourceVersion": rv, "finalizers": ["f"]},
-        "spec": {"resources": {"nvidia.com/gpu": 1}},
-        "status": {"phase": "Bound"},
-    }
+    return factories.group(name, uid=uid, rv=rv, phase="Bound")
 
 
 def make(quiet: float = 5.0, longest: float = 30.0) -> tuple[PodEvents, Recorder, Clock]:
     rec, clock = Recorder(), Clock()
-    ev = PodEvents(rec, quiet=quiet, longest=longest, clock=clock)  # type: ignore[arg-type]
+    ev = PodEvents(rec, quiet=quiet, longest=longest, clock=clock)
     return ev, rec, clock
 
 
@@ -169,15 +179,15 @@ def test_zero_quiet_tells_every_write() -> None:
 @pytest.mark.parametrize("delay", [-1.0, float("nan"), float("inf")])
 def test_waits_must_be_real_waits(delay: float) -> None:
     with pytest.raises(ValueError, match="quiet"):
-        PodEvents(Recorder(), quiet=delay)  # type: ignore[arg-type]
+        PodEvents(Recorder(), quiet=delay)
     with pytest.raises(ValueError, match="longest"):
-        PodEvents(Recorder(), longest=delay)  # type: ignore[arg-type]
+        PodEvents(Recorder(), longest=delay)
 
 
 @pytest.mark.anyio
 async def test_run_tells_when_due_and_what_is_left_when_stopped() -> None:
     rec = Recorder()
-    ev = PodEvents(rec, quiet=0.05)  # type: ignore[arg-type]
+    ev = PodEvents(rec, quiet=0.05)
     async with anyio.create_task_group() as tg:
         tg.start_soon(ev.run)
         await anyio.sleep(0.01)

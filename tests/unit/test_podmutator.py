@@ -3,80 +3,91 @@ cannot say), the delivery settings it is given, and which requests it judges."""
 
 from __future__ import annotations
 
-import copy as copy_module
 import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
 from api.constants import SDG_KIND
-from sdgruntime import errors
-from sdgruntime.cache import CacheNotSynced
+from sdgruntime.cache import Cache
+from sdgruntime.envtest import FakeClient
+from sdgruntime.events import EventRecorder, EventType
 from sdgruntime.kinds import NODES, RUNTIMECLASSES, Kind
 from sdgruntime.webhook import AdmissionRequest
+from tests import factories
+from tests.factories import GPU, as_client, running_cache, settle
 from webhooks import podmutator
 from webhooks.delivery import Delivery
 from webhooks.podmutator import PodMutator
 
 pytestmark = pytest.mark.anyio
 
-BOUND = {
-    "metadata": {"name": "g"},
-    "spec": {"resources": {"nvidia.com/gpu": 1}},
-    "status": {"phase": "Bound", "nodeName": "n1", "selectedDevices": {"nvidia.com/gpu": "0"}},
-}
+BOUND = factories.group("g", {GPU: 1}, node="n1", devices={GPU: "0"})
+#: Read names as the old fakes logged them: a group by name, others as Kind/name.
+KINDS = {NODES.name: "Node", RUNTIMECLASSES.name: "RuntimeClass"}
 
 
-class UnsyncedCache:
+def unsynced() -> Cache:
+    """A cache that has not synced yet: every read raises CacheNotSynced."""
+    return Cache(as_client(FakeClient()))
+
+
+def live(*objects: tuple[Kind, dict[str, Any]]) -> FakeClient:
+    """The API server, holding ``objects``, for the mutator's live reads."""
+    return FakeClient(objects)
+
+
+def gets(client: FakeClient) -> list[str]:
+    """What was read from the API server, in order."""
+    return [
+        (a.name or "") if a.kind == SDG_KIND.name else f"{KINDS[a.kind]}/{a.name}"
+        for a in client.actions
+        if a.verb == "get"
+    ]
+
+
+class RecordingCache(Cache):
+    """The manager's cache, recording each read (``gets``, named as :func:`gets`)."""
+
+    def __init__(self, client: FakeClient) -> None:
+        super().__init__(as_client(client))
+        self.gets: list[str] = []
+
     def get(
         self, kind: Kind, name: str, namespace: str | None = None, *, copy: bool = True
     ) -> dict[str, Any]:
-        raise CacheNotSynced(f"the cache of {kind.name} has not synced yet")
-
-
-class LiveClient:
-    def __init__(
-        self, groups: dict[str, dict[str, Any]], nodes: dict[str, dict[str, Any]] | None = None
-    ) -> None:
-        self.objects = {SDG_KIND: groups, NODES: nodes or {}}
-        self.gets: list[str] = []
-
-    async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
         self.gets.append(name if kind == SDG_KIND else f"{kind.kind}/{name}")
-        if name not in self.objects.get(kind, {}):
-            raise errors.NotFound(f"{name} not found")
-        return self.objects[kind][name]
+        return super().get(kind, name, namespace, copy=copy)
+
+
+@asynccontextmanager
+async def cached(
+    *objects: tuple[Kind, dict[str, Any]],
+) -> AsyncIterator[tuple[RecordingCache, FakeClient]]:
+    """A synced cache of groups, nodes and RuntimeClasses over an API server of its own
+    holding ``objects`` (the informer's copy, apart from the live reads), and that server,
+    where a test adds what the informer then delivers."""
+    server = FakeClient(objects)
+    async with running_cache(RecordingCache(server), SDG_KIND, NODES, RUNTIMECLASSES) as cache:
+        yield cache, server
 
 
 async def test_unsynced_cache_falls_back_to_a_live_get() -> None:
-    client = LiveClient({"g": BOUND})
-    mutator = PodMutator(UnsyncedCache(), client, binding_wait=0)  # type: ignore[arg-type]
-    assert await mutator._group("g") == BOUND
+    client = live((SDG_KIND, BOUND))
+    mutator = PodMutator(unsynced(), as_client(client), binding_wait=0)
+    group = await mutator._group("g")
+    assert group is not None and group["status"] == BOUND["status"]
     assert await mutator._group("missing") is None
-    assert client.gets == ["g", "missing"]
+    assert gets(client) == ["g", "missing"]
 
 
 async def test_unsynced_cache_while_waiting_keeps_the_live_answer() -> None:
     binding = {"metadata": {"name": "g"}, "status": {}}  # not decided yet: the webhook waits
-    mutator = PodMutator(UnsyncedCache(), LiveClient({"g": binding}), binding_wait=0.1)  # type: ignore[arg-type]
-    assert await mutator._group("g") == binding
-
-
-class GroupCache:
-    def __init__(
-        self, groups: dict[str, dict[str, Any]], nodes: dict[str, dict[str, Any]] | None = None
-    ) -> None:
-        self.objects = {SDG_KIND: groups, NODES: nodes or {}}
-        self.gets: list[str] = []
-
-    def get(
-        self, kind: Kind, name: str, namespace: str | None = None, *, copy: bool = True
-    ) -> dict[str, Any]:
-        self.gets.append(name if kind == SDG_KIND else f"{kind.kind}/{name}")
-        if name not in self.objects.get(kind, {}):
-            raise errors.NotFound(f"{name} not found")
-        obj = self.objects[kind][name]
-        return copy_module.deepcopy(obj) if copy else obj  # copy=False: the cache's own
+    mutator = PodMutator(unsynced(), as_client(live((SDG_KIND, binding))), binding_wait=0.1)
+    group = await mutator._group("g")
+    assert group is not None and group["status"] == {}
 
 
 def review(
@@ -117,10 +128,10 @@ def group_pod(ephemeral: list[dict[str, Any]] | None = None) -> dict[str, Any]:
 
 
 async def test_kubectl_debug_on_a_group_pod_gets_the_device_env() -> None:
-    cache = GroupCache({"g": BOUND})
-    mutator = PodMutator(cache, LiveClient({}))  # type: ignore[arg-type]
-    new = group_pod([{"name": "dbg", "image": "cuda"}])
-    response = await mutator.mutate(review("UPDATE", new, group_pod(), "ephemeralcontainers"))
+    async with cached((SDG_KIND, BOUND)) as (cache, _):
+        mutator = PodMutator(cache, as_client(live()))
+        new = group_pod([{"name": "dbg", "image": "cuda"}])
+        response = await mutator.mutate(review("UPDATE", new, group_pod(), "ephemeralcontainers"))
     assert response.allowed
     assert response.patch == [
         {
@@ -133,18 +144,18 @@ async def test_kubectl_debug_on_a_group_pod_gets_the_device_env() -> None:
 
 async def test_other_pod_updates_are_not_judged_by_the_webhook() -> None:
     """Membership on UPDATE is the API server's policy (config/policy), not ours."""
-    cache = GroupCache({"g": BOUND})
-    mutator = PodMutator(cache, LiveClient({}))  # type: ignore[arg-type]
-    moved = group_pod()
-    moved["metadata"]["annotations"]["deviceshare.io/group"] = "other"
-    response = await mutator.mutate(review("UPDATE", moved, group_pod()))
-    assert response.allowed and not response.patch
-    response = await mutator.mutate(review("UPDATE", group_pod(), group_pod(), "status"))
-    assert response.allowed and not response.patch
-    plain = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": []}}
-    debugged = {**plain, "spec": {**plain["spec"], "ephemeralContainers": [{"name": "d"}]}}
-    response = await mutator.mutate(review("UPDATE", debugged, plain, "ephemeralcontainers"))
-    assert response.allowed and not response.patch
+    async with cached((SDG_KIND, BOUND)) as (cache, _):
+        mutator = PodMutator(cache, as_client(live()))
+        moved = group_pod()
+        moved["metadata"]["annotations"]["deviceshare.io/group"] = "other"
+        response = await mutator.mutate(review("UPDATE", moved, group_pod()))
+        assert response.allowed and not response.patch
+        response = await mutator.mutate(review("UPDATE", group_pod(), group_pod(), "status"))
+        assert response.allowed and not response.patch
+        plain = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": []}}
+        debugged = {**plain, "spec": {**plain["spec"], "ephemeralContainers": [{"name": "d"}]}}
+        response = await mutator.mutate(review("UPDATE", debugged, plain, "ephemeralcontainers"))
+        assert response.allowed and not response.patch
     assert cache.gets == []  # none of these needed the group
 
 
@@ -170,22 +181,25 @@ def annotations_of(patch: list[dict[str, Any]] | None) -> dict[str, Any]:
 
 
 async def test_the_groups_node_label_chooses_the_delivery() -> None:
-    cache = GroupCache({"g": BOUND}, {"n1": labelled("n1", "cdi")})
-    mutator = PodMutator(cache, LiveClient({}))  # type: ignore[arg-type]
-    response = await mutator.mutate(review("CREATE", new_pod()))
+    client = live()
+    async with cached((SDG_KIND, BOUND), (NODES, labelled("n1", "cdi"))) as (cache, _):
+        mutator = PodMutator(cache, as_client(client))
+        response = await mutator.mutate(review("CREATE", new_pod()))
     assert response.allowed
     assert annotations_of(response.patch)["cdi-devices.noderesource.dev~1container.app"] == (
         '["nvidia.com/gpu=0"]'
     )
     # The group, its node and the RuntimeClass the choice looks for: all from the cache.
     assert cache.gets == ["g", "Node/n1", "RuntimeClass/nvidia"]
+    assert gets(client) == []
 
 
 async def test_a_group_pods_own_cdi_annotation_is_removed_with_a_warning() -> None:
     pod = new_pod()
     pod["metadata"]["annotations"]["cdi-devices.nri.io/pod"] = '["nvidia.com/gpu=all"]'
-    mutator = PodMutator(GroupCache({"g": BOUND}), LiveClient({}))  # type: ignore[arg-type]
-    response = await mutator.mutate(review("CREATE", pod))
+    async with cached((SDG_KIND, BOUND)) as (cache, _):
+        mutator = PodMutator(cache, as_client(live()))
+        response = await mutator.mutate(review("CREATE", pod))
     assert response.allowed
     assert {"op": "remove", "path": "/metadata/annotations/cdi-devices.nri.io~1pod"} in (
         response.patch or []
@@ -196,10 +210,10 @@ async def test_a_group_pods_own_cdi_annotation_is_removed_with_a_warning() -> No
 
 
 async def test_the_managers_delivery_settings_are_used_without_a_label() -> None:
-    cache = GroupCache({"g": BOUND}, {"n1": labelled("n1", None)})
     rc = Delivery("runtimeclass", runtime_class_name="gpu")
-    mutator = PodMutator(cache, LiveClient({}), delivery=rc)  # type: ignore[arg-type]
-    response = await mutator.mutate(review("CREATE", new_pod()))
+    async with cached((SDG_KIND, BOUND), (NODES, labelled("n1", None))) as (cache, _):
+        mutator = PodMutator(cache, as_client(live()), delivery=rc)
+        response = await mutator.mutate(review("CREATE", new_pod()))
     assert {"op": "add", "path": "/spec/runtimeClassName", "value": "gpu"} in (response.patch or [])
     assert annotations_of(response.patch) == {
         "deviceshare.io~1devices": '{"nvidia.com/gpu":"0"}',
@@ -210,17 +224,18 @@ async def test_the_managers_delivery_settings_are_used_without_a_label() -> None
 
 
 async def test_a_node_the_cache_has_not_seen_is_read_live_and_a_gone_one_is_none() -> None:
-    client = LiveClient({}, {"n1": labelled("n1", "bogus")})
-    mutator = PodMutator(GroupCache({"g": BOUND}), client)  # type: ignore[arg-type]
-    response = await mutator.mutate(review("CREATE", new_pod()))
-    assert not response.allowed
-    assert "node n1 of SharedDeviceGroup 'g' has label deviceshare.io/delivery='bogus'" in (
-        response.message
-    )
-    assert client.gets == ["Node/n1"]
-    # The node is gone: the manager's mode (the pod scheduler says the node is gone).
-    mutator = PodMutator(GroupCache({"g": BOUND}), LiveClient({}))  # type: ignore[arg-type]
-    response = await mutator.mutate(review("CREATE", new_pod()))
+    client = live((NODES, labelled("n1", "bogus")))
+    async with cached((SDG_KIND, BOUND)) as (cache, _):
+        mutator = PodMutator(cache, as_client(client))
+        response = await mutator.mutate(review("CREATE", new_pod()))
+        assert not response.allowed
+        assert "node n1 of SharedDeviceGroup 'g' has label deviceshare.io/delivery='bogus'" in (
+            response.message
+        )
+        assert gets(client) == ["Node/n1"]
+        # The node is gone: the manager's mode (the pod scheduler says the node is gone).
+        mutator = PodMutator(cache, as_client(live()))
+        response = await mutator.mutate(review("CREATE", new_pod()))
     assert response.allowed
     assert annotations_of(response.patch) == {
         "deviceshare.io~1devices": '{"nvidia.com/gpu":"0"}',
@@ -235,8 +250,9 @@ async def test_a_debug_container_warning_reaches_the_response() -> None:
     pod["metadata"]["annotations"]["deviceshare.io/devices"] = '{"nvidia.com/gpu":"0"}'
     pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
     new = {**pod, "spec": {**pod["spec"], "ephemeralContainers": [{"name": "dbg"}]}}
-    mutator = PodMutator(GroupCache({"g": BOUND}), LiveClient({}))  # type: ignore[arg-type]
-    response = await mutator.mutate(review("UPDATE", new, pod, "ephemeralcontainers"))
+    async with cached((SDG_KIND, BOUND)) as (cache, _):
+        mutator = PodMutator(cache, as_client(live()))
+        response = await mutator.mutate(review("UPDATE", new, pod, "ephemeralcontainers"))
     assert response.allowed
     assert response.patch == [
         {
@@ -255,45 +271,52 @@ async def test_a_debug_container_warning_reaches_the_response() -> None:
 async def test_admission_never_edits_the_cached_group_or_node(mode: str) -> None:
     """The mutator reads cached objects without a copy: editing one would change the
     cache under every other reader."""
-    group, node = copy_module.deepcopy(BOUND), labelled("n1", mode)
-    cache = GroupCache({"g": group}, {"n1": node})
-    before = copy_module.deepcopy((group, node))
-    mutator = PodMutator(cache, LiveClient({}))  # type: ignore[arg-type]
-    response = await mutator.mutate(review("CREATE", new_pod()))
-    assert response.allowed and response.patch
-    debug = new_pod()
-    debug["spec"]["ephemeralContainers"] = [{"name": "dbg", "image": "busybox"}]
-    await mutator.mutate(review("UPDATE", debug, new_pod(), sub="ephemeralcontainers"))
-    assert (group, node) == before
+    async with cached((SDG_KIND, BOUND), (NODES, labelled("n1", mode))) as (cache, _):
+        before = (cache.get(SDG_KIND, "g"), cache.get(NODES, "n1"))  # copies
+        mutator = PodMutator(cache, as_client(live()))
+        response = await mutator.mutate(review("CREATE", new_pod()))
+        assert response.allowed and response.patch
+        debug = new_pod()
+        debug["spec"]["ephemeralContainers"] = [{"name": "dbg", "image": "busybox"}]
+        await mutator.mutate(review("UPDATE", debug, new_pod(), sub="ephemeralcontainers"))
+        assert (cache.get(SDG_KIND, "g"), cache.get(NODES, "n1")) == before
 
 
-class Recorder:
-    """Collects what the webhook emits (the manager's EventRecorder writes it)."""
+class Recorder(EventRecorder):
+    """Keeps what the webhook emits instead of writing it (client-go's FakeRecorder)."""
 
     def __init__(self) -> None:
+        super().__init__(as_client(FakeClient()), "test")
         self.events: list[tuple[str, str, str, str]] = []
 
-    def emit(self, obj: dict[str, Any], type_: str, reason: str, message: str, **kw: Any) -> None:
+    def emit(
+        self,
+        obj: Mapping[str, Any],
+        type_: EventType,
+        reason: str,
+        message: str,
+        *,
+        action: str | None = None,
+    ) -> None:
         self.events.append((obj["metadata"]["name"], type_, reason, message))
 
 
 def bound(name: str, uid: str) -> dict[str, Any]:
-    g = copy_module.deepcopy(BOUND)
-    g["metadata"] = {"name": name, "uid": uid}
-    return g
+    return factories.group(name, {GPU: 1}, uid=uid, node="n1", devices={GPU: "0"})
 
 
 async def test_unverified_delivery_warns_once_per_group_and_never_on_a_dry_run() -> None:
-    cache = GroupCache({"g": bound("g", "u1"), "h": bound("h", "u2")}, {"n1": labelled("n1", None)})
+    groups = [(SDG_KIND, bound("g", "u1")), (SDG_KIND, bound("h", "u2"))]
     recorder = Recorder()
-    mutator = PodMutator(cache, LiveClient({}), recorder=recorder)  # type: ignore[arg-type]
-    assert (await mutator.mutate(review("CREATE", new_pod(), dry_run=True))).allowed
-    assert recorder.events == []
-    for _ in range(3):
-        assert (await mutator.mutate(review("CREATE", new_pod()))).allowed
-    other = new_pod()
-    other["metadata"]["annotations"]["deviceshare.io/group"] = "h"
-    assert (await mutator.mutate(review("CREATE", other))).allowed
+    async with cached(*groups, (NODES, labelled("n1", None))) as (cache, _):
+        mutator = PodMutator(cache, as_client(live()), recorder=recorder)
+        assert (await mutator.mutate(review("CREATE", new_pod(), dry_run=True))).allowed
+        assert recorder.events == []
+        for _ in range(3):
+            assert (await mutator.mutate(review("CREATE", new_pod()))).allowed
+        other = new_pod()
+        other["metadata"]["annotations"]["deviceshare.io/group"] = "h"
+        assert (await mutator.mutate(review("CREATE", other))).allowed
     assert [(g, t, r) for g, t, r, _ in recorder.events] == [
         ("g", "Warning", "DeliveryUnverified"),
         ("h", "Warning", "DeliveryUnverified"),
@@ -306,13 +329,12 @@ async def test_unverified_delivery_warns_once_per_group_and_never_on_a_dry_run()
 async def test_a_cached_runtime_class_the_node_runs_chooses_it_without_a_warning() -> None:
     node = labelled("n1", None)
     node["status"] = {"runtimeHandlers": [{"name": ""}, {"name": "nvidia"}]}
-    cache = GroupCache({"g": bound("g", "u1")}, {"n1": node})
-    cache.objects[RUNTIMECLASSES] = {
-        "nvidia": {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
-    }
+    nvidia = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
     recorder = Recorder()
-    mutator = PodMutator(cache, LiveClient({}), recorder=recorder)  # type: ignore[arg-type]
-    response = await mutator.mutate(review("CREATE", new_pod()))
+    objects = [(SDG_KIND, bound("g", "u1")), (NODES, node), (RUNTIMECLASSES, nvidia)]
+    async with cached(*objects) as (cache, _):
+        mutator = PodMutator(cache, as_client(live()), recorder=recorder)
+        response = await mutator.mutate(review("CREATE", new_pod()))
     assert {"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"} in (
         response.patch or []
     )
@@ -327,11 +349,11 @@ async def test_the_warning_keeps_its_fix_whole_within_an_events_1024_bytes() -> 
     g["status"]["nodeName"] = name
     node = labelled(name, None)
     node["status"] = {"runtimeHandlers": [{"name": ""}, {"name": "runc"}, {"name": "crun"}]}
-    cache = GroupCache({"g": g}, {name: node})
-    cache.objects[RUNTIMECLASSES] = {"nvidia": {"metadata": {"name": "nvidia"}, "handler": "nv"}}
+    nvidia = {"metadata": {"name": "nvidia"}, "handler": "nv"}
     recorder = Recorder()
-    mutator = PodMutator(cache, LiveClient({}), recorder=recorder)  # type: ignore[arg-type]
-    assert (await mutator.mutate(review("CREATE", new_pod()))).allowed
+    async with cached((SDG_KIND, g), (NODES, node), (RUNTIMECLASSES, nvidia)) as (cache, _):
+        mutator = PodMutator(cache, as_client(live()), recorder=recorder)
+        assert (await mutator.mutate(review("CREATE", new_pod()))).allowed
     ((_, _, _, message),) = recorder.events
     assert len(message.encode()) <= 1024, len(message.encode())
     assert message.endswith(
@@ -343,25 +365,27 @@ async def test_a_missing_group_is_asked_for_once_a_second_and_found_once_cached(
     """Reviews naming a group that does not exist cost one live GET per name and
     MISSING_TTL (a flood of them cannot keep the API client busy); once the group is
     created and cached, the next pod is admitted at once."""
-    client = LiveClient({})
-    cache = GroupCache({})
-    mutator = PodMutator(cache, client, binding_wait=0)  # type: ignore[arg-type]
-    for _ in range(50):
-        assert await mutator._group("ghost") is None
-    assert client.gets == ["ghost"]
-    cache.objects[SDG_KIND]["ghost"] = BOUND  # the informer delivers the new group
-    assert await mutator._group("ghost") == BOUND
-    assert client.gets == ["ghost"]
+    client = live()
+    async with cached() as (cache, server):
+        mutator = PodMutator(cache, as_client(client), binding_wait=0)
+        for _ in range(50):
+            assert await mutator._group("ghost") is None
+        assert gets(client) == ["ghost"]
+        await server.create(SDG_KIND, {**BOUND, "metadata": {"name": "ghost"}})
+        await settle()  # the informer delivers the new group
+        ghost = await mutator._group("ghost")
+        assert ghost is not None and ghost["status"] == BOUND["status"]
+    assert gets(client) == ["ghost"]
 
 
 async def test_the_missing_names_are_bounded_and_expire(monkeypatch: pytest.MonkeyPatch) -> None:
-    client = LiveClient({})
-    mutator = PodMutator(UnsyncedCache(), client, binding_wait=0)  # type: ignore[arg-type]
+    client = live()
+    mutator = PodMutator(unsynced(), as_client(client), binding_wait=0)
     for i in range(podmutator.MAX_MISSING + 10):
         await mutator._group(f"g{i}")
     assert len(mutator._missing) == podmutator.MAX_MISSING
     now = time.monotonic()
     monkeypatch.setattr(time, "monotonic", lambda: now + podmutator.MISSING_TTL + 1)
-    client.gets.clear()
+    client.actions.clear()
     await mutator._group(f"g{podmutator.MAX_MISSING}")
-    assert client.gets == [f"g{podmutator.MAX_MISSING}"]  # expired: asked again
+    assert gets(client) == [f"g{podmutator.MAX_MISSING}"]  # expired: asked again

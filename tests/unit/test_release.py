@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
-from api.constants import REASON_CLAIM_GIVEN_BACK
+from api.constants import REASON_CLAIM_GIVEN_BACK, SDG_KIND
 from controllers.groupwriter import GroupWriter
 from controllers.ledger.records import Claim
 from controllers.ledger.release import ClaimReleaser
 from sdgruntime import errors
+from sdgruntime.envtest import FakeClient
+from tests.factories import as_client
 
 pytestmark = pytest.mark.anyio
 
@@ -131,37 +133,36 @@ async def test_the_release_is_conditional_on_the_claim_as_judged_before_the_live
     assert claims.log == ["status of g at rv 7", "release g on n1 if still at version 3"]
 
 
-class StatusClient:
-    """The API server's answer to one conditional status write of a group."""
-
-    def __init__(self, fail: Exception | None = None) -> None:
-        self.fail = fail
-        self.written: list[Obj] = []
-
-    async def update_status(self, kind: Any, group: Obj) -> Obj:
-        if self.fail is not None:
-            raise self.fail
-        written = {**group, "metadata": {**group["metadata"], "resourceVersion": "8"}}
-        self.written.append(written)
-        return written
+def groups(*objects: Obj) -> FakeClient:
+    """The API server's groups, status a subresource as for the CRD."""
+    return FakeClient([(SDG_KIND, o) for o in objects], status_subresource=[SDG_KIND])
 
 
 async def test_the_fence_says_why_the_group_is_placed_again() -> None:
-    client = StatusClient()
-    fenced = await GroupWriter(client).fence(pending(), "n1")  # type: ignore[arg-type]
-    assert fenced is not None and fenced["metadata"]["resourceVersion"] == "8"
-    cond = client.written[0]["status"]["conditions"][-1]
+    client = groups(pending())
+    live = client.stored(SDG_KIND, "g")
+    rv = live["metadata"]["resourceVersion"]
+    fenced = await GroupWriter(as_client(client)).fence(live, "n1")
+    assert fenced is not None and int(fenced["metadata"]["resourceVersion"]) > int(rv)
+    cond = client.stored(SDG_KIND, "g")["status"]["conditions"][-1]
     assert (cond["type"], cond["status"], cond["reason"]) == (
         "Scheduled",
         "False",
         REASON_CLAIM_GIVEN_BACK,
     )
-    assert "n1" in cond["message"] and "resourceVersion 7" in cond["message"]
+    assert "n1" in cond["message"] and f"resourceVersion {rv}" in cond["message"]
 
 
-@pytest.mark.parametrize("failure", [errors.Conflict("first", code=409), errors.NotFound("gone")])
-async def test_a_fence_that_loses_the_race_says_none(failure: Exception) -> None:
-    assert await GroupWriter(StatusClient(failure)).fence(pending(), "n1") is None  # type: ignore[arg-type]
+@pytest.mark.parametrize("race", ["written first", "deleted"])
+async def test_a_fence_that_loses_the_race_says_none(race: str) -> None:
+    client = groups(pending())
+    live = client.stored(SDG_KIND, "g")
+    if race == "written first":  # a 409 for the fence's conditional write
+        client.add(SDG_KIND, {**live, "status": {"phase": "Bound", "nodeName": "n2"}})
+    else:  # a 404
+        await client.delete(SDG_KIND, "g")
+    assert await GroupWriter(as_client(client)).fence(live, "n1") is None
+    assert [a.verb for a in client.writes()][-1] == "update"  # it did try
 
 
 def member(phase: str = "Running") -> Obj:

@@ -4,18 +4,22 @@ coalesced per group, and the cached group never copied nor changed."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from api.constants import SDG_KIND
+from api.constants import GROUP_ANNOTATION, SDG_KIND
 from api.pods import POD_GROUP_INDEX
 from controllers.podevents import PodEvents
 from controllers.statuscontroller import StatusController
 from sdgruntime import errors
 from sdgruntime.envtest import FakeClient
+from sdgruntime.events import EventRecorder, EventType
 from sdgruntime.kinds import PODS
 from sdgruntime.reconcile import Request
+from tests import factories
+from tests.factories import as_client, pod
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +40,7 @@ class Cache:
     def list(self, kind: Any, *, index: str, value: str, copy: bool = True) -> list[Any]:
         assert kind == PODS and index == POD_GROUP_INDEX
         self.copies += copy
-        return [p for p in self.pods if p["metadata"]["annotations"]["g"] == value]
+        return [p for p in self.pods if p["metadata"]["annotations"][GROUP_ANNOTATION] == value]
 
 
 class Server(FakeClient):
@@ -58,11 +62,22 @@ class Server(FakeClient):
         return dict(self.stored(SDG_KIND, name).get("status") or {})
 
 
-class Recorder:
+class Recorder(EventRecorder):
+    """Keeps what it is told instead of writing it (client-go's FakeRecorder)."""
+
     def __init__(self) -> None:
+        super().__init__(as_client(FakeClient()), "test")
         self.events: list[tuple[str, str]] = []
 
-    def emit(self, obj: Any, type_: str, reason: str, message: str) -> None:
+    def emit(
+        self,
+        obj: Mapping[str, Any],
+        type_: EventType,
+        reason: str,
+        message: str,
+        *,
+        action: str | None = None,
+    ) -> None:
         self.events.append((reason, message))
 
 
@@ -74,25 +89,15 @@ class Clock:
 
 
 def group(name: str = "g", **status: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "deviceshare.io/v1alpha1",
-        "kind": "SharedDeviceGroup",
-        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1"},
-        "status": {"phase": "Bound", **status},
-    }
-
-
-def pod(name: str, grp: str = "g", phase: str = "Pending") -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "ns", "annotations": {"g": grp}},
-        "status": {"phase": phase},
-    }
+    """A group as the API server holds it: Bound (no node: this controller reads none),
+    its uid ``uid-<name>``, with ``status`` merged in."""
+    return factories.group(name, uid=f"uid-{name}", rv=1, phase="Bound", status=status)
 
 
 def controller() -> tuple[StatusController, Cache, Server, Recorder, Clock]:
     cache, rec, clock = Cache(), Recorder(), Clock()
     server = Server()
-    events = PodEvents(rec, quiet=5.0, clock=clock)  # type: ignore[arg-type]
+    events = PodEvents(rec, quiet=5.0, clock=clock)
     sc = StatusController(server, cache, rec, events=events, clock=clock)  # type: ignore[arg-type]
     return sc, cache, server, rec, clock
 
@@ -100,11 +105,11 @@ def controller() -> tuple[StatusController, Cache, Server, Recorder, Clock]:
 async def test_writes_the_pod_list_uid_guarded_and_tells_one_event_per_burst() -> None:
     sc, cache, server, rec, clock = controller()
     server.put(cache, group(podCount=0))
-    cache.pods = [pod("a")]
+    cache.pods = [pod("a", "g")]
     await sc.reconcile(Request("g"))
     assert server.status("g") == {"phase": "Bound", "allocatedPods": ["ns/a"], "podCount": 1}
     cache.groups["g"]["status"] = server.status("g")  # the write's echo
-    cache.pods.append(pod("b"))
+    cache.pods.append(pod("b", "g"))
     clock.t += sc.batch_period
     await sc.reconcile(Request("g"))
     assert server.status("g")["allocatedPods"] == ["ns/a", "ns/b"]
@@ -120,7 +125,7 @@ async def test_a_group_recreated_under_the_same_name_is_not_written() -> None:
     sc, cache, server, _, _ = controller()
     server.put(cache, group(podCount=0))
     server.put(None, {**group(podCount=0), "metadata": {"name": "g", "uid": "new"}})
-    cache.pods = [pod("a")]
+    cache.pods = [pod("a", "g")]
     with pytest.raises(errors.Conflict, match="uid"):
         await sc.reconcile(Request("g"))  # retried, from the cache's new copy by then
     assert server.status("g") == {"phase": "Bound", "podCount": 0}
@@ -129,12 +134,12 @@ async def test_a_group_recreated_under_the_same_name_is_not_written() -> None:
 async def test_a_burst_is_written_once_per_batch_period_and_the_first_at_once() -> None:
     sc, cache, server, _, clock = controller()
     server.put(cache, group(podCount=0))
-    cache.pods = [pod("a")]
+    cache.pods = [pod("a", "g")]
     assert await sc.reconcile(Request("g")) is None  # the first change: written at once
     cache.groups["g"]["status"] = server.status("g")
     for i, name in enumerate(("b", "c", "d")):
         clock.t += 0.25
-        cache.pods.append(pod(name))
+        cache.pods.append(pod(name, "g"))
         result = await sc.reconcile(Request("g"))
         assert result is not None and result.requeue_after == pytest.approx(0.75 - 0.25 * i)
     assert server.patched() == ["g"]  # b, c and d wait for the period's end
@@ -152,12 +157,12 @@ async def test_writes_of_past_periods_are_forgotten() -> None:
     sc, cache, server, _, clock = controller()
     for name in ("g1", "g2", "g3"):
         server.put(cache, group(name, podCount=0))
-        cache.pods.append(pod(f"p-{name}", grp=name))
+        cache.pods.append(pod(f"p-{name}", name))
         await sc.reconcile(Request(name))
     assert len(sc) == 3 and server.patched() == ["g1", "g2", "g3"]
     clock.t += sc.batch_period
     server.put(cache, group("g4", podCount=0))
-    cache.pods.append(pod("p-g4", grp="g4"))
+    cache.pods.append(pod("p-g4", "g4"))
     await sc.reconcile(Request("g4"))
     assert len(sc) == 1  # g1-g3 wrote a period ago: nothing of theirs is kept
 
@@ -165,11 +170,11 @@ async def test_writes_of_past_periods_are_forgotten() -> None:
 async def test_nothing_changed_nothing_written_and_nothing_copied() -> None:
     sc, cache, server, _, _ = controller()
     server.put(cache, group(allocatedPods=["ns/a"], podCount=1))
-    cache.pods = [pod("a"), pod("done", phase="Succeeded")]
+    cache.pods = [pod("a", "g"), pod("done", "g", phase="Succeeded")]
     before = copy.deepcopy(cache.groups["g"])
     await sc.reconcile(Request("g"))
     assert server.patched() == [] and len(sc.events) == 0
-    cache.pods = [pod("b")]
+    cache.pods = [pod("b", "g")]
     await sc.reconcile(Request("g"))
     assert cache.copies == 0
     assert cache.groups["g"] == before  # read in place, never edited
@@ -186,7 +191,7 @@ async def test_a_new_group_without_the_fields_is_not_written() -> None:
 async def test_pods_that_left_are_told_too() -> None:
     sc, cache, server, rec, clock = controller()
     server.put(cache, group(allocatedPods=["ns/a", "ns/b"], podCount=2))
-    cache.pods = [pod("b")]
+    cache.pods = [pod("b", "g")]
     await sc.reconcile(Request("g"))
     clock.t += 5
     sc.events.flush_due()
@@ -196,7 +201,7 @@ async def test_pods_that_left_are_told_too() -> None:
 async def test_a_gone_group_has_its_events_told_and_its_state_dropped() -> None:
     sc, cache, server, rec, _ = controller()
     server.put(cache, group(podCount=0))
-    cache.pods = [pod("a")]
+    cache.pods = [pod("a", "g")]
     await sc.reconcile(Request("g"))
     assert len(sc.events) == 1
     del cache.groups["g"]
@@ -209,6 +214,6 @@ async def test_a_group_deleted_under_the_write_is_not_an_error() -> None:
     sc, cache, server, rec, _ = controller()
     server.put(cache, group(podCount=0))
     await server.delete(SDG_KIND, "g")  # the cache has not seen it go yet
-    cache.pods = [pod("a")]
+    cache.pods = [pod("a", "g")]
     assert await sc.reconcile(Request("g")) is None
     assert len(sc.events) == 0 and rec.events == []

@@ -18,11 +18,13 @@ import pytest
 from sdgruntime import errors
 from sdgruntime.cache import KindOptions
 from sdgruntime.client import Client
+from sdgruntime.envtest import FakeClient
 from sdgruntime.kinds import CONFIGMAPS, LEASES
 from sdgruntime.leaderelection import LeaderElectionLost, LeaderElector
 from sdgruntime.manager import Manager, ManagerOptions
 from sdgruntime.metrics import REGISTRY
 from sdgruntime.reconcile import Request
+from tests.runtime.helpers import as_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -177,9 +179,9 @@ async def test_a_leader_that_sees_another_holder_stops_at_once(
 
 def test_durations_must_leave_room_to_stop_before_others_take_over() -> None:
     with pytest.raises(ValueError, match="lease_duration"):
-        LeaderElector(None, "l", "ns", lease_duration=10, renew_deadline=10)  # type: ignore[arg-type]
+        LeaderElector(as_client(FakeClient()), "l", "ns", lease_duration=10, renew_deadline=10)
     with pytest.raises(ValueError, match="retry_period"):
-        LeaderElector(None, "l", "ns", renew_deadline=2, retry_period=2)  # type: ignore[arg-type]
+        LeaderElector(as_client(FakeClient()), "l", "ns", renew_deadline=2, retry_period=2)
 
 
 # --- two managers ------------------------------------------------------------------------------

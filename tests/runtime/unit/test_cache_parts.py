@@ -8,7 +8,9 @@ from sdgruntime import errors
 from sdgruntime.cache import Backoff
 from sdgruntime.cache.reflector import selector_string
 from sdgruntime.cache.sync import describe_sync_error, is_permanent
+from sdgruntime.envtest import FakeClient
 from sdgruntime.kinds import PODS, Kind
+from tests.runtime.helpers import as_client
 
 SDGS = Kind("deviceshare.io", "v1alpha1", "SharedDeviceGroup", "shareddevicegroups", False)
 
@@ -98,7 +100,7 @@ def test_a_read_before_sync_is_not_a_not_found() -> None:
     synced yet must not look like that."""
     from sdgruntime.cache import Cache, CacheNotSynced
 
-    cache = Cache(client=None)  # type: ignore[arg-type]  # never run: nothing syncs
+    cache = Cache(as_client(FakeClient()))  # never run: nothing syncs
     for read in (lambda: cache.get(PODS, "p", "ns"), lambda: cache.list(SDGS)):
         with pytest.raises(CacheNotSynced, match="has not synced") as info:
             read()

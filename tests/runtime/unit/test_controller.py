@@ -4,7 +4,6 @@ handlers and predicates that turn watch events into requests."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -41,6 +40,7 @@ from sdgruntime.predicate import (
 )
 from sdgruntime.reconcile import Request, Result, TerminalError
 from sdgruntime.workqueue import FakeClock
+from tests.runtime.helpers import settle
 
 SDG = Kind("deviceshare.io", "v1alpha1", "SharedDeviceGroup", "shareddevicegroups", False)
 DEPLOY = Kind("apps", "v1", "Deployment", "deployments", True)
@@ -76,21 +76,6 @@ def obj(
 
 def sample(metric: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(metric, labels) or 0.0
-
-
-async def settle() -> None:
-    """Run every other task until all are blocked (no 0.1 s polling, so FakeClock tests
-    stay fast)."""
-    me = asyncio.current_task()
-    for _ in range(10_000):
-        await anyio.lowlevel.checkpoint()
-        waiting = (
-            t is me or (t._fut_waiter is not None and not t._fut_waiter.done())  # type: ignore[attr-defined]
-            for t in asyncio.all_tasks()
-        )
-        if all(waiting):
-            return
-    raise AssertionError("tasks never settled")
 
 
 # --- an in-memory informer and cache ------------------------------------------------------
@@ -541,16 +526,17 @@ async def test_graceful_stop_lets_in_flight_reconciles_finish() -> None:
             await c.run()
         stopped.set()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        await settle()
-        cache.informer(CONFIGMAPS).add(obj("a"))
-        await entered.wait()
-        stop.cancel()  # stop while "a" is in flight
-        cache.informer(CONFIGMAPS).add(obj("b"))  # not handed out any more
-        await settle()
-        assert not stopped.is_set()  # waiting for "a"
-        release.set()
+    with anyio.fail_after(10):  # a stop that never ends fails here, not at the 300 s limit
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await settle()
+            cache.informer(CONFIGMAPS).add(obj("a"))
+            await entered.wait()
+            stop.cancel()  # stop while "a" is in flight
+            cache.informer(CONFIGMAPS).add(obj("b"))  # not handed out any more
+            await settle()
+            assert not stopped.is_set()  # waiting for "a"
+            release.set()
     assert stopped.is_set()
     assert finished == ["a"]
 

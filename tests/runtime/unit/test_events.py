@@ -3,60 +3,60 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
 
+from sdgruntime.envtest import FakeClient
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import Kind
 from sdgruntime.manager import Manager, ManagerOptions
+from tests.runtime.helpers import as_client
 
 pytestmark = pytest.mark.anyio
 
 CM = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}}
 
 
-class SlowClient:
+class SlowClient(FakeClient):
     """An API server that answers every create after ``delay`` seconds."""
 
     def __init__(self, delay: float) -> None:
+        super().__init__()
         self.delay = delay
         self.created: list[dict[str, Any]] = []
 
-    async def create(self, kind: Kind, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    async def create(
+        self, kind: Kind, obj: Mapping[str, Any], namespace: str | None = None, **kw: Any
+    ) -> dict[str, Any]:
         await anyio.sleep(self.delay)
-        self.created.append(obj)
-        return obj
+        made = await super().create(kind, obj, namespace, **kw)
+        self.created.append(made)
+        return made
 
 
-class GatedClient:
+class GatedClient(FakeClient):
     """An API server that holds every create until ``open`` is set (never, by default)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.creates = 0
         self.created: list[dict[str, Any]] = []
         self.entered = anyio.Event()
         self.open = anyio.Event()
 
-    async def create(self, kind: Kind, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    async def create(
+        self, kind: Kind, obj: Mapping[str, Any], namespace: str | None = None, **kw: Any
+    ) -> dict[str, Any]:
         self.creates += 1
         self.entered.set()
         await self.open.wait()
-        self.created.append(obj)
-        return obj
-
-
-class NoCache:
-    """A cache without informers: synced at once, so a Manager runs without an API server."""
-
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        task_status.started()
-        await anyio.sleep_forever()
-
-    async def wait_for_sync(self, _timeout: float) -> None:
-        return None
+        made = await super().create(kind, obj, namespace, **kw)
+        self.created.append(made)
+        return made
 
 
 def bound(i: int) -> tuple[str, str]:
@@ -84,7 +84,7 @@ async def test_events_queued_when_the_owner_is_cancelled_are_still_written(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     client = SlowClient(delay=0.005)
-    recorder = EventRecorder(client, "test", writers=4)  # type: ignore[arg-type]
+    recorder = EventRecorder(as_client(client), "test", writers=4)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(recorder.run)
@@ -100,7 +100,7 @@ async def test_emitting_while_the_recorder_stops_drops_and_never_raises(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     client = GatedClient()
-    recorder = EventRecorder(client, "test", writers=1)  # type: ignore[arg-type]
+    recorder = EventRecorder(as_client(client), "test", writers=1)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             owner, _ = await start_owned(tg, recorder)
@@ -122,7 +122,7 @@ async def test_a_hanging_write_holds_the_stop_only_until_the_drain_timeout(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     client = GatedClient()  # never answers
-    recorder = EventRecorder(client, "test", writers=1, drain_timeout=0.3)  # type: ignore[arg-type]
+    recorder = EventRecorder(as_client(client), "test", writers=1, drain_timeout=0.3)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(recorder.run)
@@ -142,7 +142,7 @@ async def test_a_full_buffer_of_slow_writes_stops_by_the_deadline_and_every_even
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     client = SlowClient(delay=0.05)  # 2 writers: ~40 events/s, far fewer than queued
-    recorder = EventRecorder(client, "test", writers=2, buffer=1000, drain_timeout=0.3)  # type: ignore[arg-type]
+    recorder = EventRecorder(as_client(client), "test", writers=2, buffer=1000, drain_timeout=0.3)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(recorder.run)
@@ -158,28 +158,29 @@ async def test_a_full_buffer_of_slow_writes_stops_by_the_deadline_and_every_even
 
 async def test_abort_gives_up_on_the_drain_at_once(caplog: pytest.LogCaptureFixture) -> None:
     client = GatedClient()
-    recorder = EventRecorder(client, "test", writers=1, drain_timeout=3600)  # type: ignore[arg-type]
-    async with anyio.create_task_group() as tg:
-        owner, stopped = await start_owned(tg, recorder)
-        recorder.emit(CM, "Normal", "First", "in flight")
-        recorder.emit(CM, "Normal", "Second", "queued")
-        await client.entered.wait()
-        owner.cancel()
-        await anyio.wait_all_tasks_blocked()  # draining, for up to an hour
-        recorder.abort()
-        with anyio.fail_after(1):
-            await stopped.wait()
+    recorder = EventRecorder(as_client(client), "test", writers=1, drain_timeout=3600)
+    with anyio.fail_after(10):  # the whole test: a stuck start or drain fails here
+        async with anyio.create_task_group() as tg:
+            owner, stopped = await start_owned(tg, recorder)
+            recorder.emit(CM, "Normal", "First", "in flight")
+            recorder.emit(CM, "Normal", "Second", "queued")
+            await client.entered.wait()
+            owner.cancel()
+            await anyio.wait_all_tasks_blocked()  # draining, for up to an hour
+            recorder.abort()
+            with anyio.fail_after(1):
+                await stopped.wait()
     assert recorder.dropped == 2
     assert caplog.text.count("dropped 2 events at shutdown (1 queued, 1 cut off") == 1
 
 
-def manager(client: object, graceful_shutdown_timeout: float) -> Manager:
+def manager(client: FakeClient, graceful_shutdown_timeout: float) -> Manager:
     options = ManagerOptions(
         metrics_bind_address="0",
         health_probe_bind_address="0",
         graceful_shutdown_timeout=graceful_shutdown_timeout,
     )
-    return Manager(client, options=options, cache=NoCache())  # type: ignore[arg-type]
+    return Manager(as_client(client), options=options)  # its cache has no informers: synced
 
 
 async def stop_while_leader_work_emits(

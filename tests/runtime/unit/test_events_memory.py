@@ -4,36 +4,45 @@ idle key holds no lock."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import pytest
 
 from sdgruntime import events
+from sdgruntime.envtest.fakeclient import Action, FakeClient
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import Kind
+from tests.runtime.helpers import as_client
 
 pytestmark = pytest.mark.anyio
 
 
-class Client:
-    """An API server that takes every Event at once and counts the writes."""
+class Client(FakeClient):
+    """An API server that takes every Event at a checkpoint (so writes interleave) and
+    keeps the patches' bodies."""
 
     def __init__(self) -> None:
-        self.created: list[dict[str, Any]] = []
-        self.patched: list[tuple[str, dict[str, Any]]] = []
+        super().__init__()
+        self.patched: list[tuple[str, Any]] = []
 
-    async def create(self, kind: Kind, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    @property
+    def created(self) -> list[Action]:
+        return [a for a in self.actions if a.verb == "create"]
+
+    async def create(
+        self, kind: Kind, obj: Mapping[str, Any], namespace: str | None = None, **kw: Any
+    ) -> dict[str, Any]:
         await anyio.lowlevel.checkpoint()
-        self.created.append(obj)
-        return obj
+        return await super().create(kind, obj, namespace, **kw)
 
     async def patch(
-        self, kind: Kind, name: str, body: dict[str, Any], namespace: str
+        self, kind: Kind, name: str, body: Any, namespace: str | None = None, **kw: Any
     ) -> dict[str, Any]:
         await anyio.lowlevel.checkpoint()
         self.patched.append((name, body))
-        return body
+        return await super().patch(kind, name, body, namespace, **kw)
 
 
 def pod(i: int) -> dict[str, Any]:
@@ -45,7 +54,7 @@ def pod(i: int) -> dict[str, Any]:
 
 
 def recorder(client: Client, **kwargs: Any) -> EventRecorder:
-    return EventRecorder(client, "test", **kwargs)  # type: ignore[arg-type]
+    return EventRecorder(as_client(client), "test", **kwargs)
 
 
 async def test_deleting_objects_drops_their_keys_and_the_book_is_back_to_empty() -> None:

@@ -12,17 +12,19 @@ from pydantic import ValidationError
 
 from sdgruntime import manager as manager_module
 from sdgruntime.controller import Controller
+from sdgruntime.envtest import FakeClient
 from sdgruntime.kinds import CONFIGMAPS, SECRETS
 from sdgruntime.manager import Manager, ManagerOptions
 from sdgruntime.reconcile import Request, Result
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, WebhookServer, allowed
+from tests.runtime.helpers import as_client
 
 OPTIONS = ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0")
 
 
 def manager(**options: Any) -> Manager:
     opts = OPTIONS.model_copy(update=options) if options else OPTIONS
-    return Manager(client=object(), options=opts)  # type: ignore[arg-type]
+    return Manager(client=as_client(FakeClient()), options=opts)
 
 
 class AsyncReconciler:

@@ -3,6 +3,7 @@ the first renew deadline (a fake client and a fake monotonic clock)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -10,13 +11,25 @@ import pytest
 from pydantic import ValidationError
 
 from sdgruntime import errors
+from sdgruntime.envtest import FakeClient
 from sdgruntime.kinds import LEASES, Kind
 from sdgruntime.leaderelection import LeaderElectionLost, LeaderElector
 from sdgruntime.manager import ManagerOptions
+from tests.runtime.helpers import as_client
 
 
-def elector(**durations: float) -> LeaderElector:
-    return LeaderElector(None, "l", "ns", **durations)  # type: ignore[arg-type]
+def elector(
+    *, lease_duration: float = 15.0, renew_deadline: float = 10.0, retry_period: float = 2.0
+) -> LeaderElector:
+    """An elector that is never run: only its duration checks are tested."""
+    return LeaderElector(
+        as_client(FakeClient()),
+        "l",
+        "ns",
+        lease_duration=lease_duration,
+        renew_deadline=renew_deadline,
+        retry_period=retry_period,
+    )
 
 
 def test_lease_duration_must_be_whole_seconds_as_the_lease_stores_it() -> None:
@@ -44,27 +57,27 @@ def test_lease_duration_must_be_whole_seconds_as_the_lease_stores_it() -> None:
     )
 
 
-class SlowToAcquire:
+class SlowToAcquire(FakeClient):
     """The lease is absent and creating it takes ``create_takes`` seconds of the clock;
     every renewal fails after ``renew_takes`` seconds (an API server that went away)."""
 
     def __init__(self, clock: list[float], create_takes: float, renew_takes: float) -> None:
+        super().__init__()
         self.clock, self.create_takes, self.renew_takes = clock, create_takes, renew_takes
         self.renewals = 0
-        self.created: dict[str, Any] | None = None
 
     async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
         assert kind == LEASES
-        if self.created is None:
-            raise errors.NotFound("no lease")
+        await super().get(kind, name, namespace)  # NotFound until the lease is created
         self.renewals += 1
         self.clock[0] += self.renew_takes
         raise errors.ServerError("etcd unavailable", code=503)
 
-    async def create(self, kind: Kind, body: dict[str, Any], namespace: str) -> dict[str, Any]:
+    async def create(
+        self, kind: Kind, obj: Mapping[str, Any], namespace: str | None = None, **kw: Any
+    ) -> dict[str, Any]:
         self.clock[0] += self.create_takes
-        self.created = {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}
-        return self.created
+        return await super().create(kind, obj, namespace, **kw)
 
 
 @pytest.mark.anyio
@@ -74,7 +87,7 @@ async def test_renew_deadline_counts_from_the_start_of_the_acquiring_attempt() -
     clock = [100.0]
     client = SlowToAcquire(clock, create_takes=9.9, renew_takes=0.2)
     e = LeaderElector(
-        client,  # type: ignore[arg-type]
+        as_client(client),
         "l",
         "ns",
         lease_duration=15,
@@ -86,8 +99,7 @@ async def test_renew_deadline_counts_from_the_start_of_the_acquiring_attempt() -
     with anyio.fail_after(30), pytest.raises(LeaderElectionLost):
         await e.run(lambda: events.append("started"), lambda: events.append("stopped"))
     assert events == ["started", "stopped"]
-    assert client.created is not None
-    assert client.created["spec"]["leaseDurationSeconds"] == 15
+    assert client.stored(LEASES, "l", "ns")["spec"]["leaseDurationSeconds"] == 15
     # One renewal (at 109.9, before the deadline at 110), then lost: not ~50 more attempts
     # until a deadline counted from when the create returned (119.9).
     assert client.renewals == 1

@@ -26,7 +26,8 @@ from sdgruntime.log import (
     setup_logging,
 )
 from sdgruntime.reconcile import Request
-from tests.runtime.unit.test_controller import FakeCache, obj, settle, unique
+from tests.runtime.helpers import settle
+from tests.runtime.unit.test_controller import FakeCache, obj, unique
 
 pytestmark = pytest.mark.anyio
 

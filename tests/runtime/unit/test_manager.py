@@ -8,9 +8,11 @@ from typing import Any
 import anyio
 import pytest
 
+from sdgruntime.envtest import FakeClient
 from sdgruntime.leaderelection import LeaderElectionLost
 from sdgruntime.manager import Manager, ManagerOptions
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed
+from tests.runtime.helpers import as_client
 
 
 @pytest.mark.anyio
@@ -19,7 +21,7 @@ async def test_run_raises_errors_as_themselves_not_in_an_exception_group(
     error: Exception,
 ) -> None:
     """``except LeaderElectionLost`` around ``mgr.run()`` must work, as documented."""
-    mgr = Manager(client=object(), options=ManagerOptions())  # type: ignore[arg-type]
+    mgr = Manager(client=as_client(FakeClient()), options=ManagerOptions())
 
     async def failing(**kwargs: object) -> None:
         raise error
@@ -44,7 +46,7 @@ async def test_no_serving_certificate_names_the_file_and_webhook_cert_dir(
     tmp_path: Path,
 ) -> None:
     options = quiet(webhook_port=0, webhook_cert_dir=str(tmp_path))
-    mgr = Manager(client=object(), options=options)  # type: ignore[arg-type]
+    mgr = Manager(client=as_client(FakeClient()), options=options)
     mgr.webhook_server.register("/validate", allow)
     with anyio.fail_after(10), pytest.raises(RuntimeError) as info:
         await mgr.run_until_cancelled()
@@ -63,7 +65,7 @@ async def test_a_runnables_error_stops_the_manager_and_is_raised_as_itself() -> 
         pass
 
     def manager() -> Manager:
-        mgr = Manager(client=object(), options=quiet())  # type: ignore[arg-type]
+        mgr = Manager(client=as_client(FakeClient()), options=quiet())
 
         async def fails() -> None:
             raise Broken("the runnable failed")

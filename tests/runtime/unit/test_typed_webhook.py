@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sdgruntime.envtest import FakeClient
 from sdgruntime.kinds import CONFIGMAPS, Kind
 from sdgruntime.manager import Manager, ManagerOptions
 from sdgruntime.webhook import (
@@ -21,6 +22,7 @@ from sdgruntime.webhook import (
     mutate_path,
     validate_path,
 )
+from tests.runtime.helpers import as_client
 
 WIDGETS = Kind("apps.example.com", "v1beta1", "FancyWidget", "fancywidgets", namespaced=True)
 
@@ -109,7 +111,7 @@ def test_conventional_paths_are_kubebuilders() -> None:
 
 
 def test_the_manager_registers_typed_webhooks_on_its_server() -> None:
-    mgr = Manager(client=object(), options=ManagerOptions())  # type: ignore[arg-type]
+    mgr = Manager(client=as_client(FakeClient()), options=ManagerOptions())
     mgr.webhook_for(WIDGETS).with_validator(SizeRules()).complete()
     assert list(mgr.webhook_server.webhooks) == [validate_path(WIDGETS)]
 

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdgruntime import metrics
+from sdgruntime.envtest import FakeClient
 from sdgruntime.envtest.certs import CertificateAuthority
 from sdgruntime.probes import MetricsServer
 from sdgruntime.webhook import (
@@ -35,6 +36,7 @@ from sdgruntime.webhook import (
 )
 from sdgruntime.webhook.admission import ReviewError, parse_review
 from sdgruntime.webhook.jsonpatch import diff, escape, json_equal
+from tests.runtime.helpers import as_client
 
 # --- certificates -------------------------------------------------------------------
 
@@ -858,7 +860,7 @@ async def test_the_manager_option_sets_the_connection_limit(cert_dir: SecretVolu
         webhook_cert_dir=str(cert_dir.root),
         webhook_max_connections=1,
     )
-    server = Manager(client=object(), options=options).webhook_server  # type: ignore[arg-type]
+    server = Manager(client=as_client(FakeClient()), options=options).webhook_server
     server.register("/validate", NoDelete())
     async with running(server, ca) as srv, srv.client() as first:
         assert (await first.post("/validate", json=review())).status_code == 200

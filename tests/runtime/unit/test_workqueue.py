@@ -14,23 +14,10 @@ import pytest
 from sdgruntime.metrics import REGISTRY
 from sdgruntime.ratelimiter import ItemExponentialFailureRateLimiter
 from sdgruntime.workqueue import FakeClock, ShutDown, WorkQueue
+from tests.runtime.helpers import settle
 
 # A broken queue hangs rather than fails; the timeout turns a hang into a failure.
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
-
-
-async def settle() -> None:
-    """Let every other task run until it blocks: anyio's ``wait_all_tasks_blocked`` without
-    its 0.1 s back-off, so tests that step a FakeClock stay fast."""
-    me = asyncio.current_task()
-    for _ in range(10_000):
-        await anyio.lowlevel.checkpoint()
-        if all(
-            t is me or (t._fut_waiter is not None and not t._fut_waiter.done())  # type: ignore[attr-defined]
-            for t in asyncio.all_tasks()
-        ):
-            return
-    raise AssertionError("tasks never blocked")
 
 
 async def drain_ready(q: WorkQueue[str]) -> list[str]:
@@ -408,11 +395,21 @@ async def test_shutdown_with_drain_returns_at_once_when_idle() -> None:
 async def test_shutdown_cuts_a_drain_short() -> None:
     q: WorkQueue[str] = WorkQueue()
     q.add("a")
-    await q.get()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(q.shutdown_with_drain)
-        await settle()
-        q.shutdown()  # e.g. the graceful-shutdown timeout expired
+    await q.get()  # "a" in flight and never done: a drain alone would wait for ever
+    drained = anyio.Event()
+
+    async def drain() -> None:
+        await q.shutdown_with_drain()
+        drained.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain)
+            await settle()
+            assert not drained.is_set()  # waiting for "a"
+            q.shutdown()  # e.g. the graceful-shutdown timeout expired
+            await drained.wait()
+    assert q.shutting_down
 
 
 # --- metrics ---------------------------------------------------------------------------------

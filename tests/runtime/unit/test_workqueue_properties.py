@@ -7,7 +7,6 @@ step; the other runs real concurrent workers on a random schedule.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,25 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdgruntime.workqueue import FakeClock, ShutDown, WorkQueue
+from tests.runtime.helpers import settle
 
 # A broken queue hangs rather than fails; the timeout turns a hang into a failure.
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
 KEYS = st.sampled_from("abcde")
-
-
-async def settle() -> None:
-    """Let every other task run until it blocks (anyio's ``wait_all_tasks_blocked``
-    without its 0.1 s back-off)."""
-    me = asyncio.current_task()
-    for _ in range(10_000):
-        await anyio.lowlevel.checkpoint()
-        if all(
-            t is me or (t._fut_waiter is not None and not t._fut_waiter.done())  # type: ignore[attr-defined]
-            for t in asyncio.all_tasks()
-        ):
-            return
-    raise AssertionError("tasks never blocked")
 
 
 @dataclass
