@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from api.constants import GROUP_ANNOTATION
 from controllers.podevents import PodEvents
 from controllers.statuscontroller import StatusController, namespace_counts
 from sdgruntime.reconcile import Request
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.anyio
 
 def pod(name: str, namespace: str, phase: str = "Running") -> dict[str, Any]:
     return {
-        "metadata": {"name": name, "namespace": namespace, "annotations": {"g": "g"}},
+        "metadata": {"name": name, "namespace": namespace, "annotations": {GROUP_ANNOTATION: "g"}},
         "status": {"phase": phase},
     }
 
