@@ -231,9 +231,11 @@ class SDG:
                 ),
             )
 
+        # The webhooks' live reads (cache misses) go on a pool of their own: forged
+        # reviews never make leader election or the controllers wait for a connection.
         self.pod_mutator = PodMutator(
             cache,
-            mgr.client,
+            mgr.webhook_client,
             self.env_table,
             scheduler_name=settings.scheduler_name,
             delivery=settings.delivery_settings(),
@@ -247,7 +249,7 @@ class SDG:
             server.register(POD_WEBHOOK_PATH, self.pod_mutator)
             server.register(GROUP_WEBHOOK_PATH, GroupValidator(cache, self.env_table))
             server.register(GROUP_DEFAULTER_PATH, GroupDefaulter())
-            server.register(BINDING_WEBHOOK_PATH, BindingValidator(cache, mgr.client))
+            server.register(BINDING_WEBHOOK_PATH, BindingValidator(cache, mgr.webhook_client))
         #: Every recorder above: an object's Event aggregation keys go when it is deleted.
         self.recorders = [
             mgr.event_recorder(name)

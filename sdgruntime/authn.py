@@ -18,12 +18,21 @@ Both results are cached for ``ttl`` seconds (10 by default), denials too, in bou
 LRU maps keyed by a SHA-256 of the token (the token itself is never kept): Prometheus
 scrapes every 15-60 s per replica, so scrapes cost the API server at most two reviews per
 ``ttl`` and token, however often they come (a bad token: one).
+
+Requests the caches cannot answer are bounded (:class:`ReviewLimiter`), because each
+costs the API server a review on the manager's own identity and priority level: at most
+``review_rate`` per second (``review_burst`` at once after a quiet time) and
+``max_concurrent_reviews`` in progress. Beyond either, 429 with ``Retry-After`` and a body
+that says which limit; nothing waits. Cached tokens are answered at once, whatever the
+load: a flood of made-up tokens slows only new scrapers, never the Lease renewals (the
+manager gives the reviews a client pool of their own, ``Client.with_pool``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +48,7 @@ __all__ = [
     "SUBJECTACCESSREVIEWS",
     "TOKENREVIEWS",
     "APIServerAuth",
+    "ReviewLimiter",
     "TTLCache",
     "UserInfo",
     "bearer_token",
@@ -52,6 +62,12 @@ SUBJECTACCESSREVIEWS = Kind(
 )
 DEFAULT_TTL = 10.0
 DEFAULT_MAX_ENTRIES = 1024
+# A scraper costs at most two reviews per ttl: 20/s serves hundreds of scrapers, and a
+# flood adds at most that to the API server's load.
+DEFAULT_REVIEW_RATE = 20.0
+DEFAULT_REVIEW_BURST = 40
+DEFAULT_MAX_CONCURRENT_REVIEWS = 8
+_REFUSAL_LOG_INTERVAL = 10.0
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -93,6 +109,54 @@ class TTLCache(Generic[K, V]):
         self._items.move_to_end(key)
         while len(self._items) > self.max_entries:
             self._items.popitem(last=False)
+
+
+class ReviewLimiter:
+    """A token bucket (``rate`` per second, up to ``burst`` saved) and a cap on reviews in
+    progress, for requests that need the API server. Never waits: :meth:`acquire` says
+    at once whether the caller may go on (then :meth:`release` when done) or how long to
+    wait before retrying."""
+
+    def __init__(
+        self,
+        rate: float = DEFAULT_REVIEW_RATE,
+        burst: int = DEFAULT_REVIEW_BURST,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT_REVIEWS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if rate <= 0:
+            raise ValueError(f"review rate must be over 0 per second, got {rate}")
+        if burst < 1:
+            raise ValueError(f"review burst must be at least 1, got {burst}")
+        if max_concurrent < 1:
+            raise ValueError(f"concurrent reviews must be at least 1, got {max_concurrent}")
+        self.rate = rate
+        self.burst = burst
+        self.max_concurrent = max_concurrent
+        self._clock = clock
+        self._tokens = float(burst)
+        self._updated = clock()
+        self.in_progress = 0
+
+    def acquire(self) -> tuple[float, str] | None:
+        """``None``: go on (and call :meth:`release` after). Else the seconds to wait
+        and which limit was hit, for a 429."""
+        if self.in_progress >= self.max_concurrent:
+            return 1.0, f"{self.max_concurrent} reviews in progress"
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._updated) * self.rate)
+        self._updated = now
+        if self._tokens < 1.0 - 1e-9:  # float sums of rate x time: not a token short
+            return (1.0 - self._tokens) / self.rate, (
+                f"over {self.rate:g} reviews per second (burst {self.burst})"
+            )
+        self._tokens -= 1.0
+        self.in_progress += 1
+        return None
+
+    def release(self) -> None:
+        """A review that :meth:`acquire` let go on is done."""
+        self.in_progress = max(0, self.in_progress - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +201,8 @@ class APIServerAuth:
 
     ``audiences`` are the TokenReview audiences (empty: the API server's own, which
     service-account tokens from the TokenRequest API and projected volumes carry).
+    ``review_rate``, ``review_burst`` and ``max_concurrent_reviews`` bound the requests
+    the caches cannot answer (module doc).
     """
 
     def __init__(
@@ -146,20 +212,34 @@ class APIServerAuth:
         ttl: float = DEFAULT_TTL,
         max_entries: int = DEFAULT_MAX_ENTRIES,
         audiences: Sequence[str] = (),
+        review_rate: float = DEFAULT_REVIEW_RATE,
+        review_burst: int = DEFAULT_REVIEW_BURST,
+        max_concurrent_reviews: int = DEFAULT_MAX_CONCURRENT_REVIEWS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.audiences = list(audiences)
+        self.limiter = ReviewLimiter(review_rate, review_burst, max_concurrent_reviews, clock)
+        self._refused = 0  # requests refused since the last warning
+        self._refusal_logged = float("-inf")
+        self._clock = clock
         self._users: TTLCache[bytes, UserInfo | None] = TTLCache(ttl, max_entries, clock)
         self._decisions: TTLCache[tuple[UserInfo, str, str], tuple[bool, str]] = TTLCache(
             ttl, max_entries, clock
         )
 
+    def cached(self, token: str, verb: str, path: str) -> bool:
+        """Whether both answers for ``token`` are cached, so no review is needed."""
+        hit, user = self._users.get(_token_key(token))
+        if not hit:
+            return False
+        return user is None or self._decisions.get((user, verb, path))[0]
+
     async def authenticate(self, token: str) -> UserInfo | None:
         """The token's user, or ``None`` if the API server does not accept it.
 
         Raises ``errors.ApiError`` (``TransportError`` included) when the review fails."""
-        key = hashlib.sha256(token.encode()).digest()
+        key = _token_key(token)
         hit, user = self._users.get(key)
         if hit:
             return user
@@ -218,23 +298,59 @@ class APIServerAuth:
             token = bearer_token(request)
             if token is None:
                 return Response.text("Unauthorized\n", 401)
-            try:
-                user = await self.authenticate(token)
-            except errors.ApiError as exc:
-                log.error("TokenReview failed: %s%s", exc, _needs(exc, TOKENREVIEWS))
-                return Response.text("Authentication failed\n", 500)
-            if user is None:
-                return Response.text("Unauthorized\n", 401)
-            try:
-                allowed, reason = await self.authorize(user, request.method.lower(), request.path)
-            except errors.ApiError as exc:
-                log.error(
-                    "SubjectAccessReview failed: %s%s", exc, _needs(exc, SUBJECTACCESSREVIEWS)
-                )
-                return Response.text(f"Authorization for user {user.username} failed\n", 500)
-            if not allowed:
-                log.debug("denied %s %s to %s: %s", request.method, request.path, user, reason)
-                return Response.text(f"Authorization denied for user {user.username}\n", 403)
-            return await handler(request)
+            if self.cached(token, request.method.lower(), request.path):
+                refusal = await self._review(request, token)
+            else:
+                limited = self.limiter.acquire()
+                if limited is not None:
+                    return self._too_many(*limited)
+                try:
+                    refusal = await self._review(request, token)
+                finally:
+                    self.limiter.release()  # the reviews are done: the handler runs free
+            return refusal if refusal is not None else await handler(request)
 
         return guarded
+
+    async def _review(self, request: Request, token: str) -> Response | None:
+        """The answer refusing ``request``, or ``None`` if its token's user may go on."""
+        try:
+            user = await self.authenticate(token)
+        except errors.ApiError as exc:
+            log.error("TokenReview failed: %s%s", exc, _needs(exc, TOKENREVIEWS))
+            return Response.text("Authentication failed\n", 500)
+        if user is None:
+            return Response.text("Unauthorized\n", 401)
+        try:
+            allowed, reason = await self.authorize(user, request.method.lower(), request.path)
+        except errors.ApiError as exc:
+            log.error("SubjectAccessReview failed: %s%s", exc, _needs(exc, SUBJECTACCESSREVIEWS))
+            return Response.text(f"Authorization for user {user.username} failed\n", 500)
+        if not allowed:
+            log.debug("denied %s %s to %s: %s", request.method, request.path, user, reason)
+            return Response.text(f"Authorization denied for user {user.username}\n", 403)
+        return None
+
+    def _too_many(self, wait: float, limit: str) -> Response:
+        """429 for a request whose review would go over the limits."""
+        seconds = max(1, math.ceil(wait))
+        self._refused += 1
+        now = self._clock()
+        if now - self._refusal_logged >= _REFUSAL_LOG_INTERVAL:
+            log.warning(
+                "refused %d request(s) needing a TokenReview/SubjectAccessReview: %s",
+                self._refused,
+                limit,
+            )
+            self._refused, self._refusal_logged = 0, now
+        return Response.text(
+            f"Too many requests to authenticate: {limit}; a token already reviewed is "
+            f"answered at once. Retry after {seconds}s\n",
+            429,
+            {"retry-after": str(seconds)},
+        )
+
+
+def _token_key(token: str) -> bytes:
+    """What the caches keep of a token: its SHA-256, never the token."""
+    return hashlib.sha256(token.encode()).digest()

@@ -34,6 +34,7 @@ Retry policy, in short (the module doc of :mod:`sdgruntime.rest.retry` has it wh
 from __future__ import annotations
 
 import builtins
+import copy
 import os
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
@@ -126,6 +127,7 @@ class Client:
             refresh_interval=auth_refresh_interval,
         )
         self._refreshes = self.settings.refresh_hook is not None
+        self._timeouts = (timeout, connect_timeout)
         self._transport = Transport(
             self.settings,
             self._ssl,
@@ -166,6 +168,34 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    def with_pool(self, limit: int) -> Self:
+        """A sibling client: the same server, credentials (refreshed for both), TLS
+        context and retry policy, but its own pools, ``limit`` request connections.
+
+        For callers that must not queue behind each other on one bounded pool: a
+        manager gives its webhooks and its metrics' TokenReviews their own, so floods
+        on those never delay leader election or controllers. Close it with
+        :meth:`aclose` (closing this client does not close it).
+        """
+        if limit < 1:
+            raise ValueError(f"a pool needs at least 1 connection, got {limit}")
+        sibling = copy.copy(self)  # shares configuration, settings, credentials, headers
+        timeout, connect_timeout = self._timeouts
+        sibling._transport = Transport(
+            self.settings,
+            self._ssl,
+            max_connections=limit,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+        )
+        sibling._typed_headers = {}  # its own cache of the (shared) headers
+        return sibling
+
+    @property
+    def pool_limit(self) -> int:
+        """How many request connections this client opens at most."""
+        return self._transport.max_connections
 
     async def aclose(self) -> None:
         await self._transport.aclose()

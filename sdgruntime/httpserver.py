@@ -6,7 +6,15 @@ Every input is bounded, and every refusal says why in a text body:
 
 - over ``max_connections`` open connections a new one gets 503 ``too many connections
   (limit N)`` and is closed (over TLS after the handshake, so the client can read it);
-  open connections are served as before;
+  open connections are served as before. One client address holds at most
+  ``max_connections_per_client`` of them (503 ``too many connections from ADDRESS (limit
+  N per client address)`` beyond), so one client cannot take every slot;
+- under pressure (over ``pressure_connections`` open, 3/4 of ``max_connections`` by
+  default) a connection waiting for a request is closed after ``pressure_idle_timeout``
+  (5 s) instead of ``idle_timeout``, those already waiting as well: idle keep-alive
+  connections give their slots back to clients that send requests. (A client that sends
+  on an idle connection just as it is closed sees the request fail, which is why
+  ``idle_timeout`` is otherwise longer than client-go's; under pressure slots matter more);
 - a body over ``max_body_bytes`` gets 413, declared or chunked, after which the rest of
   the upload is read and discarded for a moment (aiohttp's lingering close), so the client
   reads the 413 instead of a reset; bodies held at once across requests are capped by
@@ -51,6 +59,12 @@ from sdgruntime import jsoncodec, metrics
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 256
+# A client opens a few connections per process (the API server: a few per replica and
+# webhook, client-go keeps up to 25 idle), so 32 per address leaves room for bursts while
+# one address can hold at most 1/8 of the default total.
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 32
+DEFAULT_PRESSURE_IDLE_TIMEOUT = 5.0
+_PRESSURE_SHARE = 0.75  # of max_connections: from there on idle connections go early
 _LINGER_SECONDS = 2.0  # reading the rest of a refused request, so the answer is not reset
 # Refusing a connection over the cap costs a protocol object and a linger: bound those
 # too; beyond them a connection is closed unanswered.
@@ -168,12 +182,26 @@ class HTTPServer:
         idle_timeout: float = 120.0,
         handler_timeout: float | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections_per_client: int | None = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+        pressure_connections: int | None = None,
+        pressure_idle_timeout: float = DEFAULT_PRESSURE_IDLE_TIMEOUT,
         max_buffered_bytes: int | None = None,
         shutdown_timeout: float = 5.0,
         name: str = "http",
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        if max_connections_per_client is not None and max_connections_per_client < 1:
+            raise ValueError(
+                "max_connections_per_client must be at least 1 (or None for no per-client "
+                f"limit), got {max_connections_per_client}"
+            )
+        if pressure_idle_timeout <= 0:
+            raise ValueError(
+                f"pressure_idle_timeout must be over 0 seconds, got {pressure_idle_timeout}"
+            )
+        if pressure_connections is None:
+            pressure_connections = int(max_connections * _PRESSURE_SHARE)
         if max_buffered_bytes is not None and max_buffered_bytes < max_body_bytes:
             raise ValueError(
                 f"max_buffered_bytes ({max_buffered_bytes}) is below max_body_bytes "
@@ -190,6 +218,10 @@ class HTTPServer:
         self.idle_timeout = idle_timeout
         self.handler_timeout = handler_timeout
         self.max_connections = max_connections
+        self.max_connections_per_client = max_connections_per_client
+        # Over this many open connections, idle ones are closed after pressure_idle_timeout.
+        self.pressure_connections = pressure_connections
+        self.pressure_idle_timeout = pressure_idle_timeout
         self.max_buffered_bytes = max_buffered_bytes
         self.shutdown_timeout = shutdown_timeout
         self.name = name
@@ -197,6 +229,8 @@ class HTTPServer:
         self._port: int | None = None
         self._listening = False
         self._active = 0  # connections being served
+        self._per_client: dict[str, int] = {}  # connections being served, by client address
+        self._waiting: set[_Connection] = set()  # served connections waiting for a request
         self._refusing: set[_Refusal] = set()  # connections being answered 503
         self._buffered = 0  # body bytes of requests being read or served
         self._refused = 0  # connections refused since the last warning
@@ -211,6 +245,15 @@ class HTTPServer:
     def connections(self) -> int:
         """Connections being served now (not counting ones being refused)."""
         return self._active
+
+    def connections_from(self, address: str) -> int:
+        """Connections being served now for client ``address`` (an IP address)."""
+        return self._per_client.get(_client_key(address), 0)
+
+    @property
+    def under_pressure(self) -> bool:
+        """Whether idle connections are closed after ``pressure_idle_timeout`` now."""
+        return self._active > self.pressure_connections
 
     @property
     def buffered_bytes(self) -> int:
@@ -238,6 +281,8 @@ class HTTPServer:
             # HTTP/1.1 is all this server speaks: a Go client offered h2 would pick it.
             self._context.set_alpn_protocols(["http/1.1"])
         self._active, self._buffered = 0, 0
+        self._per_client.clear()
+        self._waiting.clear()
         # handler_cancellation: a client that goes away cancels its handler.
         self._web = web.Server(self._serve_request, handler_cancellation=True, loop=loop)
         self._protocol_kwargs = {
@@ -314,24 +359,44 @@ class HTTPServer:
         assert self._web is not None
         return _Connection(self, self._web, **self._protocol_kwargs)
 
-    def _admit(self) -> bool:
-        """Whether a connection just made (TLS handshake done) is served."""
-        if self._active < self.max_connections:
-            self._active += 1
-            self._opened.inc()
-            return True
-        return False
+    def _admit(self, client: str | None) -> str | None:
+        """Serves a connection just made (TLS handshake done) from ``client`` (its
+        address key), or returns why it is refused."""
+        if self._active >= self.max_connections:
+            return f"too many connections (limit {self.max_connections})"
+        limit = self.max_connections_per_client
+        held = self._per_client.get(client, 0) if client is not None else 0
+        if limit is not None and client is not None and held >= limit:
+            return f"too many connections from {client} (limit {limit} per client address)"
+        self._active += 1
+        if client is not None:
+            self._per_client[client] = held + 1
+        self._opened.inc()
+        if self._active == self.pressure_connections + 1:  # pressure begins: idle ones go
+            for connection in list(self._waiting):
+                connection.pressure_began()
+        return None
 
-    def _warn_refused(self) -> None:
+    def _release(self, client: str | None) -> None:
+        """A served connection from ``client`` closed."""
+        self._active -= 1
+        if client is not None:
+            held = self._per_client.get(client, 0) - 1
+            if held > 0:
+                self._per_client[client] = held
+            else:
+                self._per_client.pop(client, None)
+
+    def _warn_refused(self, reason: str) -> None:
         self._refused += 1
         now = time.monotonic()
         if now - self._refusal_logged >= _REFUSAL_LOG_INTERVAL:
             log.warning(
-                "%s server: refused %d connection(s): %d open (limit %d)",
+                "%s server: refused %d connection(s) (%d open), the last one: %s",
                 self.name,
                 self._refused,
                 self._active,
-                self.max_connections,
+                reason,
             )
             self._refused, self._refusal_logged = 0, now
 
@@ -459,25 +524,30 @@ class _Held:
 
 
 class _Connection(web.RequestHandler):
-    """aiohttp's HTTP/1.1 protocol with the connection cap, the request-head deadline
+    """aiohttp's HTTP/1.1 protocol with the connection caps, the request-head deadline
     and idle timeout, and 431/400 answers for heads aiohttp's parser refuses.
 
     One timer per connection: from the first byte of a request until its head is parsed
     it is the request deadline (408 when it passes); before a connection's first request
     and between requests the idle timeout (closed silently). A fresh connection waits as
     long as a kept one: HTTP clients (Go's among them) dial spare connections and pool them
-    unused, and one closed early fails the next request written on it with EOF.
+    unused, and one closed early fails the next request written on it with EOF. While it
+    waits for a request, the server under pressure shortens that to
+    ``pressure_idle_timeout`` since the wait began.
     """
 
     __slots__ = (
         "_admitted",
         "_body",
+        "_client_key",
         "_deadline_timer",
         "_evloop",
         "_head_started",
         "_next_started",
         "_owner",
         "_serving",
+        "_waiting_since",
+        "_waiting_until",
         "client",
     )
 
@@ -493,38 +563,46 @@ class _Connection(web.RequestHandler):
         self._serving = False  # a request is being served
         self._body: Any = None  # the served request's body stream
         self._next_started: float | None = None  # first byte of a request sent while serving
+        self._waiting_since: float | None = None  # waiting for a request since (loop time)
+        self._waiting_until = 0.0  # ... at most until then, without pressure
+        self._client_key: str | None = None  # the address the per-client cap counts
         self.client: tuple[str, int] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         owner = self._owner
-        if not owner._admit():
-            owner._warn_refused()
+        peer = transport.get_extra_info("peername")
+        client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+        key = _client_key(client[0]) if client is not None else None
+        refused = owner._admit(key)
+        if refused is not None:
+            owner._warn_refused(refused)
             if len(owner._refusing) >= _MAX_REFUSING:
                 assert isinstance(transport, asyncio.Transport)  # TCP or TLS
                 transport.abort()
                 return
-            refusal = _Refusal(owner)
+            refusal = _Refusal(owner, refused)
             transport.set_protocol(refusal)  # asyncio's public API: it gets what follows
             refusal.connection_made(transport)
             return
         self._admitted = True
-        peer = transport.get_extra_info("peername")
-        self.client = (peer[0], peer[1]) if isinstance(peer, tuple) else None
+        self.client, self._client_key = client, key
         super().connection_made(transport)
-        self._arm(owner.idle_timeout)
+        self._wait(owner.idle_timeout)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self._admitted:
             return
         self._admitted = False
         self._cancel_timer()
-        self._owner._active -= 1
+        self._stop_waiting()
+        self._owner._release(self._client_key)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if data:
             if not self._serving:
                 if self._head_started is None:
+                    self._stop_waiting()
                     self._head_started = self._evloop.time()
                     self._arm(self._owner.request_timeout)
             elif self._next_started is None and self._body is not None and self._body.is_eof():
@@ -534,6 +612,7 @@ class _Connection(web.RequestHandler):
     def request_began(self, request: web.BaseRequest) -> float:
         """The request's head is parsed: returns the deadline for its body."""
         self._cancel_timer()
+        self._stop_waiting()
         now = self._evloop.time()
         started = self._head_started if self._head_started is not None else now
         self._serving, self._body, self._head_started = True, request.content, None
@@ -548,7 +627,32 @@ class _Connection(web.RequestHandler):
             self._head_started, self._next_started = self._next_started, None
             self._arm(self._head_started + self._owner.request_timeout - self._evloop.time())
         else:
-            self._arm(self._owner.idle_timeout)
+            self._wait(self._owner.idle_timeout)
+
+    def _wait(self, delay: float) -> None:
+        """Waits for a request for ``delay`` seconds, or ``pressure_idle_timeout`` if
+        shorter while the server is under pressure (then closes, ``_expired``)."""
+        owner = self._owner
+        now = self._evloop.time()
+        self._waiting_since, self._waiting_until = now, now + delay
+        owner._waiting.add(self)
+        if owner.under_pressure:
+            delay = min(delay, owner.pressure_idle_timeout)
+        self._arm(delay)
+
+    def _stop_waiting(self) -> None:
+        if self._waiting_since is not None:
+            self._waiting_since = None
+            self._owner._waiting.discard(self)
+
+    def pressure_began(self) -> None:
+        """The server came under pressure: a connection waiting for a request is closed
+        ``pressure_idle_timeout`` after its wait began (at once if that has passed)."""
+        since = self._waiting_since
+        if since is None or self.transport is None:
+            return
+        deadline = min(self._waiting_until, since + self._owner.pressure_idle_timeout)
+        self._arm(deadline - self._evloop.time())
 
     def _arm(self, delay: float) -> None:
         self._cancel_timer()
@@ -561,6 +665,7 @@ class _Connection(web.RequestHandler):
 
     def _expired(self) -> None:
         self._deadline_timer = None
+        self._stop_waiting()
         transport = self.transport
         if self._serving or transport is None:
             return
@@ -600,12 +705,13 @@ class _Connection(web.RequestHandler):
 
 
 class _Refusal(asyncio.Protocol):
-    """Answers a connection over the cap with 503 and closes it: the answer goes out at
+    """Answers a connection over a cap with 503 and closes it: the answer goes out at
     once, what the client sends is read and discarded until it closes or for
     ``_LINGER_SECONDS``, so the answer is not destroyed by a reset."""
 
-    def __init__(self, owner: HTTPServer) -> None:
+    def __init__(self, owner: HTTPServer, message: str) -> None:
         self._owner = owner
+        self._message = message
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -613,8 +719,7 @@ class _Refusal(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._owner._refusing.add(self)
         self._transport = transport
-        message = f"too many connections (limit {self._owner.max_connections})"
-        transport.write(_raw_answer(503, message, retry_after=True))
+        transport.write(_raw_answer(503, self._message, retry_after=True))
         if transport.can_write_eof():
             transport.write_eof()
         self._timer = asyncio.get_running_loop().call_later(_LINGER_SECONDS, self.abort)
@@ -666,6 +771,13 @@ def _bind(host: str | None, port: int) -> list[socket.socket]:
             sock.close()
         raise
     return sockets
+
+
+def _client_key(address: str) -> str:
+    """The address the per-client cap counts: an IPv4-mapped IPv6 address as IPv4."""
+    if address.startswith("::ffff:") and "." in address:
+        return address[len("::ffff:") :]
+    return address
 
 
 def _plain(status: int, message: str) -> web.Response:

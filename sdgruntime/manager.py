@@ -12,6 +12,12 @@ Start order (:meth:`Manager.run_until_cancelled`):
 Webhooks, probes and metrics serve on every replica; reconcilers run only on the leader.
 ``/metrics`` is plain HTTP unless ``metrics_secure``: then HTTPS, and only for scrapers
 the API server authenticates and authorizes (:mod:`sdgruntime.securemetrics`).
+
+Client pools: leader election, the cache and controllers share the manager's client and
+its bounded pool. The metrics' TokenReviews/SubjectAccessReviews and the webhooks' live
+reads (:attr:`Manager.webhook_client`) each get a sibling client with a pool of its own
+(``Client.with_pool``: same identity), so a flood of scrapes or reviews never makes a
+Lease renewal wait for a connection. The manager closes the siblings when it stops.
 ``/readyz`` passes once the cache has synced and the webhook server (if any) is serving.
 
 Stop order (on cancellation, SIGTERM/SIGINT in :meth:`Manager.run`, or a failing part):
@@ -47,7 +53,12 @@ import anyio.abc
 from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sdgruntime.authn import APIServerAuth
+from sdgruntime.authn import (
+    DEFAULT_MAX_CONCURRENT_REVIEWS,
+    DEFAULT_REVIEW_BURST,
+    DEFAULT_REVIEW_RATE,
+    APIServerAuth,
+)
 from sdgruntime.builder import Builder
 from sdgruntime.cache import Cache, KindOptions
 from sdgruntime.client import Client
@@ -58,7 +69,12 @@ from sdgruntime.leaderelection import LeaderElectionLost, LeaderElector, check_d
 from sdgruntime.probes import Check, MetricsServer, ProbeServer, parse_addr
 from sdgruntime.securemetrics import SecureMetricsServer
 from sdgruntime.webhook import WebhookServer
-from sdgruntime.webhook.server import DEFAULT_CERT_DIR, DEFAULT_MAX_CONNECTIONS
+from sdgruntime.webhook.server import (
+    DEFAULT_CERT_DIR,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+    DEFAULT_PRESSURE_IDLE_TIMEOUT,
+)
 from sdgruntime.webhook.typed import WebhookBuilder
 
 __all__ = ["LeaderElectionLost", "Manager", "ManagerOptions", "Runnable"]
@@ -104,12 +120,25 @@ class ManagerOptions(BaseModel):
     metrics_secure: bool = False
     # tls.crt/tls.key for metrics_secure (re-read on change); None: self-signed at start
     metrics_cert_dir: str | None = None
+    # metrics_secure: scrapes the review caches cannot answer, per second (burst) and at
+    # once; beyond them 429 (sdgruntime.authn). The reviews' own pool has the last many.
+    metrics_auth_review_rate: float = Field(default=DEFAULT_REVIEW_RATE, gt=0)
+    metrics_auth_review_burst: int = Field(default=DEFAULT_REVIEW_BURST, ge=1)
+    metrics_auth_max_concurrent_reviews: int = Field(default=DEFAULT_MAX_CONCURRENT_REVIEWS, ge=1)
     health_probe_bind_address: str = ":8081"
     webhook_host: str | None = None  # all interfaces
     webhook_port: int = Field(default=9443, ge=0, le=65535)
     webhook_cert_dir: str = str(DEFAULT_CERT_DIR)
     # over it, a new connection gets 503 "too many connections" (WebhookServer)
     webhook_max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=1)
+    # ... and over this many from one client address (None: no per-address limit)
+    webhook_max_connections_per_client: int | None = Field(
+        default=DEFAULT_MAX_CONNECTIONS_PER_CLIENT, ge=1
+    )
+    # idle connections are closed after it once 3/4 of webhook_max_connections are open
+    webhook_pressure_idle_timeout: float = Field(default=DEFAULT_PRESSURE_IDLE_TIMEOUT, gt=0)
+    # the pool of webhook_client (the webhooks' live reads), apart from the manager's
+    webhook_client_max_connections: int = Field(default=8, ge=1)
 
     leader_election: bool = False
     leader_election_id: str = ""
@@ -281,6 +310,8 @@ class Manager:
         self._cache_synced = False
         self._running = False
         self._elected: anyio.Event | None = None
+        self._webhook_client: Client | None = None
+        self._siblings: list[Client] = []  # clients with their own pools, closed at the end
 
     # --- building ---------------------------------------------------------------------------
 
@@ -338,8 +369,30 @@ class Manager:
                 self.options.webhook_port,
                 self.options.webhook_cert_dir,
                 max_connections=self.options.webhook_max_connections,
+                max_connections_per_client=self.options.webhook_max_connections_per_client,
+                pressure_idle_timeout=self.options.webhook_pressure_idle_timeout,
             )
         return self._webhook_server
+
+    @property
+    def webhook_client(self) -> Client:
+        """The client for webhooks' live reads: the manager's identity on a pool of its
+        own (``webhook_client_max_connections``), so reviews that miss the cache never
+        make leader election or controllers wait for a connection. Closed with the
+        manager."""
+        if self._webhook_client is None:
+            self._webhook_client = self._sibling(self.options.webhook_client_max_connections)
+        return self._webhook_client
+
+    def _sibling(self, limit: int) -> Client:
+        """``client.with_pool(limit)``, closed when the manager stops; a client without
+        that method (a fake in tests) is shared as it is."""
+        with_pool = getattr(self.client, "with_pool", None)
+        if with_pool is None:
+            return self.client
+        sibling: Client = with_pool(limit)
+        self._siblings.append(sibling)
+        return sibling
 
     def webhook_for(self, kind: Kind) -> WebhookBuilder:
         """Typed webhooks for ``kind`` on the webhook server:
@@ -490,6 +543,8 @@ class Manager:
             raise exc from None
         finally:
             self._root = None
+            for sibling in self._siblings:
+                await sibling.aclose()
             if self._owns_client:
                 await self.client.aclose()
 
@@ -535,10 +590,15 @@ class Manager:
                 await tg.start(self._probe_server.serve, name="probe server")
             if opts.metrics_bind_address != "0":
                 if opts.metrics_secure:
+                    reviews = opts.metrics_auth_max_concurrent_reviews
+                    auth = APIServerAuth(
+                        self._sibling(reviews),  # at most one review per request at a time
+                        review_rate=opts.metrics_auth_review_rate,
+                        review_burst=opts.metrics_auth_review_burst,
+                        max_concurrent_reviews=reviews,
+                    )
                     self._metrics_server = SecureMetricsServer(
-                        opts.metrics_bind_address,
-                        APIServerAuth(self.client),
-                        cert_dir=opts.metrics_cert_dir,
+                        opts.metrics_bind_address, auth, cert_dir=opts.metrics_cert_dir
                     )
                 else:
                     self._metrics_server = MetricsServer(opts.metrics_bind_address)

@@ -4,7 +4,9 @@ filters.WithAuthenticationAndAuthorization}``, kubebuilder's default).
 
 Who may scrape is decided by the API server (:mod:`sdgruntime.authn`): a bearer token a
 ``TokenReview`` accepts, of a user a ``SubjectAccessReview`` allows ``get`` on the
-non-resource URL ``/metrics``.
+non-resource URL ``/metrics``. Scrapes whose token is not cached yet are rate-limited
+and capped (429 with ``Retry-After`` beyond; :class:`sdgruntime.authn.ReviewLimiter`), so
+a flood of made-up tokens cannot load the API server on the manager's identity.
 
 The serving certificate comes from ``cert_dir`` (``tls.crt``/``tls.key``, e.g. a mounted
 cert-manager Secret, re-read when it changes), or, without one, is a self-signed pair made

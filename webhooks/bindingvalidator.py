@@ -7,10 +7,11 @@ binds group pods to the group's node only, and kube-scheduler never binds them (
 ``deviceshare-scheduler``), so the webhook configuration's ``matchConditions`` skip both
 identities: only other clients' Bindings (``pods/binding`` and the legacy ``bindings``)
 reach this handler. A Binding carries no annotations of its pod, so the handler reads
-the pod (cache first, the API server when the cache has not seen it) and, for a group
-pod, its group the same way. A pod outside any group is allowed. For a group pod it
-fails closed: a group that is missing, not Bound, or cannot be read refuses the bind, as
-does a pod that cannot be read (it may be a group's).
+the pod (cache first, the API server when the cache has not seen it, through ``client``:
+in SDG the manager's ``webhook_client``, a pool of its own) and, for a group pod, its
+group the same way. A pod outside any group is allowed. For a group pod it fails closed:
+a group that is missing, not Bound, or cannot be read refuses the bind, as does a pod
+that cannot be read (it may be a group's).
 """
 
 from __future__ import annotations

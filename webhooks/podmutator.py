@@ -6,12 +6,13 @@ from the shared cache (a live GET when the cache has not seen it yet; a group th
 server said was missing is not asked for again for ``MISSING_TTL``, so reviews naming
 made-up groups cost one GET per name and second, and the cache answers at once once the
 group exists), waiting briefly for a group that was just created and is still being
-bound, the group's node the same way, and the RuntimeClass of ``--runtime-class-name``
-from the cache: the node's labels and runtime handlers and that RuntimeClass choose how
-the devices are given. The decisions themselves are pure (``webhooks.injection``,
-``webhooks.delivery``). When nothing confirms the chosen delivery (env on a node that
-says nothing of its runtime), it emits one Warning Event on the group (per group and
-manager replica; not for dry runs).
+bound, the group's node the same way (live reads go through ``client``: in SDG the
+manager's ``webhook_client``, a pool apart from leader election's and the controllers'),
+and the RuntimeClass of ``--runtime-class-name`` from the cache: the node's labels and
+runtime handlers and that RuntimeClass choose how the devices are given. The decisions
+themselves are pure (``webhooks.injection``, ``webhooks.delivery``). When nothing
+confirms the chosen delivery (env on a node that says nothing of its runtime), it emits
+one Warning Event on the group (per group and manager replica; not for dry runs).
 """
 
 from __future__ import annotations

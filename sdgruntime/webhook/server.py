@@ -20,8 +20,10 @@ for the ones below 413, text for the rest), never a 500 and never a traceback:
   (``failurePolicy`` decides), which is right: it never sends such reviews itself;
 - 413: body over ``max_body_bytes``; 431: headers over 64 KiB; 408: the request not
   received within ``request_timeout``;
-- 503: over ``max_connections`` open connections, or request bodies in progress over
-  ``max_buffered_bytes`` in total.
+- 503: over ``max_connections`` open connections, over ``max_connections_per_client``
+  from one client address, or request bodies in progress over ``max_buffered_bytes`` in
+  total. Under pressure (3/4 of ``max_connections`` open) idle keep-alive connections are
+  closed after ``pressure_idle_timeout`` (``sdgruntime.httpserver``).
 
 HTTP/1.1 only (``sdgruntime.httpserver``): ALPN offers no ``h2``, as kubebuilder's
 scaffold turns HTTP/2 off since the Rapid Reset CVEs. A context from
@@ -76,6 +78,10 @@ DEFAULT_MAX_BODY_BYTES = 7 * 1024 * 1024
 # costs a few tens of KiB (TLS + parser state), so 256 idle ones are a few MiB, and a
 # flood cannot use up the process's file descriptors (1024 by default).
 DEFAULT_MAX_CONNECTIONS = 256
+# The API server is the one client, a few connections per replica and webhook; 32 per
+# address keeps any other address (a pod of the cluster) from holding every slot.
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 32
+DEFAULT_PRESSURE_IDLE_TIMEOUT = 5.0
 # Body bytes held at once across connections: four reviews of the largest allowed size,
 # thousands of real ones (a Pod review is 5-50 KiB). Without it, 256 connections x 7 MiB
 # could buffer 1.75 GiB in a manager limited to 512 MiB.
@@ -104,6 +110,8 @@ class WebhookServer:
         request_timeout: float = 10.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections_per_client: int | None = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+        pressure_idle_timeout: float = DEFAULT_PRESSURE_IDLE_TIMEOUT,
         max_buffered_bytes: int | None = None,
         cert_check_interval: float = 2.0,
         ssl_context_provider: Callable[[], ssl.SSLContext] | None = None,
@@ -122,6 +130,8 @@ class WebhookServer:
             self._router,
             max_body_bytes=max_body_bytes,
             max_connections=max_connections,
+            max_connections_per_client=max_connections_per_client,
+            pressure_idle_timeout=pressure_idle_timeout,
             max_buffered_bytes=(
                 max(DEFAULT_MAX_BUFFERED_BYTES, max_body_bytes)
                 if max_buffered_bytes is None
@@ -155,6 +165,11 @@ class WebhookServer:
     def port(self) -> int:
         """The bound port (once serving)."""
         return self._http.port
+
+    @property
+    def http(self) -> HTTPServer:
+        """The HTTP server underneath (its connection counts, for tests and probes)."""
+        return self._http
 
     def ready(self) -> bool:
         """Whether the server is listening: a readyz check for the manager."""
