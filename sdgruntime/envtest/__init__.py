@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     )
     from sdgruntime.envtest.eventually import eventually
     from sdgruntime.envtest.fakeclient import FakeClient
+    from sdgruntime.envtest.fakerecorder import FakeRecorder, RecordedEvent
 
 __all__ = [
     "BuildError",
@@ -29,7 +30,9 @@ __all__ = [
     "ControlPlane",
     "ControlPlaneError",
     "FakeClient",
+    "FakeRecorder",
     "KeyPair",
+    "RecordedEvent",
     "admission_review",
     "ensure_binaries",
     "eventually",
@@ -51,6 +54,8 @@ _HOME = {
     "free_port": "controlplane",
     "eventually": "eventually",
     "FakeClient": "fakeclient",
+    "FakeRecorder": "fakerecorder",
+    "RecordedEvent": "fakerecorder",
     "admission_review": "admission",
 }
 

@@ -3,38 +3,21 @@ quiet, and not later than a bound), nothing lost, bounded."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import pytest
 
 from controllers.podevents import EVENT_PODS, PodEvents
-from sdgruntime.envtest import FakeClient
-from sdgruntime.events import EventRecorder, EventType
+from sdgruntime.envtest import FakeRecorder
 from tests import factories
-from tests.factories import as_client
 
 
-class Recorder(EventRecorder):
-    """Keeps what it is told instead of writing it (client-go's FakeRecorder)."""
-
-    def __init__(self) -> None:
-        super().__init__(as_client(FakeClient()), "test")
-        self.events: list[tuple[str, str, str, str]] = []  # (uid, type, reason, message)
-        self.emitted = anyio.Event()
-
-    def emit(
-        self,
-        obj: Mapping[str, Any],
-        type_: EventType,
-        reason: str,
-        message: str,
-        *,
-        action: str | None = None,
-    ) -> None:
-        self.events.append((obj["metadata"].get("uid", ""), type_, reason, message))
-        self.emitted.set()
+class Recorder(FakeRecorder):
+    @property
+    def events(self) -> list[tuple[str, str, str, str]]:
+        """(uid, type, reason, message) of each event, in order."""
+        return [(e.uid, e.type, e.reason, e.message) for e in self.recorded]
 
 
 class Clock:

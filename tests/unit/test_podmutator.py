@@ -4,7 +4,7 @@ cannot say), the delivery settings it is given, and which requests it judges."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -12,8 +12,7 @@ import pytest
 
 from api.constants import SDG_KIND
 from sdgruntime.cache import Cache
-from sdgruntime.envtest import FakeClient
-from sdgruntime.events import EventRecorder, EventType
+from sdgruntime.envtest import FakeClient, FakeRecorder
 from sdgruntime.kinds import NODES, RUNTIMECLASSES, Kind
 from sdgruntime.webhook import AdmissionRequest
 from tests import factories
@@ -282,23 +281,11 @@ async def test_admission_never_edits_the_cached_group_or_node(mode: str) -> None
         assert (cache.get(SDG_KIND, "g"), cache.get(NODES, "n1")) == before
 
 
-class Recorder(EventRecorder):
-    """Keeps what the webhook emits instead of writing it (client-go's FakeRecorder)."""
-
-    def __init__(self) -> None:
-        super().__init__(as_client(FakeClient()), "test")
-        self.events: list[tuple[str, str, str, str]] = []
-
-    def emit(
-        self,
-        obj: Mapping[str, Any],
-        type_: EventType,
-        reason: str,
-        message: str,
-        *,
-        action: str | None = None,
-    ) -> None:
-        self.events.append((obj["metadata"]["name"], type_, reason, message))
+class Recorder(FakeRecorder):
+    @property
+    def events(self) -> list[tuple[str, str, str, str]]:
+        """(name, type, reason, message) of each event, in order."""
+        return [(e.name, e.type, e.reason, e.message) for e in self.recorded]
 
 
 def bound(name: str, uid: str) -> dict[str, Any]:

@@ -4,7 +4,6 @@ coalesced per group, and the cached group never copied nor changed."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -14,12 +13,11 @@ from api.pods import POD_GROUP_INDEX
 from controllers.podevents import PodEvents
 from controllers.statuscontroller import StatusController
 from sdgruntime import errors
-from sdgruntime.envtest import FakeClient
-from sdgruntime.events import EventRecorder, EventType
+from sdgruntime.envtest import FakeClient, FakeRecorder
 from sdgruntime.kinds import PODS
 from sdgruntime.reconcile import Request
 from tests import factories
-from tests.factories import as_client, pod
+from tests.factories import pod
 
 pytestmark = pytest.mark.anyio
 
@@ -62,23 +60,11 @@ class Server(FakeClient):
         return dict(self.stored(SDG_KIND, name).get("status") or {})
 
 
-class Recorder(EventRecorder):
-    """Keeps what it is told instead of writing it (client-go's FakeRecorder)."""
-
-    def __init__(self) -> None:
-        super().__init__(as_client(FakeClient()), "test")
-        self.events: list[tuple[str, str]] = []
-
-    def emit(
-        self,
-        obj: Mapping[str, Any],
-        type_: EventType,
-        reason: str,
-        message: str,
-        *,
-        action: str | None = None,
-    ) -> None:
-        self.events.append((reason, message))
+class Recorder(FakeRecorder):
+    @property
+    def events(self) -> list[tuple[str, str]]:
+        """(reason, message) of each event, in order."""
+        return [(e.reason, e.message) for e in self.recorded]
 
 
 class Clock:
