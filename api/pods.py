@@ -15,6 +15,7 @@ from api.constants import (
 from api.envvars import device_env_vars, env_var_for
 from api.v1alpha1 import format_ids, parse_ids
 from sdgruntime.cache.store import intern_strings
+from sdgruntime.kinds import meta_of, spec_of, status_of
 
 #: Cache index: pods by the group their annotation names.
 POD_GROUP_INDEX = "group"
@@ -23,7 +24,7 @@ POD_NODE_INDEX = "node"
 
 
 def pod_group(pod: Mapping[str, Any]) -> str | None:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     value = annotations.get(GROUP_ANNOTATION)
     return value if isinstance(value, str) and value else None
 
@@ -34,7 +35,7 @@ def index_by_group(pod: Mapping[str, Any]) -> list[str]:
 
 
 def index_by_node(pod: Mapping[str, Any]) -> list[str]:
-    node = (pod.get("spec") or {}).get("nodeName")
+    node = spec_of(pod).get("nodeName")
     return [node] if node else []
 
 
@@ -44,12 +45,12 @@ FINISHED_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 def pod_phase(pod: Mapping[str, Any]) -> str:
     """``status.phase``; a pod the kubelet has not reported yet is Pending."""
-    return str((pod.get("status") or {}).get("phase") or "Pending")
+    return str(status_of(pod).get("phase") or "Pending")
 
 
 def is_finished(pod: Mapping[str, Any]) -> bool:
     """Succeeded or Failed: its containers will not run again."""
-    return (pod.get("status") or {}).get("phase") in FINISHED_PHASES
+    return status_of(pod).get("phase") in FINISHED_PHASES
 
 
 def is_active(pod: Mapping[str, Any]) -> bool:
@@ -62,7 +63,7 @@ def is_active(pod: Mapping[str, Any]) -> bool:
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
+    meta = meta_of(pod)
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
@@ -70,7 +71,7 @@ def devices_from_env(
     pod: Mapping[str, Any], resources: Mapping[str, int], env_table: Mapping[str, str]
 ) -> dict[str, list[int]] | None:
     """The device IDs our webhook injected into a pod (first container), if complete."""
-    containers = (pod.get("spec") or {}).get("containers") or []
+    containers = spec_of(pod).get("containers") or []
     if not containers:
         return None
     env = {e.get("name"): e.get("value") for e in containers[0].get("env") or []}
@@ -125,7 +126,7 @@ def delivered_devices(
     gives None (never a guess from env that may not hold IDs). Pods admitted before the
     annotation existed fall back to the env of their first container.
     """
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     if DEVICES_ANNOTATION in annotations:
         return parse_devices_annotation(annotations[DEVICES_ANNOTATION])
     return devices_from_env(pod, resources, env_table)

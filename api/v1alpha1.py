@@ -27,6 +27,7 @@ from pydantic.alias_generators import to_camel
 from api.conditions import rfc3339
 from api.constants import API_VERSION, KIND, MAX_ALLOCATED_PODS, PHASE_BOUND, PHASE_PENDING
 from api.validation import validate_spec
+from sdgruntime.kinds import meta_of, spec_of, status_of
 
 Strategy = Literal["binpack", "spread"]
 Phase = Literal["Pending", "Bound"]
@@ -174,12 +175,12 @@ def parse_ids(text: str) -> list[int]:
 
 
 def group_name(group: Mapping[str, Any]) -> str:
-    return str((group.get("metadata") or {}).get("name") or "")
+    return str(meta_of(group).get("name") or "")
 
 
 def group_resources(group: Mapping[str, Any]) -> dict[str, int]:
     """``spec.resources`` (empty if missing)."""
-    return dict((group.get("spec") or {}).get("resources") or {})
+    return dict(spec_of(group).get("resources") or {})
 
 
 def spec_pins(spec: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -196,38 +197,38 @@ def spec_pins(spec: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
 
 
 def group_strategy(group: Mapping[str, Any]) -> str:
-    return str((group.get("spec") or {}).get("schedulingStrategy") or "binpack")
+    return str(spec_of(group).get("schedulingStrategy") or "binpack")
 
 
 def allows_host_access(group: Mapping[str, Any]) -> bool:
     """``spec.allowHostAccess`` is true: the group's pods may reach the host's devices."""
-    return (group.get("spec") or {}).get("allowHostAccess") is True
+    return spec_of(group).get("allowHostAccess") is True
 
 
 def group_phase(group: Mapping[str, Any]) -> str:
     """``status.phase``; a group nobody has scheduled yet is Pending."""
-    return str((group.get("status") or {}).get("phase") or PHASE_PENDING)
+    return str(status_of(group).get("phase") or PHASE_PENDING)
 
 
 def is_bound(group: Mapping[str, Any]) -> bool:
-    status = group.get("status") or {}
+    status = status_of(group)
     return status.get("phase") == PHASE_BOUND and bool(status.get("nodeName"))
 
 
 def group_node(group: Mapping[str, Any]) -> str | None:
-    return (group.get("status") or {}).get("nodeName") or None
+    return status_of(group).get("nodeName") or None
 
 
 def selected_devices(group: Mapping[str, Any]) -> dict[str, list[int]]:
     """``status.selectedDevices`` parsed to ID lists. Raises ValueError when malformed."""
-    raw = (group.get("status") or {}).get("selectedDevices") or {}
+    raw = status_of(group).get("selectedDevices") or {}
     return {res: parse_ids(ids) for res, ids in raw.items()}
 
 
 def group_pod_count(group: Mapping[str, Any]) -> int:
     """How many pods use the group: ``status.podCount``, which stays exact when
     ``allocatedPods`` is cut (never fewer than the pods listed)."""
-    status = group.get("status") or {}
+    status = status_of(group)
     count = status.get("podCount")
     listed = len(status.get("allocatedPods") or ())
     return max(count, listed) if isinstance(count, int) and not isinstance(count, bool) else listed
@@ -236,7 +237,7 @@ def group_pod_count(group: Mapping[str, Any]) -> int:
 def pod_counts(group: Mapping[str, Any]) -> dict[str, int] | None:
     """``status.allocatedPodCounts`` (namespace -> active pods) when the manager runs with
     ``--allocated-pods counts`` (then ``allocatedPods`` names no pod); else None."""
-    counts = (group.get("status") or {}).get("allocatedPodCounts")
+    counts = status_of(group).get("allocatedPodCounts")
     if not isinstance(counts, Mapping):
         return None
     return {str(ns): n for ns, n in counts.items() if isinstance(n, int) and n > 0}
@@ -247,7 +248,7 @@ def pods_truncated(group: Mapping[str, Any]) -> bool:
     counts mode, where it lists none by design)."""
     if pod_counts(group) is not None:
         return False
-    return group_pod_count(group) > len((group.get("status") or {}).get("allocatedPods") or ())
+    return group_pod_count(group) > len(status_of(group).get("allocatedPods") or ())
 
 
 @dataclass(frozen=True, slots=True)

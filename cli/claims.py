@@ -29,7 +29,7 @@ from controllers.inventory import (
 )
 from controllers.ledger.book import Ledger
 from controllers.ledger.tracker import Devices
-from sdgruntime.kinds import Obj
+from sdgruntime.kinds import Obj, spec_of, status_of
 
 # --- the claim view: records cross-checked with group statuses --------------------------------
 
@@ -48,11 +48,11 @@ def too_many_text(res: str, count: int) -> str:
 def node_problems(node: Obj) -> list[str]:
     """Why a node may not run pods now: not Ready, cordoned (taints are per pod)."""
     problems = []
-    for cond in (node.get("status") or {}).get("conditions") or ():
+    for cond in status_of(node).get("conditions") or ():
         if cond.get("type") == "Ready" and cond.get("status") != "True":
             why = cond.get("reason") or f"Ready={cond.get('status')}"
             problems.append(f"not Ready ({why})")
-    if (node.get("spec") or {}).get("unschedulable"):
+    if spec_of(node).get("unschedulable"):
         problems.append("cordoned (spec.unschedulable)")
     return problems
 
@@ -205,7 +205,7 @@ def source_text(offer: Offer) -> str:
 def physical_uuids(group: Obj, devices: Devices, offers: Mapping[str, Offer]) -> dict[str, Any]:
     """Resource -> the UUIDs of the group's devices (status.physicalDevices, else the
     inventory's), null where unknown."""
-    recorded = (group.get("status") or {}).get("physicalDevices") or {}
+    recorded = status_of(group).get("physicalDevices") or {}
     out: dict[str, Any] = {}
     for res, ids in sorted(devices.items()):
         offer = offers.get(res)
@@ -215,7 +215,7 @@ def physical_uuids(group: Obj, devices: Devices, offers: Mapping[str, Offer]) ->
 
 
 def physical_text(group: Obj, devices: Devices, offers: Mapping[str, Offer]) -> str:
-    recorded = (group.get("status") or {}).get("physicalDevices") or {}
+    recorded = status_of(group).get("physicalDevices") or {}
     parts = []
     for res, ids in sorted(devices.items()):
         offer = offers.get(res)

@@ -80,7 +80,7 @@ from controllers.placement import (
 from controllers.podfit import pod_fits_node
 from sdgruntime import errors
 from sdgruntime.client import Client
-from sdgruntime.kinds import NODES, PODS, RUNTIMECLASSES, Obj
+from sdgruntime.kinds import NODES, PODS, RUNTIMECLASSES, Obj, meta_of, spec_of, status_of
 from webhooks.delivery import (
     Delivery,
     DeliveryChoice,
@@ -99,9 +99,7 @@ _POD_TYPES = frozenset({"pod", "pods", "po"})
 
 def _conditions_section(obj: Obj, kinds: Sequence[str] | None = None) -> str:
     conds = [
-        c
-        for c in (obj.get("status") or {}).get("conditions") or ()
-        if kinds is None or c.get("type") in kinds
+        c for c in status_of(obj).get("conditions") or () if kinds is None or c.get("type") in kinds
     ]
     if not conds:
         return f"Conditions: {NONE}"
@@ -131,7 +129,7 @@ def _told(
 ) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
     """Per resource, the names the pod webhook gives pods (``--device-ids``: UUIDs from
     status.physicalDevices, or the IDs) and why, with whether the IDs are guessed."""
-    recorded = (group.get("status") or {}).get("physicalDevices") or {}
+    recorded = status_of(group).get("physicalDevices") or {}
     names: dict[str, list[str]] = {}
     facts: dict[str, dict[str, Any]] = {}
     for res, ids in sorted(devices.items()):
@@ -170,13 +168,13 @@ def _delivery_facts(choice: DeliveryChoice | Denial) -> dict[str, Any]:
 
 
 def _scheduled_message(group: Obj) -> str:
-    cond = find_condition((group.get("status") or {}).get("conditions"), CONDITION_SCHEDULED)
+    cond = find_condition(status_of(group).get("conditions"), CONDITION_SCHEDULED)
     msg = ((cond or {}).get("message") or "").strip()
     return msg or "not scheduled yet: no Scheduled condition (is the manager running?)"
 
 
 def _waiting_reason(pod: Obj) -> str:
-    status = pod.get("status") or {}
+    status = status_of(pod)
     for key in ("initContainerStatuses", "containerStatuses"):
         for cs in status.get(key) or ():
             waiting = (cs.get("state") or {}).get("waiting")
@@ -189,12 +187,12 @@ def _waiting_reason(pod: Obj) -> str:
 
 def _pod_note(pod: Obj, group: Obj, allocated: set[str] | None, listed_until: str | None) -> str:
     """``allocated`` None: the group's status counts pods per namespace, names none."""
-    spec = pod.get("spec") or {}
+    spec = spec_of(pod)
     node = spec.get("nodeName")
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+    if meta_of(pod).get("deletionTimestamp"):
         return "terminating"
     if not node:
-        cond = find_condition((pod.get("status") or {}).get("conditions"), "PodScheduled")
+        cond = find_condition(status_of(pod).get("conditions"), "PodScheduled")
         if cond and cond.get("status") == "False":
             return f"not scheduled: {cond.get('message') or cond.get('reason')}"
         return "waiting for deviceshare-scheduler"
@@ -268,10 +266,10 @@ def group_explanation(
         return text, {"group": name, "found": False, "groups": sorted(by_group)}
     by_node = {node_name(n): n for n in nodes}
     view = claim_view(groups, configmaps)
-    spec = group.get("spec") or {}
+    spec = spec_of(group)
     resources = group_resources(group)
     selector = spec.get("nodeSelector") or {}
-    meta = group.get("metadata") or {}
+    meta = meta_of(group)
     allocated = allocated_pods(group)
 
     info = [("Name", name), ("Phase", group_phase(group))]
@@ -395,7 +393,7 @@ def group_explanation(
         (
             pod_key(p),
             pod_phase(p),
-            (p.get("spec") or {}).get("nodeName") or NONE,
+            spec_of(p).get("nodeName") or NONE,
             _pod_note(p, group, None if counts is not None else allocated_set, listed_until),
         )
         for p in member_pods
@@ -419,7 +417,7 @@ def group_explanation(
         }
         for key, phase, node, note in rows
     ]
-    facts["conditions"] = list((group.get("status") or {}).get("conditions") or [])
+    facts["conditions"] = list(status_of(group).get("conditions") or [])
     text = join_sections(
         fields(info), summary, nodes_section, pods_section, _conditions_section(group)
     )
@@ -499,8 +497,8 @@ def pod_explanation(
     """:func:`explain_pod`'s text and :func:`explain_pod_data`'s facts, made together."""
     by_group = {group_name(g): g for g in groups}
     by_node = {node_name(n): n for n in nodes}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
+    spec = spec_of(pod)
+    status = status_of(pod)
     name = pod_group(pod)
     group = by_group.get(name) if name else None
     node = spec.get("nodeName")
@@ -554,7 +552,7 @@ def pod_explanation(
 def _pod_verdict(
     pod: Obj, name: str | None, group: Obj | None, by_node: Mapping[str, Obj], pods: list[Obj]
 ) -> str:
-    spec = pod.get("spec") or {}
+    spec = spec_of(pod)
     phase = pod_phase(pod)
     node = spec.get("nodeName")
     scheduler = spec.get("schedulerName") or "default-scheduler"
@@ -567,7 +565,7 @@ def _pod_verdict(
                 "use another scheduler."
             )
         return text
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+    if meta_of(pod).get("deletionTimestamp"):
         return f"Being deleted{f' from node {node}' if node else ''}."
     if is_finished(pod):
         where = f" on node {node}" if node else ""
@@ -593,14 +591,14 @@ def _pod_verdict(
         )
     target = str(group_node(group))
     lines = [f"Not scheduled yet onto {target}, the node of group {name}."]
-    cond = find_condition((pod.get("status") or {}).get("conditions"), "PodScheduled")
+    cond = find_condition(status_of(pod).get("conditions"), "PodScheduled")
     if cond and cond.get("status") == "False":
         lines.append(f"Scheduler says: {cond.get('message') or cond.get('reason')}")
     obj = by_node.get(target)
     if obj is None:
         lines.append(f"Node {target} does not exist any more.")
     else:
-        on_node = [p for p in pods if (p.get("spec") or {}).get("nodeName") == target]
+        on_node = [p for p in pods if spec_of(p).get("nodeName") == target]
         reasons = pod_fits_node(pod, obj, on_node) or []
         reasons += [f"node {p}" for p in node_problems(obj) if p.startswith("not Ready")]
         if reasons:
@@ -638,9 +636,9 @@ def _bound_verdict(pod: Obj, name: str, group: Obj, node: str, by_node: Mapping[
     if obj is None:
         lines.append(f"Node {node} does not exist any more.")
     else:
-        tolerations = (pod.get("spec") or {}).get("tolerations") or []
+        tolerations = spec_of(pod).get("tolerations") or []
         lines += [f"Node {node} is {p}." for p in node_problems(obj) if p.startswith("not Ready")]
-        for taint in (obj.get("spec") or {}).get("taints") or ():
+        for taint in spec_of(obj).get("taints") or ():
             if taint.get("effect") == "NoExecute" and not any(
                 tolerates(t, taint) for t in tolerations
             ):
@@ -662,13 +660,13 @@ def _env_facts(pod: Obj, group: Obj) -> tuple[list[dict[str, Any]], list[str], l
     """Per container and device env var: its value and what the group holds; the
     warnings where they differ; the resources without a known variable."""
     devices = view_devices(group)
-    spec = pod.get("spec") or {}
+    spec = spec_of(pod)
     rows = []
     warnings = []
     unchecked = sorted(r for r in group_resources(group) if env_var_for(r) is None)
     # The same devices by UUID (--device-ids), or none under CDI annotations (cdi mode).
-    physical = (group.get("status") or {}).get("physicalDevices") or {}
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    physical = status_of(group).get("physicalDevices") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     by_cdi = any(str(k).startswith(CDI_ANNOTATION_FAMILIES) for k in annotations)
     for kind in ("initContainers", "containers"):
         for c in spec.get(kind) or ():
@@ -786,5 +784,5 @@ def _group_node(groups: Sequence[dict[str, Any]], pod: dict[str, Any]) -> str | 
     name = pod_group(pod)
     for g in groups:
         if g["metadata"]["name"] == name:
-            return (g.get("status") or {}).get("nodeName") or None
+            return status_of(g).get("nodeName") or None
     return None

@@ -25,7 +25,7 @@ from cli.kube import CliError, Write, get_or_none, informers_running, list_group
 from cli.render import object_list, render_data, table, without_managed_fields
 from sdgruntime.cache.informer import Informer
 from sdgruntime.client import Client
-from sdgruntime.kinds import Obj
+from sdgruntime.kinds import Obj, meta_of, status_of
 
 # --- sdg get ----------------------------------------------------------------------------------
 
@@ -63,12 +63,12 @@ def human_age(seconds: float) -> str:
 
 def group_row(group: Obj, now: datetime) -> tuple[str, ...]:
     """One ``sdg get`` row: the columns of ``kubectl get sdg`` (blank where unset)."""
-    status = group.get("status") or {}
+    status = status_of(group)
     ready = find_condition(status.get("conditions"), CONDITION_READY)
     summary = status.get("deviceSummary")
     if summary is None and status.get("selectedDevices"):
         summary = " ".join(f"{r}={ids}" for r, ids in sorted(status["selectedDevices"].items()))
-    created = parse_time((group.get("metadata") or {}).get("creationTimestamp"))
+    created = parse_time(meta_of(group).get("creationTimestamp"))
     count = status.get("podCount")
     return (
         group_name(group),

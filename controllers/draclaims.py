@@ -28,7 +28,7 @@ from api.constants import FINALIZER, GROUP, KIND, PLURAL, VERSION
 from controllers.holders import ROLE_LABEL
 from sdgruntime import errors
 from sdgruntime.client import Client
-from sdgruntime.kinds import Kind, Obj
+from sdgruntime.kinds import Kind, Obj, meta_of, spec_of, status_of
 from sdgruntime.predicate import Funcs
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ _KEPT_CLAIM_METADATA = (
 def cached_claim(claim: dict[str, Any]) -> dict[str, Any]:
     """The manager's cache transform for ResourceClaims: who it is and which devices its
     allocation holds (not its spec's selectors, nor the devices' config and status)."""
-    meta = claim.get("metadata") or {}
+    meta = meta_of(claim)
     out: dict[str, Any] = {k: claim[k] for k in ("apiVersion", "kind") if k in claim}
     out["metadata"] = {k: meta[k] for k in _KEPT_CLAIM_METADATA if k in meta}
     results = [
@@ -130,7 +130,7 @@ def cached_claim(claim: dict[str, Any]) -> dict[str, Any]:
 
 def allocated_results(claim: Obj) -> list[Mapping[str, Any]]:
     """``status.allocation.devices.results`` when well-formed (at most :data:`MAX_RESULTS`)."""
-    status = claim.get("status") or {}
+    status = status_of(claim)
     allocation = status.get("allocation") if isinstance(status, Mapping) else None
     devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
     results = devices.get("results") if isinstance(devices, Mapping) else None
@@ -168,7 +168,7 @@ def is_group_claim(claim: Obj, namespace: str | None) -> bool:
     namespace* (only SDG writes there; the label elsewhere proves nothing)."""
     if not namespace:
         return False
-    meta = claim.get("metadata") or {}
+    meta = meta_of(claim)
     return (
         meta.get("namespace") == namespace
         and (meta.get("labels") or {}).get(ROLE_LABEL) == ROLE_GROUP_CLAIM
@@ -177,13 +177,13 @@ def is_group_claim(claim: Obj, namespace: str | None) -> bool:
 
 def claim_for(claim: Obj) -> str | None:
     """The group a group claim says it holds devices for (its annotation), if any."""
-    value = ((claim.get("metadata") or {}).get("annotations") or {}).get(CLAIM_FOR_ANNOTATION)
+    value = (meta_of(claim).get("annotations") or {}).get(CLAIM_FOR_ANNOTATION)
     return value if isinstance(value, str) and value else None
 
 
 def owner_uid(claim: Obj) -> str:
     """The UID of the group that owns a claim ("" if none does)."""
-    for ref in (claim.get("metadata") or {}).get("ownerReferences") or ():
+    for ref in meta_of(claim).get("ownerReferences") or ():
         if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(GROUP + "/"):
             return str(ref.get("uid") or "")
     return ""
@@ -196,12 +196,12 @@ def holder_of(claim: Obj, namespace: str | None) -> str:
         group = claim_for(claim)
         if group:
             return group
-    meta = claim.get("metadata") or {}
+    meta = meta_of(claim)
     return f"{CLAIM_HOLDER_PREFIX}{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 def _group_identity(group: Obj) -> tuple[str, str]:
-    meta = group.get("metadata") or {}
+    meta = meta_of(group)
     name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
     if not name or not uid:
         raise ValueError("a group claim needs the group's name and uid (a stored group)")
@@ -307,7 +307,7 @@ def group_claim_status(group: Obj, node: str, devices: Iterable[DeviceRef]) -> d
 
 def _allocated_node(claim: Obj) -> str | None:
     """The node an allocation is pinned to by ``matchFields metadata.name`` (else None)."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
+    allocation = status_of(claim).get("allocation") or {}
     terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
     if len(terms) != 1 or terms[0].get("matchExpressions"):
         return None
@@ -325,7 +325,7 @@ def _asked(claim: Obj) -> list[tuple[str, int]]:
     """(request name, count) of a claim's ``exactly`` requests; the DeviceClass is not
     compared (renaming a class must not wedge every group)."""
     out = []
-    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+    for r in (spec_of(claim).get("devices") or {}).get("requests") or ():
         exactly = r.get("exactly")
         if not isinstance(exactly, Mapping):
             out.append((str(r.get("name")), -1))  # firstAvailable: never what SDG asks
@@ -364,14 +364,14 @@ class DraAllocations:
         return len(self._claims)
 
     def observe(self, claim: Obj) -> None:
-        meta = claim.get("metadata") or {}
+        meta = meta_of(claim)
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         refs = tuple(allocated_devices(claim))
         entry = (holder_of(claim, self.namespace), refs) if refs else None
         self._set(key, entry)
 
     def forget(self, claim: Obj) -> None:
-        meta = claim.get("metadata") or {}
+        meta = meta_of(claim)
         self._set((str(meta.get("namespace") or ""), str(meta.get("name") or "")), None)
 
     def _set(self, key: tuple[str, str], entry: tuple[str, tuple[DeviceRef, ...]] | None) -> None:
@@ -471,8 +471,8 @@ class DraPublisher:
         for _ in range(_ATTEMPTS):
             claim = await self._get_or_create(name, want)
             self._check(claim, group_name, uid, node, refs, want)
-            status = claim.get("status") or {}
-            meta = claim.get("metadata") or {}
+            status = status_of(claim)
+            meta = meta_of(claim)
             ours = consumer(group)
             reserved = list(status.get("reservedFor") or [])
             has_entry = any(r.get("uid") == uid for r in reserved)
@@ -485,7 +485,7 @@ class DraPublisher:
                     f"{self._where(name)} is being deleted: remove() it, then ensure() again"
                 )
             body = copy.deepcopy(dict(claim))
-            new_status = dict(body.get("status") or {})
+            new_status = dict(status_of(body))
             if not new_status.get("allocation"):
                 new_status["allocation"] = want["status"]["allocation"]
             new_status["reservedFor"] = [*reserved, ours] if not has_entry else reserved
@@ -519,7 +519,7 @@ class DraPublisher:
         refs: Sequence[DeviceRef],
         want: Obj,
     ) -> None:
-        where = self._where(str((claim.get("metadata") or {}).get("name")))
+        where = self._where(str(meta_of(claim).get("name")))
         if not is_group_claim(claim, self.namespace):
             raise GroupClaimConflict(f"{where} exists and is not SDG's group claim")
         other, other_uid = claim_for(claim), owner_uid(claim)
@@ -532,7 +532,7 @@ class DraPublisher:
             raise GroupClaimConflict(
                 f"{where} asks for {_asked(claim)}, not {_asked(want)}: remove it first"
             )
-        if not (claim.get("status") or {}).get("allocation"):
+        if not status_of(claim).get("allocation"):
             return
         held = allocated_devices(claim)
         pinned = _allocated_node(claim)
@@ -545,7 +545,7 @@ class DraPublisher:
             )
 
     async def _keep_finalizer(self, claim: dict[str, Any]) -> dict[str, Any]:
-        meta = claim.get("metadata") or {}
+        meta = meta_of(claim)
         finalizers = list(meta.get("finalizers") or [])
         if CLAIM_FINALIZER in finalizers or meta.get("deletionTimestamp"):
             return claim

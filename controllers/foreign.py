@@ -53,7 +53,7 @@ from controllers.holders import is_holder
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.events import EventRecorder
-from sdgruntime.kinds import NODES, PODS, Obj
+from sdgruntime.kinds import NODES, PODS, Obj, meta_of
 from sdgruntime.manager import Manager
 from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request, Result
@@ -471,7 +471,7 @@ class ForeignPodReporter:
             self._warned.pop(key, None)
             return None
         use = device_use(pod, self.env_table, self.holders_namespace)
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = str(meta_of(pod).get("uid") or "")
         if use is None:
             self._warned.pop(key, None)
             return None

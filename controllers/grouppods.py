@@ -17,6 +17,7 @@ from typing import Any
 
 from api.constants import DEVICES_ANNOTATION
 from api.pods import delivered_devices, devices_annotation, is_active, pod_key
+from sdgruntime.kinds import meta_of, spec_of
 
 Devices = Mapping[str, list[int]]
 
@@ -48,10 +49,10 @@ def survey(
         if not is_active(pod):
             continue
         active += 1
-        where = (pod.get("spec") or {}).get("nodeName")
+        where = spec_of(pod).get("nodeName")
         if not where:
             continue  # not bound yet: it runs nowhere
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations = meta_of(pod).get("annotations") or {}
         if annotations.get(DEVICES_ANNOTATION) == expected:
             if where != node:
                 odd.append(f"{pod_key(pod)} on {where} with {dict(devices)}")

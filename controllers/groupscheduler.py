@@ -108,7 +108,7 @@ from sdgruntime.controller import Controller
 from sdgruntime.controllerutil import contains_finalizer
 from sdgruntime.events import EventRecorder
 from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
-from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, MutableObj
+from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, MutableObj, meta_of, spec_of, status_of
 from sdgruntime.manager import Manager
 from sdgruntime.reconcile import Request, Result
 
@@ -240,7 +240,7 @@ class GroupScheduler:
     async def _schedule(self, group: MutableObj) -> Result | None:
         meta = group["metadata"]
         name, uid = meta["name"], meta.get("uid", "")
-        spec = group.get("spec") or {}
+        spec = spec_of(group)
         resources = spec.get("resources") or {}
         started = time.perf_counter()
         with self.tracer.start_as_current_span("schedule group") as span:
@@ -372,11 +372,11 @@ class GroupScheduler:
         meta, spec = group["metadata"], group.get("spec") or {}
         name, uid = meta["name"], meta.get("uid", "")
         resources = spec.get("resources") or {}
-        node = str((holder.get("spec") or {}).get("nodeName") or "")
-        holder_uid = str((holder.get("metadata") or {}).get("uid") or "")
+        node = str(spec_of(holder).get("nodeName") or "")
+        holder_uid = str(meta_of(holder).get("uid") or "")
         offers = self.claims.offers.get(node)
         wanted = self.holders.needed(resources, offers) if node else {}
-        if (holder.get("metadata") or {}).get("deletionTimestamp"):
+        if meta_of(holder).get("deletionTimestamp"):
             return None  # its deletion event places the group again
         pinned = any(r in wanted for r in spec_pins(spec))
         if owner_uid(holder) != uid or not wanted or requested(holder) != wanted or pinned:
@@ -458,7 +458,7 @@ class GroupScheduler:
         """Why a Bound group's devices are not (or no longer) in the kubelet's books, if
         they are not: its holder pod is gone, refused, or holds other devices."""
         name = group["metadata"]["name"]
-        resources = (group.get("spec") or {}).get("resources") or {}
+        resources = spec_of(group).get("resources") or {}
         offers = self.claims.offers.get(node)
         wanted = self.holders.needed(resources, offers)
         if not wanted:
@@ -488,7 +488,7 @@ class GroupScheduler:
     async def _keep_holder(self, group: MutableObj, node: str) -> None:
         """A Bound group on device-plugin resources without its holder: create it again."""
         name = group["metadata"]["name"]
-        resources = (group.get("spec") or {}).get("resources") or {}
+        resources = spec_of(group).get("resources") or {}
         wanted = self.holders.needed(resources, self.claims.offers.get(node))
         if wanted and self.holders.of(name) is None:
             try:
@@ -655,9 +655,9 @@ class GroupScheduler:
         self, group: MutableObj, message: str, *, reason: str = REASON_UNSCHEDULABLE
     ) -> None:
         status = pending_status(group, message, reason=reason)
-        if status == (group.get("status") or {}):
+        if status == status_of(group):
             return
-        old = find_condition((group.get("status") or {}).get("conditions"), CONDITION_SCHEDULED)
+        old = find_condition(status_of(group).get("conditions"), CONDITION_SCHEDULED)
         await self.writer.status(group, status)
         if old is None or old.get("message") != message:
             if reason == REASON_WAITING_FOR_HOLDER:
@@ -694,7 +694,7 @@ class GroupScheduler:
             pods_of_group(self.cache, name),
             node,
             devices,
-            (group.get("spec") or {}).get("resources") or {},
+            spec_of(group).get("resources") or {},
             self.env_table,
         )
         await self._keep_holder(group, node)
@@ -712,7 +712,7 @@ class GroupScheduler:
             pod_count=pods.active,
             offers=self.claims.offers.get(node),
         )
-        old = (group.get("status") or {}).get("conditions")
+        old = status_of(group).get("conditions")
         if await self.writer.status(group, status) is None:
             return None
         for type_ in (CONDITION_NODE_HEALTHY, CONDITION_READY):
@@ -734,7 +734,7 @@ class GroupScheduler:
         """Why the group's devices are disputed right now, if they are: pods outside any
         group use them, its own pods run with other devices (``odd``, from ``survey``), or
         its record is unreadable."""
-        resources = (group.get("spec") or {}).get("resources") or {}
+        resources = spec_of(group).get("resources") or {}
         foreign = self.foreign.problem(node, resources)
         if foreign is not None:
             return foreign
@@ -832,7 +832,7 @@ def setup(
         """Pods outside any group on a node: the groups bound there re-check. (Pending
         groups retry when such a pod may free devices: ``foreign_frees``.)"""
         if foreign_facts(pod, table, holders_ns):
-            yield from groups_bound_on(cache, [(pod.get("spec") or {}).get("nodeName")])
+            yield from groups_bound_on(cache, [spec_of(pod).get("nodeName")])
 
     def holder_of(pod: Mapping[str, Any]) -> Iterator[Request]:
         """A holder pod changed: its group binds, re-checks, or is placed again."""
@@ -863,7 +863,7 @@ def setup(
     def for_taint_rule(rule: Mapping[str, Any]) -> Iterator[Request]:
         """A DeviceTaintRule changed: devices it matches may be (un)healthy now."""
         yield from pending_groups(cache)
-        selector = (rule.get("spec") or {}).get("deviceSelector") or {}
+        selector = spec_of(rule).get("deviceSelector") or {}
         pool = selector.get("pool")
         if selector.get("driver") and pool:
             nodes = claims.nodes_of_pool((str(selector["driver"]), str(pool)))

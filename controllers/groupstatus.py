@@ -38,7 +38,7 @@ from api.constants import (
 from api.v1alpha1 import format_ids
 from controllers.inventory import Offer, count_offer
 from controllers.placement import is_node_ready, node_device_capacity
-from sdgruntime.kinds import Obj
+from sdgruntime.kinds import Obj, meta_of, spec_of, status_of
 
 Devices = Mapping[str, Sequence[int]]
 
@@ -71,7 +71,7 @@ def node_health(
         return False, REASON_NODE_NOT_FOUND, f"node {name} no longer exists"
     if not is_node_ready(node):
         return False, REASON_NODE_NOT_READY, f"node {name} is not Ready"
-    if (node.get("spec") or {}).get("unschedulable"):
+    if spec_of(node).get("unschedulable"):
         return (
             False,
             REASON_NODE_UNSCHEDULABLE,
@@ -141,7 +141,7 @@ def physical_devices(devices: Devices, offers: Mapping[str, Offer] | None) -> di
 
 def conflict_of(group: Obj) -> Problem | None:
     """The group's conflict (Ready=False with a conflict reason), if it has one."""
-    cond = find_condition((group.get("status") or {}).get("conditions"), CONDITION_READY)
+    cond = find_condition(status_of(group).get("conditions"), CONDITION_READY)
     if cond and cond.get("status") == "False" and cond.get("reason") in CONFLICT_REASONS:
         return str(cond.get("reason")), str(cond.get("message") or "")
     return None
@@ -202,8 +202,8 @@ def bound_status(
     inventory) judges device health and gives ``physicalDevices``, the UUIDs, where known
     (kept once recorded: they say what the pods got, even after a device is lost).
     """
-    status = dict(group.get("status") or {})
-    gen = (group.get("metadata") or {}).get("generation")
+    status = dict(status_of(group))
+    gen = meta_of(group).get("generation")
     conds = list(status.get("conditions") or [])
     if newly_bound:
         status.setdefault("podCount", 0)
@@ -259,8 +259,8 @@ def pending_status(
 ) -> dict[str, Any]:
     """The status of a group not placed yet (``message`` says why, per node; ``reason``
     is the Scheduled condition's)."""
-    status = dict(group.get("status") or {})
-    gen = (group.get("metadata") or {}).get("generation")
+    status = dict(status_of(group))
+    gen = meta_of(group).get("generation")
     conds = set_condition(
         status.get("conditions"),
         CONDITION_SCHEDULED,
@@ -289,8 +289,8 @@ def pending_status(
 
 def with_ready_problem(group: Obj, problem: Problem) -> dict[str, Any]:
     """The group's status with Ready=False for ``problem`` (everything else kept)."""
-    status = dict(group.get("status") or {})
-    gen = (group.get("metadata") or {}).get("generation")
+    status = dict(status_of(group))
+    gen = meta_of(group).get("generation")
     reason, message = problem
     status["conditions"] = set_condition(
         status.get("conditions"), CONDITION_READY, "False", reason, message, observed_generation=gen

@@ -17,7 +17,7 @@ from controllers.ledger.release import live_group
 from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.controllerutil import add_finalizer, remove_finalizer
-from sdgruntime.kinds import MutableObj
+from sdgruntime.kinds import MutableObj, meta_of, status_of
 
 
 class GroupWriter:
@@ -51,7 +51,7 @@ class GroupWriter:
     ) -> MutableObj | None:
         """Write ``status`` conditionally on ``group``'s resourceVersion; no write when it
         is unchanged. Raises Conflict (someone wrote first) and NotFound."""
-        if dict(status) == (group.get("status") or {}):
+        if dict(status) == status_of(group):
             return None
         written = await self.client.update_status(SDG_KIND, {**group, "status": dict(status)})
         self._written[group["metadata"]["name"]] = resource_version(written)
@@ -88,8 +88,8 @@ class GroupWriter:
         this write it fails instead of marking the group Bound on devices about to be
         freed. None when that write came first (409) or the group is gone: then nothing
         is released."""
-        rv = (live.get("metadata") or {}).get("resourceVersion", "")
-        status = dict(live.get("status") or {})
+        rv = meta_of(live).get("resourceVersion", "")
+        status = dict(status_of(live))
         status["conditions"] = [
             c for c in status.get("conditions") or () if c.get("type") != CONDITION_SCHEDULED
         ] + [

@@ -24,7 +24,7 @@ from controllers.inventory import SOURCE_SLICE, Offer, annotation_key
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
-from sdgruntime.kinds import PODS, Obj
+from sdgruntime.kinds import PODS, Obj, meta_of, spec_of, status_of
 from sdgruntime.predicate import Funcs
 
 #: Label on every holder pod SDG creates (value ``holder``), in the manager's namespace.
@@ -39,7 +39,7 @@ def is_holder(pod: Obj, namespace: str | None) -> bool:
     namespace* (only SDG writes there; the same label elsewhere proves nothing)."""
     if not namespace:
         return False
-    meta = pod.get("metadata") or {}
+    meta = meta_of(pod)
     return (
         meta.get("namespace") == namespace
         and (meta.get("labels") or {}).get(ROLE_LABEL) == ROLE_HOLDER
@@ -83,7 +83,7 @@ def holder_pod(
     nothing else (the pause image). Bound to the node directly (kube-scheduler counts it
     all the same), tolerating every taint, owned by the group (deletion cascades), no
     service account token, the smallest footprint the kubelet accepts."""
-    meta = group.get("metadata") or {}
+    meta = meta_of(group)
     name = str(meta.get("name") or "")
     limits = {res: str(n) for res, n in sorted(requests.items())}
     spec: dict[str, Any] = {
@@ -141,13 +141,13 @@ def holder_pod(
 
 def holder_for(pod: Obj) -> str | None:
     """The group a holder pod holds devices for (its annotation), if any."""
-    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(HOLDER_FOR_ANNOTATION)
+    value = (meta_of(pod).get("annotations") or {}).get(HOLDER_FOR_ANNOTATION)
     return value if isinstance(value, str) and value else None
 
 
 def owner_uid(pod: Obj) -> str:
     """The UID of the group that owns a holder pod ("" if none does)."""
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or ():
+    for ref in meta_of(pod).get("ownerReferences") or ():
         if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(GROUP + "/"):
             return str(ref.get("uid") or "")
     return ""
@@ -156,7 +156,7 @@ def owner_uid(pod: Obj) -> str:
 def requested(pod: Obj) -> dict[str, int]:
     """The device counts a holder pod asks for (its container's limits)."""
     out: dict[str, int] = {}
-    for container in (pod.get("spec") or {}).get("containers") or ():
+    for container in spec_of(pod).get("containers") or ():
         for res, n in ((container.get("resources") or {}).get("limits") or {}).items():
             if res not in ("cpu", "memory"):
                 try:
@@ -200,7 +200,7 @@ def read_holder(pod: Obj, offers: Mapping[str, Offer]) -> HolderState:
     key = (
         f"{(pod.get('metadata') or {}).get('namespace')}/{(pod.get('metadata') or {}).get('name')}"
     )
-    status = pod.get("status") or {}
+    status = status_of(pod)
     phase = status.get("phase")
     if phase in ("Failed", "Succeeded"):
         why = status.get("message") or status.get("reason") or f"phase {phase}"
@@ -305,7 +305,7 @@ class Holders:
 
     async def delete(self, pod: Obj) -> None:
         """Delete a holder pod (that very one: conditional on its UID)."""
-        meta = pod.get("metadata") or {}
+        meta = meta_of(pod)
         if meta.get("deletionTimestamp"):
             return
         # NotFound, Conflict: gone already, or replaced: that one's own events follow.
@@ -321,8 +321,8 @@ def holder_changed(namespace: str) -> Funcs:
     def facts(pod: Obj) -> tuple[Any, ...]:
         if not is_holder(pod, namespace):
             return ()
-        status = pod.get("status") or {}
-        meta = pod.get("metadata") or {}
+        status = status_of(pod)
+        meta = meta_of(pod)
         return (
             bool(meta.get("deletionTimestamp")),
             status.get("phase"),
@@ -362,7 +362,7 @@ def kubelet_hold(pod: Obj, holders_namespace: str | None) -> tuple[str, KubeletH
     if not wants:
         return None
     given: dict[str, list[str]] = {}
-    for cs in (pod.get("status") or {}).get("containerStatuses") or ():
+    for cs in status_of(pod).get("containerStatuses") or ():
         if not isinstance(cs, Mapping):
             continue
         for rs in cs.get("allocatedResourcesStatus") or ():

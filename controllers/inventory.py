@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from api.constants import MAX_DEVICES_PER_RESOURCE
 from controllers.placement import node_device_capacity
-from sdgruntime.kinds import Kind, Obj
+from sdgruntime.kinds import Kind, Obj, meta_of, spec_of
 
 #: DRA's published devices (resource.k8s.io/v1, GA in Kubernetes 1.34).
 RESOURCESLICES: Final = Kind(
@@ -215,7 +215,7 @@ def slice_offers(
     # (driver, pool) -> generation -> its slices
     pools: dict[tuple[str, str], dict[int, list[Obj]]] = {}
     for s in apply_taint_rules(slices, taint_rules):
-        spec = s.get("spec") or {}
+        spec = spec_of(s)
         driver = spec.get("driver")
         if driver not in drivers:
             continue
@@ -226,7 +226,7 @@ def slice_offers(
     for (driver, pool_name), gens in pools.items():
         complete = [g for g, ss in gens.items() if len(ss) >= _slice_count(ss[0])]
         for s in gens[max(complete or gens)]:
-            for device in ((s.get("spec") or {}).get("devices") or ())[:MAX_DEVICES_PER_RESOURCE]:
+            for device in (spec_of(s).get("devices") or ())[:MAX_DEVICES_PER_RESOURCE]:
                 if isinstance(device, Mapping):
                     per_res.setdefault(drivers[driver], []).append((driver, pool_name, device))
     return {res: _offer_from_devices(res, listed) for res, listed in per_res.items()}
@@ -234,7 +234,7 @@ def slice_offers(
 
 def _slice_count(resource_slice: Obj) -> int:
     """How many slices its pool's generation has (``pool.resourceSliceCount``, at least 1)."""
-    pool = (resource_slice.get("spec") or {}).get("pool") or {}
+    pool = spec_of(resource_slice).get("pool") or {}
     count = pool.get("resourceSliceCount")
     return count if isinstance(count, int) and count > 0 else 1
 
@@ -409,7 +409,7 @@ def _selects(rule: Obj, driver: object, pool: object) -> bool:
     selector field that is set must match, no selector selects nothing
     (k8s.io/dynamic-resource-allocation v0.37.2, resourceslice/tracker/tracker.go
     applyPatches)."""
-    selector = (rule.get("spec") or {}).get("deviceSelector")
+    selector = spec_of(rule).get("deviceSelector")
     return isinstance(selector, Mapping) and all(
         selector.get(key) is None or selector.get(key) == value
         for key, value in (("driver", driver), ("pool", pool))
@@ -418,7 +418,7 @@ def _selects(rule: Obj, driver: object, pool: object) -> bool:
 
 def _selects_device(rule: Obj, name: object) -> bool:
     """Whether a rule that selects a device's pool selects the device named ``name``."""
-    wanted = ((rule.get("spec") or {}).get("deviceSelector") or {}).get("device")
+    wanted = (spec_of(rule).get("deviceSelector") or {}).get("device")
     return wanted is None or wanted == name
 
 
@@ -427,10 +427,10 @@ def apply_taint_rules(slices: Iterable[Obj], rules: Iterable[Obj]) -> list[Obj]:
     selects it, as kube-scheduler applies them ("the same effect as if the taint was
     specified directly in the ResourceSlice by the DRA driver", k8s.io/api v0.37.2
     resource/v1 DeviceTaintRule). Slices no rule touches are returned as they are."""
-    rules = [r for r in rules if isinstance((r.get("spec") or {}).get("taint"), Mapping)]
+    rules = [r for r in rules if isinstance(spec_of(r).get("taint"), Mapping)]
     out: list[Obj] = []
     for s in slices:
-        spec = s.get("spec") or {}
+        spec = spec_of(s)
         driver, pool = spec.get("driver"), (spec.get("pool") or {}).get("name")
         mine = [r for r in rules if _selects(r, driver, pool)]
         if not mine:
@@ -459,7 +459,7 @@ def node_offers(
 ) -> dict[str, Offer]:
     """Every device resource ``node`` offers, each from its best source."""
     offers = {res: count_offer(res, n) for res, n in node_device_capacity(node).items() if n}
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(node).get("annotations") or {}
     for key, value in annotations.items():
         if key.startswith(ANNOTATION_PREFIX):
             res = key[len(ANNOTATION_PREFIX) :].replace("_", "/", 1)
@@ -471,7 +471,7 @@ def node_offers(
 def node_of_slice(resource_slice: Obj) -> str | None:
     """The node a ResourceSlice's devices are on (None for pools shared by many nodes,
     which SDG does not hand out: a group's devices are on one node)."""
-    node = (resource_slice.get("spec") or {}).get("nodeName")
+    node = spec_of(resource_slice).get("nodeName")
     return node if isinstance(node, str) and node else None
 
 
@@ -547,7 +547,7 @@ class Inventory:
         """Recompute the nodes with a slice either version of the rule may select."""
         for node, slices in list(self._slices.items()):
             for s in slices.values():
-                spec = s.get("spec") or {}
+                spec = spec_of(s)
                 driver, pool = spec.get("driver"), (spec.get("pool") or {}).get("name")
                 if any(r is not None and _selects(r, driver, pool) for r in (old, new)):
                     self._recompute(node)

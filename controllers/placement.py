@@ -38,6 +38,7 @@ from api.v1alpha1 import spec_pins
 from api.validation import is_resource_name
 from controllers.ledger.tracker import DeviceTracker
 from controllers.quantity import parse_quantity
+from sdgruntime.kinds import status_of
 
 
 class FreeCounts(Protocol):
@@ -117,7 +118,7 @@ def node_device_capacity(node: Mapping[str, Any]) -> dict[str, int]:
     devices, and clamping it would hand out IDs of something else. Every per-device loop
     and allocation is bounded by this cap.
     """
-    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    allocatable = status_of(node).get("allocatable") or {}
     out: dict[str, int] = {}
     for res, qty in allocatable.items():
         if _is_device_resource(res):
@@ -129,7 +130,7 @@ def node_device_capacity(node: Mapping[str, Any]) -> dict[str, int]:
 def unaddressable_devices(node: Mapping[str, Any]) -> dict[str, int]:
     """Device resources the node advertises more of than SDG addresses, with the count
     advertised (``node_device_capacity`` offers none of them); for explaining."""
-    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    allocatable = status_of(node).get("allocatable") or {}
     out: dict[str, int] = {}
     for res, qty in allocatable.items():
         if _is_device_resource(res) and (count := _device_count(qty)) > MAX_DEVICES_PER_RESOURCE:
@@ -156,7 +157,7 @@ def _device_count(qty: Any) -> int:
 
 def _no_devices_reason(node: Mapping[str, Any], res: str) -> str:
     """Why ``node`` offers no ``res``: it lacks it, or advertises more than the cap."""
-    qty = ((node.get("status") or {}).get("allocatable") or {}).get(res)
+    qty = (status_of(node).get("allocatable") or {}).get(res)
     if qty is not None and _is_device_resource(res):
         count = _device_count(qty)
         if count > MAX_DEVICES_PER_RESOURCE:
@@ -171,7 +172,7 @@ def is_shared_taint(taint: Mapping[str, Any]) -> bool:
 
 def is_node_ready(node: Mapping[str, Any]) -> bool:
     """False only when a Ready condition exists and is not True (no conditions: trust taints)."""
-    for cond in (node.get("status") or {}).get("conditions") or ():
+    for cond in status_of(node).get("conditions") or ():
         if cond.get("type") == "Ready":
             return cond.get("status") == "True"
     return True

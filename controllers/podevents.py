@@ -27,6 +27,7 @@ from typing import Any, Final
 import anyio
 
 from sdgruntime.events import EventRecorder
+from sdgruntime.kinds import meta_of
 
 #: Pods named in one PodsJoined/PodsLeft event; the rest are counted.
 EVENT_PODS: Final = 10
@@ -71,7 +72,7 @@ class _Pending:
 
 def _ref(group: Mapping[str, Any]) -> dict[str, Any]:
     """What an Event's involvedObject needs of the group, not the whole object."""
-    meta = group.get("metadata") or {}
+    meta = meta_of(group)
     return {
         "apiVersion": group.get("apiVersion"),
         "kind": group.get("kind"),

@@ -16,7 +16,7 @@ from fractions import Fraction
 from api.constants import FILTERING_TAINT_EFFECTS
 from api.pods import is_active, tolerates
 from controllers.quantity import format_units, parse_quantity, to_units
-from sdgruntime.kinds import Obj
+from sdgruntime.kinds import Obj, meta_of, spec_of, status_of
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 _INT = re.compile(r"[+-]?[0-9]+")
@@ -74,11 +74,11 @@ def _match_term(term: Obj, labels: Mapping[str, str], node_name: str) -> bool:
 
 def matches_required_affinity(pod: Obj, node: Obj) -> bool:
     """``requiredDuringSchedulingIgnoredDuringExecution``: terms are ORed, expressions ANDed."""
-    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    affinity = (spec_of(pod).get("affinity") or {}).get("nodeAffinity") or {}
     required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if not required:
         return True
-    meta = node.get("metadata") or {}
+    meta = meta_of(node)
     labels = meta.get("labels") or {}
     name = meta.get("name") or ""
     terms = required.get("nodeSelectorTerms") or []
@@ -114,7 +114,7 @@ def pod_requests(pod: Obj) -> dict[str, int]:
     containers keep running — they add to the sum and to every later init container's
     need; pod-level ``spec.resources`` overrides per resource; then ``spec.overhead``.
     """
-    spec = pod.get("spec") or {}
+    spec = spec_of(pod)
     total: dict[str, Fraction] = {}
     for c in spec.get("containers") or ():
         _add(total, _container_requests(c))
@@ -149,7 +149,7 @@ def host_ports(pod: Obj) -> list[tuple[str, str, int]]:
     Containers and restartable init containers (they run alongside); one-shot init
     containers have finished before the others start.
     """
-    spec = pod.get("spec") or {}
+    spec = spec_of(pod)
     containers = list(spec.get("containers") or ())
     containers += [
         c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"
@@ -184,8 +184,8 @@ def pod_fits_node(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[str]
 
     ``pods_on_node`` may include terminal pods (ignored) and the pod itself (ignored).
     """
-    spec = pod.get("spec") or {}
-    node_spec = node.get("spec") or {}
+    spec = spec_of(pod)
+    node_spec = spec_of(node)
     tolerations = spec.get("tolerations") or []
     reasons: list[str] = []
 
@@ -202,7 +202,7 @@ def pod_fits_node(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[str]
             )
             break
 
-    labels = (node.get("metadata") or {}).get("labels") or {}
+    labels = meta_of(node).get("labels") or {}
     selector = spec.get("nodeSelector") or {}
     missing = sorted(f"{k}={v}" for k, v in selector.items() if labels.get(k) != v)
     if missing:
@@ -227,7 +227,7 @@ def pod_fits_node(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[str]
 
 
 def _resource_reasons(pod: Obj, node: Obj, others: list[Obj]) -> list[str]:
-    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    allocatable = status_of(node).get("allocatable") or {}
     reasons: list[str] = []
     max_pods = to_units(parse_quantity(allocatable.get("pods", 0)), "pods")
     if len(others) + 1 > max_pods:

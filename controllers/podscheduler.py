@@ -33,7 +33,7 @@ from sdgruntime.cache import Cache
 from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
 from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
-from sdgruntime.kinds import NODES, PODS
+from sdgruntime.kinds import NODES, PODS, meta_of, spec_of, status_of
 from sdgruntime.manager import Manager
 from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request, Result
@@ -152,7 +152,7 @@ class PodScheduler:
             group = self.cache.get(SDG_KIND, group_name, copy=False)
         except errors.NotFound:
             return f"SharedDeviceGroup {group_name!r} not found", None
-        if (group.get("metadata") or {}).get("deletionTimestamp"):
+        if meta_of(group).get("deletionTimestamp"):
             return (
                 f"SharedDeviceGroup {group_name!r} is being deleted; its pods are not bound. "
                 "Delete this pod (or recreate the group and then the pod)",
@@ -166,7 +166,7 @@ class PodScheduler:
                 "is bound into it until that is resolved",
                 None,
             )
-        status = group.get("status") or {}
+        status = status_of(group)
         if not is_bound(group):
             cond = find_condition(status.get("conditions"), "Scheduled") or {}
             why = cond.get("message") or "not scheduled yet"
@@ -184,7 +184,7 @@ class PodScheduler:
         """The devices the webhook injected must still be the group's: a group deleted and
         recreated between the pod's admission and its binding may hold other IDs now."""
         group = self.cache.get(SDG_KIND, group_name, copy=False)
-        resources = (group.get("spec") or {}).get("resources") or {}
+        resources = spec_of(group).get("resources") or {}
         injected = delivered_devices(pod, resources, self.env_table)
         try:
             holds = selected_devices(group)
@@ -210,7 +210,7 @@ class PodScheduler:
         sdg_metrics.SCHEDULING_ATTEMPTS.labels("pod", "unschedulable").inc()
         sdg_metrics.DECISION_LATENCY.labels("pod").observe(time.perf_counter() - started)
         meta = pod["metadata"]
-        current = find_condition((pod.get("status") or {}).get("conditions"), "PodScheduled")
+        current = find_condition(status_of(pod).get("conditions"), "PodScheduled")
         if not current or current.get("status") != "False" or current.get("message") != message:
             patch = {
                 "status": {
@@ -317,7 +317,7 @@ def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:
 
     def after_pod_left(pod: Mapping[str, Any]) -> Iterator[Request]:
         """A pod on a node ended or went away: its CPU/memory/ports are free again."""
-        node = (pod.get("spec") or {}).get("nodeName")
+        node = spec_of(pod).get("nodeName")
         if node and (pod["metadata"].get("deletionTimestamp") or is_finished(pod)):
             for group in groups_bound_to(node):
                 yield from pending_pods_of(group)

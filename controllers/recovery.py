@@ -31,7 +31,7 @@ from controllers.ledger.writer import ClaimRecordBroken
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.events import EventRecorder
-from sdgruntime.kinds import MutableObj
+from sdgruntime.kinds import MutableObj, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class Recovery:
     async def _restore_from_pods(self, group: MutableObj) -> str | None:
         """A group that lost its status: its bound pods say where and what they got."""
         name = group["metadata"]["name"]
-        resources = (group.get("spec") or {}).get("resources") or {}
+        resources = spec_of(group).get("resources") or {}
         seen: dict[tuple[str, str], list[str]] = {}
         found: dict[tuple[str, str], Devices] = {}
         for pod in bound_pods(self.cache, name):

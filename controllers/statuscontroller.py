@@ -33,7 +33,7 @@ from sdgruntime.cache import Cache
 from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
 from sdgruntime.handler import EnqueueRequestsFromMapFunc
-from sdgruntime.kinds import PODS
+from sdgruntime.kinds import PODS, status_of
 from sdgruntime.manager import Manager
 from sdgruntime.reconcile import Request, Result
 
@@ -113,7 +113,7 @@ class StatusController:
             self._written.pop(request.name, None)
             return None
         pods = self.cache.list(PODS, index=POD_GROUP_INDEX, value=request.name, copy=False)
-        status = group.get("status") or {}
+        status = status_of(group)
         before = status.get("allocatedPods") or []
         before_count = status.get("podCount", 0)
         if not isinstance(before_count, int) or isinstance(before_count, bool):

@@ -12,7 +12,7 @@ from api.v1alpha1 import group_phase
 from controllers.inventory import ANNOTATION_PREFIX
 from controllers.ledger.records import record_holdings
 from sdgruntime.cache import Cache
-from sdgruntime.kinds import PODS, Obj
+from sdgruntime.kinds import PODS, Obj, meta_of, spec_of, status_of
 from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request
 
@@ -21,7 +21,7 @@ def _pod_facts(pod: Obj) -> tuple[Any, ...]:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     return (
         pod_group(pod),
-        (pod.get("spec") or {}).get("nodeName"),
+        spec_of(pod).get("nodeName"),
         status.get("phase"),
         meta.get("deletionTimestamp"),
     )
@@ -36,10 +36,10 @@ def _group_pod_facts(pod: Obj) -> tuple[Any, ...]:
     """All the group scheduler reads of a pod: its group, its node, whether it is active
     (terminating pods still count) and the devices it was given (the annotation; the env
     it falls back to cannot change)."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     return (
         pod_group(pod),
-        (pod.get("spec") or {}).get("nodeName"),
+        spec_of(pod).get("nodeName"),
         is_active(pod),
         annotations.get(DEVICES_ANNOTATION),
     )
@@ -57,11 +57,9 @@ _POD_LIST_FIELDS = ("allocatedPods", "allocatedPodCounts", "podCount")
 
 def _beyond_pod_list(group: Obj) -> tuple[Any, ...]:
     meta = {
-        k: v
-        for k, v in (group.get("metadata") or {}).items()
-        if k not in ("resourceVersion", "managedFields")
+        k: v for k, v in meta_of(group).items() if k not in ("resourceVersion", "managedFields")
     }
-    status = {k: v for k, v in (group.get("status") or {}).items() if k not in _POD_LIST_FIELDS}
+    status = {k: v for k, v in status_of(group).items() if k not in _POD_LIST_FIELDS}
     rest = {k: v for k, v in group.items() if k not in ("metadata", "status")}
     return meta, status, rest
 
@@ -137,7 +135,7 @@ _UNBOUND = "unbound"
 
 
 def _group_node(group: Obj) -> list[str]:
-    node = (group.get("status") or {}).get("nodeName")
+    node = status_of(group).get("nodeName")
     return [node] if isinstance(node, str) and node else []
 
 
@@ -172,7 +170,7 @@ def groups_on(cache: Cache, nodes: Iterable[str | None]) -> Iterator[Request]:
     if not wanted:
         return
     for g in cache.list(SDG_KIND, copy=False):
-        if (g.get("status") or {}).get("nodeName") in wanted:
+        if status_of(g).get("nodeName") in wanted:
             yield Request(g["metadata"]["name"])
 
 

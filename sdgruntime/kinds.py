@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import quote
 
@@ -12,6 +13,23 @@ from urllib.parse import quote
 Obj = Mapping[str, Any]
 #: One that code builds or edits in place.
 MutableObj = dict[str, Any]
+
+_NONE: Mapping[str, Any] = MappingProxyType({})
+
+
+def meta_of(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``obj.metadata``, or an empty (read-only) mapping when the object has none."""
+    return (obj or _NONE).get("metadata") or _NONE
+
+
+def spec_of(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``obj.spec``, or an empty (read-only) mapping."""
+    return (obj or _NONE).get("spec") or _NONE
+
+
+def status_of(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``obj.status``, or an empty (read-only) mapping."""
+    return (obj or _NONE).get("status") or _NONE
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from api.v1alpha1 import group_node, is_bound
 from sdgruntime import errors
 from sdgruntime.cache import Cache, CacheNotSynced
 from sdgruntime.client import Client
-from sdgruntime.kinds import PODS, Kind
+from sdgruntime.kinds import PODS, Kind, meta_of
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed, denied
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class BindingValidator:
         binding = request.object or {}
         if request.operation != "CREATE" or request.kind.get("kind") != "Binding":
             return allowed()
-        meta = binding.get("metadata") or {}
+        meta = meta_of(binding)
         name = str(meta.get("name") or request.name or "")
         namespace = str(meta.get("namespace") or request.namespace or "")
         target = binding.get("target") or {}
@@ -58,7 +58,7 @@ class BindingValidator:
             )
         if pod is None:
             return allowed()  # the API server answers a Binding of a missing pod itself
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations = meta_of(pod).get("annotations") or {}
         group_name = annotations.get(GROUP_ANNOTATION)
         if group_name is None:
             return allowed()

@@ -44,7 +44,7 @@ from api.constants import (
 )
 from api.pods import devices_annotation
 from api.validation import is_dns_subdomain, is_label_key
-from sdgruntime.kinds import Obj
+from sdgruntime.kinds import Obj, meta_of, spec_of
 from sdgruntime.webhook.jsonpatch import escape
 
 #: The resource whose index-named devices get ``CUDA_DEVICE_ORDER``.
@@ -91,7 +91,7 @@ def pointer(*tokens: str | int) -> str:
 def containers(pod: Obj) -> list[tuple[str, int, Obj]]:
     """(kind, index, container) for init containers (native sidecars among them) and
     containers: every container that runs when the pod starts."""
-    spec = pod.get("spec") or {}
+    spec = spec_of(pod)
     return [
         (kind, i, c)
         for kind in ("initContainers", "containers")
@@ -133,7 +133,7 @@ def _as_stored(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 def annotation_ops(pod: Obj, wanted: Mapping[str, str | None]) -> list[dict[str, Any]]:
     """Set (a string) or remove (None) each annotation; nothing for what already holds."""
-    current = (pod.get("metadata") or {}).get("annotations")
+    current = meta_of(pod).get("annotations")
     if not current:
         values = {k: v for k, v in wanted.items() if v is not None}
         if not values:
@@ -469,11 +469,11 @@ def runtimeclass_delivery(
     """``runtimeclass``: ``env``, run by the configured RuntimeClass. A pod naming another
     RuntimeClass is denied: under it the GPU hook may not run (no GPUs) or another one may
     (other GPUs); silently replacing it would break what the pod asked that runtime for."""
-    spec = pod.get("spec") or {}
+    spec = spec_of(pod)
     want = delivery.runtime_class_name
     have = spec.get("runtimeClassName")
     if have and have != want:
-        name = ((pod.get("metadata") or {}).get("annotations") or {}).get(GROUP_ANNOTATION)
+        name = (meta_of(pod).get("annotations") or {}).get(GROUP_ANNOTATION)
         return Denial(
             f"pod sets runtimeClassName {have}, but SharedDeviceGroup {name!r} gets its "
             f"devices on its node through RuntimeClass {want} (delivery "
@@ -504,14 +504,14 @@ def _cdi_key_owned(key: str, prefix: str) -> bool:
 
 def _owned_cdi_removals(pod: Obj, keep: Mapping[str, Any], prefix: str) -> dict[str, None]:
     """Every CDI annotation key of the pod SDG owns and does not set: removed."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     return {k: None for k in sorted(annotations) if k not in keep and _cdi_key_owned(k, prefix)}
 
 
 def owned_cdi_changes(pod: Obj, operations: Sequence[Mapping[str, Any]], prefix: str) -> list[str]:
     """The pod's own CDI annotation keys that ``operations`` remove or replace (sorted):
     what the user asked the device-injector for and does not get."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     head = "/metadata/annotations/"
     out = set()
     for op in operations:

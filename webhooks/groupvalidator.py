@@ -15,7 +15,7 @@ from api.envvars import env_var_for
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
 from api.validation import validate_spec
 from sdgruntime.cache import Cache
-from sdgruntime.kinds import PODS
+from sdgruntime.kinds import PODS, spec_of, status_of
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed, denied
 
 #: How many of a group's pods a denied DELETE names.
@@ -42,11 +42,9 @@ class GroupValidator:
             return denied("; ".join(problems), code=422, reason="Invalid")
         if request.operation == "UPDATE":
             old = request.old_object or {}
-            if (old.get("status") or {}).get("phase") == PHASE_BOUND:
+            if status_of(old).get("phase") == PHASE_BOUND:
                 changed = [
-                    f
-                    for f in _IMMUTABLE_WHEN_BOUND
-                    if (old.get("spec") or {}).get(f) != (spec or {}).get(f)
+                    f for f in _IMMUTABLE_WHEN_BOUND if spec_of(old).get(f) != (spec or {}).get(f)
                 ]
                 if changed:
                     return denied(

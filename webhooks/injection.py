@@ -56,7 +56,7 @@ from api.envvars import device_env_vars, env_var_for, env_vars_reached, names_no
 from api.pods import parse_devices_annotation, tolerates
 from api.v1alpha1 import allows_host_access, format_ids, parse_ids
 from api.validation import is_dns_subdomain
-from sdgruntime.kinds import Obj
+from sdgruntime.kinds import Obj, meta_of, spec_of, status_of
 from sdgruntime.webhook.jsonpatch import unescape
 from webhooks.delivery import (
     CUDA_DEVICE_ORDER,
@@ -113,7 +113,7 @@ _DEFAULT_DELIVERY = Delivery()
 
 def group_annotation(pod: Obj) -> str | None:
     """The group a pod names, or None when it names none (annotation absent)."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     value = annotations.get(GROUP_ANNOTATION)
     return None if value is None else str(value)
 
@@ -121,7 +121,7 @@ def group_annotation(pod: Obj) -> str | None:
 def check_annotation(pod: Obj, scheduler_name: str = SCHEDULER_NAME) -> Denial | None:
     """Deny a malformed group annotation, or our scheduler without a group."""
     name = group_annotation(pod)
-    scheduler = (pod.get("spec") or {}).get("schedulerName")
+    scheduler = spec_of(pod).get("schedulerName")
     if name is None:
         if scheduler == scheduler_name:
             return Denial(
@@ -182,7 +182,7 @@ def _requested_devices(
                 if device(name):
                     who = f"{_what(kind)} {c.get('name', '')!r}"
                     return _request_denial(who, name, f"resources.{section}", resources, group_name)
-    pod_level = (pod.get("spec") or {}).get("resources") or {}
+    pod_level = spec_of(pod).get("resources") or {}
     for section in ("limits", "requests"):
         for name in sorted(pod_level.get(section) or {}):
             if device(name):
@@ -194,7 +194,7 @@ def _requested_devices(
 
 def _claims_denial(pod: Obj, group_name: str) -> Denial | None:
     """DRA claims: a driver would hand the pod the claimed devices beside the group's."""
-    claims = (pod.get("spec") or {}).get("resourceClaims") or []
+    claims = spec_of(pod).get("resourceClaims") or []
     if not claims:
         return None
     names = [str(c.get("name", "")) if isinstance(c, Mapping) else "?" for c in claims]
@@ -247,7 +247,7 @@ def _in_families(key: str, families: tuple[str, ...]) -> bool:
 def _injector_denial(pod: Obj, group_name: str) -> Denial | None:
     """NRI device-injector annotations for raw device nodes or mounts: SDG writes neither
     family, and either reaches devices (``/dev/nvidia3``, a bind mount of ``/dev``)."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     keys = sorted(
         k
         for k in annotations
@@ -282,9 +282,9 @@ def _group_devices(
 ) -> list[ResourceDevices] | Denial:
     """The bound group's devices per resource (sorted), with env var and, when
     ``uuids_used``, the UUIDs ``status.physicalDevices`` records for them; or a denial."""
-    name = (group.get("metadata") or {}).get("name", "")
-    resources = sorted((group.get("spec") or {}).get("resources") or {})
-    status = group.get("status") or {}
+    name = meta_of(group).get("name", "")
+    resources = sorted(spec_of(group).get("resources") or {})
+    status = status_of(group)
     selected = status.get("selectedDevices") or {}
     physical = status.get("physicalDevices") or {}
     out: list[ResourceDevices] = []
@@ -351,10 +351,10 @@ def tolerates_shared_taint(toleration: Obj, effect: str = "NoSchedule") -> bool:
 def _toleration_ops(pod: Obj) -> list[dict[str, Any]]:
     """Add ``SHARED_TOLERATION`` unless the pod's own tolerations already tolerate the
     shared taint with every effect (one for NoSchedule only stays, ours goes beside it)."""
-    tolerations = (pod.get("spec") or {}).get("tolerations") or ()
+    tolerations = spec_of(pod).get("tolerations") or ()
     if all(any(tolerates_shared_taint(t, e) for t in tolerations) for e in _TAINT_EFFECTS):
         return []
-    if (pod.get("spec") or {}).get("tolerations") is None:
+    if spec_of(pod).get("tolerations") is None:
         return [{"op": "add", "path": "/spec/tolerations", "value": [dict(SHARED_TOLERATION)]}]
     return [{"op": "add", "path": "/spec/tolerations/-", "value": dict(SHARED_TOLERATION)}]
 
@@ -365,7 +365,7 @@ def _host_access(pod: Obj, group: Obj, name: str) -> dict[str, str | None] | Den
     group that does not opt out is refused (the API server's policy trusts it)."""
     if allows_host_access(group):
         return {HOST_ACCESS_ANNOTATION: HOST_ACCESS_ALLOWED}
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     if HOST_ACCESS_ANNOTATION in annotations:
         return Denial(
             f"pod sets annotation {HOST_ACCESS_ANNOTATION}, which only SDG sets, on pods of "
@@ -381,7 +381,7 @@ def _host_access(pod: Obj, group: Obj, name: str) -> dict[str, str | None] | Den
 def conflict_denial(name: str, group: Obj) -> Denial | None:
     """Deny joining while the group's devices are disputed (``Ready=False`` with a conflict
     reason): a new pod would run on devices another group or pod may also be using."""
-    status = group.get("status") or {}
+    status = status_of(group)
     ready = find_condition(status.get("conditions"), CONDITION_READY)
     if not ready or ready.get("status") != "False":
         return None
@@ -427,13 +427,13 @@ def build_injection(
             f"SharedDeviceGroup {name!r} not found; create it first "
             f"(kubectl get sdg lists the groups) or fix annotation {GROUP_ANNOTATION}"
         )
-    meta = group.get("metadata") or {}
+    meta = meta_of(group)
     if meta.get("deletionTimestamp"):
         return Denial(f"SharedDeviceGroup {name!r} is being deleted; new pods cannot join it")
     conflict = conflict_denial(name, group)
     if conflict is not None:
         return conflict
-    status = group.get("status") or {}
+    status = status_of(group)
     if status.get("phase") != PHASE_BOUND or not status.get("nodeName"):
         cond = find_condition(status.get("conditions"), CONDITION_SCHEDULED)
         why = ((cond or {}).get("message") or "it has not been scheduled yet").rstrip()
@@ -443,7 +443,7 @@ def build_injection(
             "Pods can join once it is Bound; fix the cause (kubectl describe sdg "
             f"{name}) or use another group."
         )
-    pinned = (pod.get("spec") or {}).get("nodeName")
+    pinned = spec_of(pod).get("nodeName")
     if pinned and pinned != status.get("nodeName"):
         # The kubelet would run it on another node's GPUs with these IDs: someone else's.
         return Denial(
@@ -451,7 +451,7 @@ def build_injection(
             f"{status.get('nodeName')}; remove spec.nodeName and {scheduler_name} places "
             "the pod on the group's node"
         )
-    resources = (group.get("spec") or {}).get("resources") or {}
+    resources = spec_of(group).get("resources") or {}
     group_vars = frozenset(v for r in resources if (v := env_var_for(r, env_table)) is not None)
     for denial in (
         _requested_devices(pod, resources, env_table, name),
@@ -464,7 +464,7 @@ def build_injection(
     host_access = _host_access(pod, group, name)
     if isinstance(host_access, Denial):
         return host_access
-    scheduler = (pod.get("spec") or {}).get("schedulerName")
+    scheduler = spec_of(pod).get("schedulerName")
     if scheduler not in (None, "", DEFAULT_SCHEDULER_NAME, scheduler_name):
         return Denial(
             f"pod uses schedulerName {scheduler}, but pods of SharedDeviceGroup {name!r} "
@@ -473,7 +473,7 @@ def build_injection(
     devices = _group_devices(group, env_table, uuids_used=delivery.device_ids != DEVICE_IDS_INDEX)
     if isinstance(devices, Denial):
         return devices
-    if node is not None and (node.get("metadata") or {}).get("name") != status["nodeName"]:
+    if node is not None and meta_of(node).get("name") != status["nodeName"]:
         node = None  # not the group's node: its label says nothing about this pod
     chosen = delivery.for_node(node, name, runtime_classes, [d.env_var for d in devices])
     if isinstance(chosen, Denial):
@@ -496,16 +496,16 @@ def build_injection(
 
 
 def _pod_ref(pod: Obj) -> str:
-    meta = pod.get("metadata") or {}
+    meta = meta_of(pod)
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 def _added_ephemeral(pod: Obj, old_pod: Obj) -> list[tuple[int, Obj]]:
     """The ephemeral containers this request adds (existing ones can never change)."""
-    before = {c.get("name") for c in (old_pod.get("spec") or {}).get("ephemeralContainers") or ()}
+    before = {c.get("name") for c in spec_of(old_pod).get("ephemeralContainers") or ()}
     return [
         (i, c)
-        for i, c in enumerate((pod.get("spec") or {}).get("ephemeralContainers") or ())
+        for i, c in enumerate(spec_of(pod).get("ephemeralContainers") or ())
         if c.get("name") not in before
     ]
 
@@ -533,14 +533,14 @@ def _describe(devices: Mapping[str, list[int]]) -> str:
 def _pod_device_env(pod: Obj, devices: list[ResourceDevices]) -> tuple[dict[str, Any], str | None]:
     """The device env entries of the pod's first container, when its
     ``deviceshare.io/devices`` record names the group's devices; else why not."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     given = parse_devices_annotation(annotations[DEVICES_ANNOTATION])
     if given is None:
         return {}, f"its annotation {DEVICES_ANNOTATION} is not readable"
     holds = {d.resource: list(d.ids) for d in devices}
     if given != holds:
         return {}, f"it was given {_describe(given)}, the group holds {_describe(holds)}"
-    first = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+    first = (spec_of(pod).get("containers") or [{}])[0]
     entries = {str(e.get("name")): e for e in first.get("env") or ()}
     env: dict[str, Any] = {}
     for d in devices:
@@ -586,7 +586,7 @@ def build_ephemeral_injection(
             f"{names} cannot be given the pod's devices; the pod runs outside any group's "
             "books: delete it and create it again in an existing group"
         )
-    status = group.get("status") or {}
+    status = status_of(group)
     if status.get("phase") != PHASE_BOUND:
         return Denial(
             f"SharedDeviceGroup {name!r} of pod {ref} is not Bound, so ephemeral container "
@@ -595,7 +595,7 @@ def build_ephemeral_injection(
     devices = _group_devices(group, env_table)
     if isinstance(devices, Denial):
         return devices
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     if DEVICES_ANNOTATION in annotations:
         env, stale = _pod_device_env(pod, devices)
     else:  # admitted before the record existed: env held the IDs
@@ -609,7 +609,7 @@ def build_ephemeral_injection(
             f"(kubectl describe sdg {name})"
         )
     order = env.pop(CUDA_DEVICE_ORDER, None)
-    containers_ = (pod.get("spec") or {}).get("containers") or [{}]
+    containers_ = spec_of(pod).get("containers") or [{}]
     required: dict[str, Any] = {
         e["name"]: e
         for e in containers_[0].get("env") or ()

@@ -38,7 +38,7 @@ from sdgruntime import errors
 from sdgruntime.cache import Cache, CacheNotSynced
 from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
-from sdgruntime.kinds import NODES, RUNTIMECLASSES
+from sdgruntime.kinds import NODES, RUNTIMECLASSES, meta_of, status_of
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed, denied, patch_ops
 from webhooks.injection import (
     Delivery,
@@ -66,14 +66,14 @@ MAX_MISSING = 4096
 
 
 def _warn_key(group: Mapping[str, Any]) -> str:
-    meta = group.get("metadata") or {}
+    meta = meta_of(group)
     return str(meta.get("uid") or meta.get("name") or "")
 
 
 def _still_binding(group: Mapping[str, Any]) -> bool:
     """Neither Bound nor judged unschedulable yet: the scheduler has not decided, or has
     placed the group and waits for the kubelet to give its holder pod the devices."""
-    status = group.get("status") or {}
+    status = status_of(group)
     if status.get("phase") == PHASE_BOUND:
         return False
     return all(
@@ -200,8 +200,8 @@ class PodMutator:
     async def _node(self, group: Mapping[str, Any]) -> dict[str, Any] | None:
         """The bound group's node (None when not bound or gone): its label may override
         the delivery mode. The cache first, like groups; the API server when it cannot say."""
-        name = (group.get("status") or {}).get("nodeName")
-        if not name or (group.get("status") or {}).get("phase") != PHASE_BOUND:
+        name = status_of(group).get("nodeName")
+        if not name or status_of(group).get("phase") != PHASE_BOUND:
             return None
         try:
             return self.cache.get(NODES, name, copy=False)

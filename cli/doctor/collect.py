@@ -58,13 +58,14 @@ from sdgruntime.kinds import (
     RUNTIMECLASSES,
     Kind,
     Obj,
+    spec_of,
 )
 
 # --- manager settings, from its Deployment -----------------------------------------------
 
 
 def _container(deployment: Obj) -> Obj:
-    containers = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    containers = (spec_of(deployment).get("template") or {}).get("spec") or {}
     listed = [c for c in containers.get("containers") or () if isinstance(c, Mapping)]
     for c in listed:
         if c.get("name") == MANAGER_CONTAINER:

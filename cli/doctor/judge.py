@@ -69,7 +69,7 @@ from controllers.ledger.book import Ledger
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.ledger.view import describe
 from controllers.placement import unaddressable_devices
-from sdgruntime.kinds import Obj
+from sdgruntime.kinds import Obj, spec_of, status_of
 from webhooks.delivery import NVIDIA_ENV, Delivery, Denial, choose_delivery, runtime_handlers
 
 # --- small readers -----------------------------------------------------------------------
@@ -84,7 +84,7 @@ def name_of(obj: Obj) -> str:
 
 
 def _condition(obj: Obj, type_: str) -> Obj | None:
-    for cond in ((obj.get("status") or {}).get("conditions")) or ():
+    for cond in (status_of(obj).get("conditions")) or ():
         if isinstance(cond, Mapping) and cond.get("type") == type_:
             return cond
     return None
@@ -142,7 +142,7 @@ def judge_crd(crd: Fetched, groups_error: str | None = None, group_count: int = 
         if not cond or cond.get("status") != "True":
             why = (cond or {}).get("message") or (cond or {}).get("reason") or "no condition"
             problems.append(f"not {type_} ({why})")
-    versions = {str(v.get("name")): v for v in (crd.get("spec") or {}).get("versions") or () if v}
+    versions = {str(v.get("name")): v for v in spec_of(crd).get("versions") or () if v}
     if not (versions.get(VERSION) or {}).get("served"):
         problems.append(f"version {VERSION} is not served")
     if groups_error is not None:
@@ -364,7 +364,7 @@ def judge_cert_manager(
             f"installed, but Certificate {cert} is not Ready: {quote(str(why))}",
             f"kubectl -n {manager_namespace} describe certificate {SERVING_CERTIFICATE}",
         )
-    expires = (certificate.get("status") or {}).get("notAfter")
+    expires = status_of(certificate).get("notAfter")
     return Check(
         name,
         True,
@@ -407,7 +407,7 @@ def has_shared_taint(node: Obj) -> bool:
         and t.get("key") == SHARED_TAINT_KEY
         and t.get("value") == SHARED_TAINT_VALUE
         and t.get("effect") in ("NoSchedule", "NoExecute")
-        for t in (node.get("spec") or {}).get("taints") or ()
+        for t in spec_of(node).get("taints") or ()
     )
 
 
@@ -425,7 +425,7 @@ def judge_taint(node: Obj, holders: bool = False) -> Check:
         return Check(name, True, f"tainted {_taint_text()}")
     others = [
         f"{t.get('key')}={t.get('value') or ''}:{t.get('effect')}"
-        for t in (node.get("spec") or {}).get("taints") or ()
+        for t in spec_of(node).get("taints") or ()
         if isinstance(t, Mapping) and t.get("key") == SHARED_TAINT_KEY
     ]
     if others:
@@ -533,7 +533,7 @@ def judge_resource_slices(
         return Check(
             name, None, _unreadable("ResourceSlices", slices) + "; device sources below may differ"
         )
-    known = [s for s in slices if (s.get("spec") or {}).get("driver") in config.dra_drivers]
+    known = [s for s in slices if spec_of(s).get("driver") in config.dra_drivers]
     nodes = sorted({n for s in known if (n := node_of_slice(s))})
     detail = f"resource.k8s.io/v1 served: {len(known)} of a known driver"
     detail += f" on {_names(nodes)}" if nodes else ""
@@ -545,12 +545,10 @@ def _foreign_reported(node_name: str, name: str, refused: str, groups: Sequence[
     pods in every namespace (their env values may hold secrets): the groups bound to the
     node say ``Ready=False, ForeignDevicePods`` when pods outside any group use its
     devices; with no group bound there, nothing says, and the check is left undecided."""
-    bound = sorted(
-        (g for g in groups if (g.get("status") or {}).get("nodeName") == node_name), key=name_of
-    )
+    bound = sorted((g for g in groups if status_of(g).get("nodeName") == node_name), key=name_of)
     reported = []
     for g in bound:
-        ready = find_condition((g.get("status") or {}).get("conditions"), CONDITION_READY) or {}
+        ready = find_condition(status_of(g).get("conditions"), CONDITION_READY) or {}
         if ready.get("status") == "False" and ready.get("reason") == REASON_FOREIGN_DEVICE_PODS:
             reported.append((name_of(g), str(ready.get("message") or "")))
     why = (
@@ -656,7 +654,7 @@ HOLDER_MIN_KUBELET = (1, 36)
 
 
 def _kubelet_minor(node: Obj) -> tuple[int, int] | None:
-    version = str(((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") or "")
+    version = str((status_of(node).get("nodeInfo") or {}).get("kubeletVersion") or "")
     parts = version.lstrip("v").split(".")
     try:
         return int(parts[0]), int(parts[1])
@@ -862,7 +860,7 @@ def judge_lease(
             "--leader-elect), so nothing binds groups or pods",
             logs,
         )
-    spec = lease.get("spec") or {}
+    spec = spec_of(lease)
     holder = str(spec.get("holderIdentity") or "")
     if not holder:
         return Check(name, False, f"Lease {where} was released and nobody took it over", logs)
@@ -954,7 +952,7 @@ def judge(facts: Facts) -> list[Check]:
     ]
     replicas = None
     if isinstance(facts.deployment, Mapping):
-        replicas = (facts.deployment.get("spec") or {}).get("replicas", 1)
+        replicas = spec_of(facts.deployment).get("replicas", 1)
     lease = judge_lease(facts.lease, config, facts.now, replicas)
     unreadable = isinstance(facts.lease, Unreadable)
     checks += [judge_manager(facts.deployment, ns, lease.ok, unreadable), lease]
@@ -1127,7 +1125,7 @@ def judge_dra_drivers(
         return Check(name, None, _unreadable("ResourceSlices", slices))
     counts: dict[str, dict[str, int]] = {}
     for s in slices:
-        spec = s.get("spec") or {}
+        spec = spec_of(s)
         driver = str(spec.get("driver") or "?")
         node = node_of_slice(s) or "(no single node)"
         per = counts.setdefault(driver, {})
@@ -1148,9 +1146,7 @@ def judge_dra_drivers(
 
 def _runtime_of(node: Obj) -> tuple[str, tuple[int, int] | None]:
     """(``containerd``, (2, 4)) from ``status.nodeInfo.containerRuntimeVersion``."""
-    text = str(
-        ((node.get("status") or {}).get("nodeInfo") or {}).get("containerRuntimeVersion") or ""
-    )
+    text = str((status_of(node).get("nodeInfo") or {}).get("containerRuntimeVersion") or "")
     kind, _, version = text.partition("://")
     return kind, _minor_of(version)
 
@@ -1160,7 +1156,7 @@ def judge_runtime(node: Obj) -> Check:
     finds RuntimeClass handlers only there)."""
     node_name = name_of(node)
     name = f"node {node_name}: runtime"
-    info = (node.get("status") or {}).get("nodeInfo") or {}
+    info = status_of(node).get("nodeInfo") or {}
     runtime = str(info.get("containerRuntimeVersion") or "unknown runtime")
     kubelet = str(info.get("kubeletVersion") or "unknown")
     handlers = runtime_handlers(node)

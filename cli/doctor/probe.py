@@ -47,7 +47,7 @@ from cli.doctor.judge import name_of, quote
 from controllers.inventory import DEFAULT_DRA_DRIVERS, RESOURCESLICES, node_of_slice, node_offers
 from sdgruntime import errors
 from sdgruntime.client import Client
-from sdgruntime.kinds import NODES, PODS, Obj
+from sdgruntime.kinds import NODES, PODS, Obj, meta_of, spec_of, status_of
 
 PROBE_GROUP_PREFIX: Final = "sdg-doctor-probe-"
 #: The chart's CLI image needs a registry; busybox has ``sh``, ``ls`` and ``head``.
@@ -225,7 +225,7 @@ class Held:
 
 def held_of(group: Obj, pod: Obj, resource: str, env_var: str) -> Held:
     """``Held`` from the Bound group and its pod as the API server admitted it."""
-    status = group.get("status") or {}
+    status = status_of(group)
     ids = tuple(
         i for i in str((status.get("selectedDevices") or {}).get(resource, "")).split(",") if i
     )
@@ -234,14 +234,14 @@ def held_of(group: Obj, pod: Obj, resource: str, env_var: str) -> Held:
     if uuids is not None and len(uuids) != len(ids):
         uuids = None
     told: str | None = None
-    for c in (pod.get("spec") or {}).get("containers") or ():
+    for c in spec_of(pod).get("containers") or ():
         if c.get("name") == CONTAINER:
             for entry in c.get("env") or ():
                 if entry.get("name") == env_var:
                     told = str(entry.get("value") or "")
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(pod).get("annotations") or {}
     cdi = sorted(k for k in annotations if k.startswith("cdi-devices."))
-    runtime_class = (pod.get("spec") or {}).get("runtimeClassName")
+    runtime_class = spec_of(pod).get("runtimeClassName")
     if cdi:
         delivery = f"cdi ({cdi[0]}: {annotations[cdi[0]]})"
     elif runtime_class:
@@ -454,7 +454,7 @@ async def probe_node(
     if resource is None:
         return Check(name, False, "offers no usable device with a device variable to probe with")
     env_var = env_var_for(resource, options.env_table) or ""
-    hostname = str(((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL) or "")
+    hostname = str((meta_of(node).get("labels") or {}).get(HOSTNAME_LABEL) or "")
     if not hostname:
         return Check(
             name,
@@ -521,7 +521,7 @@ async def _probe_steps(
     bound: Obj = {}
     while True:
         got = await client.get(SDG_KIND, group)
-        status = got.get("status") or {}
+        status = status_of(got)
         if is_bound(got):
             bound = got
             break
@@ -559,7 +559,7 @@ async def _probe_steps(
     stage.text = f"waiting for pod {ns}/{group} to run"
     while True:
         pod = await client.get(PODS, group, ns)
-        status = pod.get("status") or {}
+        status = status_of(pod)
         phase = status.get("phase")
         if phase in FINISHED_PHASES:
             break

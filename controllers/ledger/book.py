@@ -54,6 +54,7 @@ from controllers.ledger.view import (
 from controllers.ledger.view import Pod as KubeletPod
 from controllers.ledger.writer import RecordWriter
 from sdgruntime.client import Client
+from sdgruntime.kinds import meta_of, status_of
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class Ledger:
         families as the manager's ``--device-env`` does."""
         configmaps = list(configmaps)
         if not namespace and configmaps:
-            namespace = str((configmaps[0].get("metadata") or {}).get("namespace") or "")
+            namespace = str(meta_of(configmaps[0]).get("namespace") or "")
         book = cls(None, namespace, family=lambda resource: env_var_for(resource, env_table))
         claims = list(claims)
         if claims:
@@ -183,7 +184,7 @@ class Ledger:
         (when it is a genuine record) after the view changed. An older resourceVersion
         than the one held is ignored, so a late informer event cannot undo our own newer
         write."""
-        name = str((cm.get("metadata") or {}).get("name") or "")
+        name = str(meta_of(cm).get("name") or "")
         version = resource_version(cm)
         seen = self._seen.get(name)
         if seen is not None and version <= seen[0]:
@@ -220,7 +221,7 @@ class Ledger:
         """The ConfigMap was deleted (by a human): a genuine record's claims are gone from
         the view (bound groups' statuses still hold their devices until the records are
         restored); a decoy's blocks are lifted."""
-        name = str((cm.get("metadata") or {}).get("name") or "")
+        name = str(meta_of(cm).get("name") or "")
         if name not in self._seen:
             return None
         touched = self._drop_observation(name)
@@ -263,8 +264,8 @@ class Ledger:
     # --- mirroring: bound groups' statuses, capacity, reservations --------------------
     def observe_group(self, group: Mapping[str, Any]) -> None:
         """A group as the informer saw it: a Bound status holds its devices."""
-        name = (group.get("metadata") or {}).get("name", "")
-        status = group.get("status") or {}
+        name = meta_of(group).get("name", "")
+        status = status_of(group)
         held: tuple[str, Devices] | None = None
         uuids: dict[str, tuple[str, ...]] = {}
         if is_bound(group):
@@ -290,7 +291,7 @@ class Ledger:
 
     def forget_group(self, group: Mapping[str, Any]) -> None:
         """The group object is gone: its status no longer holds anything."""
-        name = (group.get("metadata") or {}).get("name", "")
+        name = meta_of(group).get("name", "")
         old = self.statuses.get(name)
         self.status_uuids.pop(name, None)
         if old is not None:

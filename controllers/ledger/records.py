@@ -30,6 +30,7 @@ from typing import Any
 from api.v1alpha1 import format_ids, parse_ids
 from api.validation import is_resource_name
 from controllers.ledger.tracker import Devices, normalize_devices
+from sdgruntime.kinds import meta_of
 
 RECORD_LABEL = "deviceshare.io/claims"
 RECORD_LABEL_VALUE = "node"
@@ -51,7 +52,7 @@ def record_name(node: str) -> str:
 def nodes_named_by(cm: Mapping[str, Any]) -> tuple[str | None, set[str]]:
     """(the node whose record ``cm`` is, if its name and contents agree; every node it
     names by its name or by ``data.node``)."""
-    name = str((cm.get("metadata") or {}).get("name") or "")
+    name = str(meta_of(cm).get("name") or "")
     data = cm.get("data") or {}
     claimed = data.get(DATA_NODE) if isinstance(data, Mapping) else None
     named: set[str] = set()
@@ -131,7 +132,7 @@ def record_holdings(
 def resource_version(obj: Mapping[str, Any]) -> int:
     """An object's resourceVersion as a number (0 when absent or not numeric)."""
     try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+        return int(meta_of(obj).get("resourceVersion") or 0)
     except ValueError:
         return 0
 

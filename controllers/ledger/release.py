@@ -34,7 +34,7 @@ from controllers.ledger.book import Ledger
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
-from sdgruntime.kinds import PODS, Obj
+from sdgruntime.kinds import PODS, Obj, meta_of, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def bound_pods(cache: Cache, name: str) -> list[Obj]:
     return [
         p
         for p in cache.list(PODS, index=POD_GROUP_INDEX, value=name, copy=False)
-        if is_active(p) and (p.get("spec") or {}).get("nodeName")
+        if is_active(p) and spec_of(p).get("nodeName")
     ]
 
 
@@ -66,7 +66,7 @@ def should_release(live: Obj | None, node: str, claim_uid: str, *, adoptable: bo
     still keeps it while pods of that name run on the node)."""
     if live is None:
         return True
-    uid = (live.get("metadata") or {}).get("uid") or ""
+    uid = meta_of(live).get("uid") or ""
     if claim_uid and claim_uid != uid:
         return True  # an earlier group of the same name made it
     if is_bound(live):
@@ -79,7 +79,7 @@ def _same_pending_group(live: Obj | None, claim_uid: str) -> bool:
     the one case where a bind of it may be in flight elsewhere."""
     if live is None:
         return False
-    uid = (live.get("metadata") or {}).get("uid") or ""
+    uid = meta_of(live).get("uid") or ""
     if claim_uid and claim_uid != uid:
         return False
     return group_phase(live) != PHASE_BOUND
@@ -108,7 +108,7 @@ class ClaimReleaser:
         seen = {node: self.claims.claim(node, name) for node in nodes}
         if live is None:
             live = await live_group(self.client, name)
-        running = {(p.get("spec") or {}).get("nodeName") for p in bound_pods(self.cache, name)}
+        running = {spec_of(p).get("nodeName") for p in bound_pods(self.cache, name)}
         for node in nodes:
             stale = should_release(
                 live,

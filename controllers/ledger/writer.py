@@ -42,7 +42,7 @@ from controllers.ledger.records import (
 from controllers.ledger.tracker import Devices, overlaps
 from sdgruntime import errors
 from sdgruntime.client import Client
-from sdgruntime.kinds import CONFIGMAPS
+from sdgruntime.kinds import CONFIGMAPS, meta_of
 
 
 class Books(Protocol):
@@ -120,7 +120,7 @@ class RecordWriter:
         """Set ``group``'s claim on ``node`` to ``devices``, conditional on its claim there
         as seen now, stamped with the group object's UID and resourceVersion: adopting a
         claim (renewing it), or restoring one from a status or from pods."""
-        meta = group.get("metadata") or {}
+        meta = meta_of(group)
         name = str(meta.get("name") or "")
         await self.write(
             node,
@@ -220,7 +220,7 @@ class RecordWriter:
                 }
             except ValueError:
                 continue
-            out[str((g.get("metadata") or {}).get("name") or "")] = devices
+            out[str(meta_of(g).get("name") or "")] = devices
         return out
 
     async def _put(
