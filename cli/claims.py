@@ -35,7 +35,7 @@ from sdgruntime.kinds import Obj, spec_of, status_of
 
 
 def allocated_pods(group: Obj | None) -> list[str]:
-    return list(((group or {}).get("status") or {}).get("allocatedPods") or [])
+    return list(status_of(group).get("allocatedPods") or [])
 
 
 def too_many_text(res: str, count: int) -> str:

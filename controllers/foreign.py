@@ -53,7 +53,7 @@ from controllers.holders import is_holder
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.events import EventRecorder
-from sdgruntime.kinds import NODES, PODS, Obj, meta_of
+from sdgruntime.kinds import NODES, PODS, Obj, meta_of, spec_of
 from sdgruntime.manager import Manager
 from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request, Result
@@ -188,7 +188,7 @@ def device_use(
     bound to a node yet, finished pods, and pods that use no device. What counts is in
     the module's docstring.
     """
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    meta, spec = meta_of(pod), spec_of(pod)
     if GROUP_ANNOTATION in (meta.get("annotations") or {}) or is_holder(pod, holders_namespace):
         return None
     node = spec.get("nodeName")

@@ -369,7 +369,7 @@ class GroupScheduler:
     ) -> Result | None:
         """A Pending group whose holder pod exists: bind it on the devices the kubelet gave
         the holder, once it says which; replace a holder that is not this group's."""
-        meta, spec = group["metadata"], group.get("spec") or {}
+        meta, spec = group["metadata"], spec_of(group)
         name, uid = meta["name"], meta.get("uid", "")
         resources = spec.get("resources") or {}
         node = str(spec_of(holder).get("nodeName") or "")
@@ -574,7 +574,7 @@ class GroupScheduler:
     def _adoptable(self, group: MutableObj, node: str, devices: Devices) -> bool:
         """A claim a Pending group may finish binding with: made by this very group (UID),
         for its current spec, on a node that still fits that spec."""
-        meta, spec = group["metadata"], group.get("spec") or {}
+        meta, spec = group["metadata"], spec_of(group)
         claim_uid = self.claims.uid_of(node, meta["name"])
         if claim_uid and claim_uid != meta.get("uid"):
             return False

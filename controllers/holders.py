@@ -348,7 +348,7 @@ class KubeletHold:
 def kubelet_hold(pod: Obj, holders_namespace: str | None) -> tuple[str, KubeletHold] | None:
     """(node, hold) of an active pod outside any group (and not a holder) that asks a
     device plugin for devices; None for every other pod."""
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    meta, spec = meta_of(pod), spec_of(pod)
     node = spec.get("nodeName")
     if (
         not isinstance(node, str)

@@ -173,7 +173,7 @@ def _ports_conflict(a: tuple[str, str, int], b: tuple[str, str, int]) -> bool:
 
 
 def _same_pod(a: Obj, b: Obj) -> bool:
-    ma, mb = a.get("metadata") or {}, b.get("metadata") or {}
+    ma, mb = meta_of(a), meta_of(b)
     if ma.get("uid") and mb.get("uid"):
         return bool(ma["uid"] == mb["uid"])
     return (ma.get("namespace"), ma.get("name")) == (mb.get("namespace"), mb.get("name"))

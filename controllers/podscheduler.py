@@ -47,7 +47,7 @@ ASSUME_TTL = 30.0
 
 def wants_scheduling(pod: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> bool:
     """Ours to bind: our schedulerName, no node yet, not terminating, not gated, not done."""
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    meta, spec = meta_of(pod), spec_of(pod)
     return (
         spec.get("schedulerName") == scheduler_name
         and not spec.get("nodeName")

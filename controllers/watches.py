@@ -18,7 +18,7 @@ from sdgruntime.reconcile import Request
 
 
 def _pod_facts(pod: Obj) -> tuple[Any, ...]:
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    meta, status = meta_of(pod), status_of(pod)
     return (
         pod_group(pod),
         spec_of(pod).get("nodeName"),
@@ -100,11 +100,7 @@ record_takes_devices = Funcs(
 
 
 def _node_facts(node: Obj) -> tuple[Any, ...]:
-    meta, spec, status = (
-        node.get("metadata") or {},
-        node.get("spec") or {},
-        node.get("status") or {},
-    )
+    meta, spec, status = meta_of(node), spec_of(node), status_of(node)
     ready = next(
         (c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None
     )

@@ -44,7 +44,7 @@ from api.constants import (
 )
 from api.pods import devices_annotation
 from api.validation import is_dns_subdomain, is_label_key
-from sdgruntime.kinds import Obj, meta_of, spec_of
+from sdgruntime.kinds import Obj, meta_of, spec_of, status_of
 from sdgruntime.webhook.jsonpatch import escape
 
 #: The resource whose index-named devices get ``CUDA_DEVICE_ORDER``.
@@ -280,13 +280,13 @@ class DeliveryChoice:
 
 
 def _node_name(node: Obj | None) -> str:
-    return str(((node or {}).get("metadata") or {}).get("name") or "")
+    return str(meta_of(node).get("name") or "")
 
 
 def runtime_handlers(node: Obj | None) -> list[str]:
     """The runtime handlers the node's kubelet reports (``status.runtimeHandlers``, from
     the CRI: containerd 2.0+, CRI-O); ``""`` is the default handler."""
-    handlers = ((node or {}).get("status") or {}).get("runtimeHandlers") or ()
+    handlers = status_of(node).get("runtimeHandlers") or ()
     return [str(h.get("name", "")) for h in handlers if isinstance(h, Mapping)]
 
 
@@ -340,7 +340,7 @@ def choose_delivery(
     ``runtime_classes`` maps names to RuntimeClasses (those known; others are missing).
     """
     name = _node_name(node)
-    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    labels = meta_of(node).get("labels") or {}
     value = labels.get(DELIVERY_LABEL)
     if value is not None:
         if value not in DELIVERY_MODES:

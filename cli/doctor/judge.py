@@ -69,14 +69,14 @@ from controllers.ledger.book import Ledger
 from controllers.ledger.records import RECORD_LABEL, RECORD_LABEL_VALUE
 from controllers.ledger.view import describe
 from controllers.placement import unaddressable_devices
-from sdgruntime.kinds import Obj, spec_of, status_of
+from sdgruntime.kinds import Obj, meta_of, spec_of, status_of
 from webhooks.delivery import NVIDIA_ENV, Delivery, Denial, choose_delivery, runtime_handlers
 
 # --- small readers -----------------------------------------------------------------------
 
 
 def _meta(obj: Obj | None) -> Obj:
-    return (obj or {}).get("metadata") or {}
+    return meta_of(obj)
 
 
 def name_of(obj: Obj) -> str:
@@ -915,7 +915,7 @@ def judge_manager(
             f"no Deployment {where}, and no live leader Lease: no manager runs",
             INSTALL,
         )
-    spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
+    spec, status = spec_of(deployment), status_of(deployment)
     wanted = spec.get("replicas", 1)
     ready = int(status.get("readyReplicas") or 0)
     if wanted == 0:
