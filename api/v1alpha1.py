@@ -93,6 +93,9 @@ class SharedDeviceGroupStatus(_Model):
     allocated_pods: list[str] = Field(default_factory=list, max_length=MAX_ALLOCATED_PODS)
     #: How many pods use the group, exact (also beyond the list): the PODS printer column.
     pod_count: int = Field(default=0, ge=0)
+    #: ``--allocated-pods counts``: namespace -> pods of the group in it (then
+    #: ``allocated_pods`` is empty); None otherwise.
+    allocated_pod_counts: dict[str, int] | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = Field(default=None, ge=0)
 

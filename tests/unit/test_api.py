@@ -495,3 +495,14 @@ def test_pods_admitted_before_the_record_fall_back_to_env() -> None:
         devices_from_env(_pod(None, GPU_ENV), {"nvidia.com/gpu": 2}, table)
     )
     assert delivered_devices(_pod(None, []), {"nvidia.com/gpu": 2}, table) is None
+
+
+def test_a_counts_mode_status_reads_its_counts() -> None:
+    # --allocated-pods counts: the model keeps the per-namespace counts, names no pod.
+    status = SharedDeviceGroupStatus.model_validate(
+        {"podCount": 3, "allocatedPods": [], "allocatedPodCounts": {"ml": 2, "web": 1}}
+    )
+    assert status.allocated_pod_counts == {"ml": 2, "web": 1}
+    assert status.allocated_pods == []
+    assert SharedDeviceGroupStatus().allocated_pod_counts is None
+
