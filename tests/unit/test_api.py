@@ -505,4 +505,3 @@ def test_a_counts_mode_status_reads_its_counts() -> None:
     assert status.allocated_pod_counts == {"ml": 2, "web": 1}
     assert status.allocated_pods == []
     assert SharedDeviceGroupStatus().allocated_pod_counts is None
-
