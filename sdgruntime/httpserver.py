@@ -59,10 +59,11 @@ from sdgruntime import jsoncodec, metrics
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 256
-# A client opens a few connections per process (the API server: a few per replica and
-# webhook, client-go keeps up to 25 idle), so 32 per address leaves room for bursts while
-# one address can hold at most 1/8 of the default total.
-DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 32
+# Over HTTP/1.1 the API server holds one connection per review in flight (client-go keeps
+# up to 25 idle), so a burst of 64 pod creates is 64 connections from one address: half
+# the default total lets such bursts through while one address (a pod of the cluster)
+# can never hold every slot.
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 128
 DEFAULT_PRESSURE_IDLE_TIMEOUT = 5.0
 _PRESSURE_SHARE = 0.75  # of max_connections: from there on idle connections go early
 _LINGER_SECONDS = 2.0  # reading the rest of a refused request, so the answer is not reset

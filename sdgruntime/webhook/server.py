@@ -78,9 +78,10 @@ DEFAULT_MAX_BODY_BYTES = 7 * 1024 * 1024
 # costs a few tens of KiB (TLS + parser state), so 256 idle ones are a few MiB, and a
 # flood cannot use up the process's file descriptors (1024 by default).
 DEFAULT_MAX_CONNECTIONS = 256
-# The API server is the one client, a few connections per replica and webhook; 32 per
-# address keeps any other address (a pod of the cluster) from holding every slot.
-DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 32
+# The API server is the one client: one connection per review in flight (HTTP/1.1), so a
+# burst of concurrent pod creates needs as many; half the total per address keeps any
+# other address (a pod of the cluster) from holding every slot.
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 128
 DEFAULT_PRESSURE_IDLE_TIMEOUT = 5.0
 # Body bytes held at once across connections: four reviews of the largest allowed size,
 # thousands of real ones (a Pod review is 5-50 KiB). Without it, 256 connections x 7 MiB

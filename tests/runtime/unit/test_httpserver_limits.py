@@ -68,6 +68,16 @@ async def test_one_address_holds_at_most_its_share_and_others_are_served() -> No
     assert server.connections_from("127.0.0.1") == 0
 
 
+async def test_the_default_share_admits_a_burst_of_64_connections_from_one_address() -> None:
+    # The API server over HTTP/1.1: one connection per review in flight, all from its
+    # address; a burst of 64 concurrent pod creates must not meet a 503.
+    server = make_server()
+    async with running(server) as srv, AsyncExitStack() as stack:
+        for _ in range(64):
+            await served(stack, srv)
+        assert server.connections_from("127.0.0.1") == 64
+
+
 async def test_the_total_cap_still_applies_across_addresses() -> None:
     server = make_server(max_connections=2, max_connections_per_client=2)
     async with running(server) as srv, AsyncExitStack() as stack:
@@ -183,7 +193,7 @@ def test_the_manager_options_reach_the_webhook_server() -> None:
     assert http.pressure_idle_timeout == 1.5
     assert http.pressure_connections == 30
     defaults = webhook_http(ManagerOptions())
-    assert (defaults.max_connections, defaults.max_connections_per_client) == (256, 32)
+    assert (defaults.max_connections, defaults.max_connections_per_client) == (256, 128)
     assert defaults.pressure_idle_timeout == 5.0
     unlimited = webhook_http(ManagerOptions(webhook_max_connections_per_client=None))
     assert unlimited.max_connections_per_client is None
