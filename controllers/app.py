@@ -231,17 +231,19 @@ class SDG:
                 ),
             )
 
-        # The webhooks' live reads (cache misses) go on a pool of their own: forged
-        # reviews never make leader election or the controllers wait for a connection.
-        self.pod_mutator = PodMutator(
-            cache,
-            mgr.webhook_client,
-            self.env_table,
-            scheduler_name=settings.scheduler_name,
-            delivery=settings.delivery_settings(),
-            recorder=mgr.event_recorder("deviceshare-webhook"),
-        )
-        if runs("webhooks"):  # else no webhook server is started at all
+        #: None in a process that runs no webhooks (``--controllers``).
+        self.pod_mutator: PodMutator | None = None
+        if runs("webhooks"):  # else no webhook server, client pool or mutator at all
+            # The webhooks' live reads (cache misses) go on a pool of their own: forged
+            # reviews never make leader election or the controllers wait for a connection.
+            self.pod_mutator = PodMutator(
+                cache,
+                mgr.webhook_client,
+                self.env_table,
+                scheduler_name=settings.scheduler_name,
+                delivery=settings.delivery_settings(),
+                recorder=mgr.event_recorder("deviceshare-webhook"),
+            )
             # The pod webhook chooses each node's delivery from its labels and runtime
             # handlers and the RuntimeClass --runtime-class-name (a handful, cluster-wide).
             cache.informer(RUNTIMECLASSES)
@@ -427,7 +429,8 @@ class SDG:
     def _group_deleted(self, group: MutableObj) -> None:
         self.claims.forget_group(group)
         self._count_phase(group, -1)
-        self.pod_mutator.forget_group(group)
+        if self.pod_mutator is not None:
+            self.pod_mutator.forget_group(group)
         self._forget_events(group)
 
     def _count_phase(self, group: MutableObj, delta: int) -> None:

@@ -39,6 +39,7 @@ async def test_parts_run_apart_and_together_serve_a_group(
         kubelet(client),
     ):
         assert schedulers.manager._webhook_server is None  # nothing listens for reviews
+        assert schedulers.pod_mutator is None and webhooks.pod_mutator is not None
         assert set(schedulers.manager.controllers) == {
             "group-scheduler",
             "pod-scheduler",
