@@ -128,13 +128,7 @@ class Client:
         )
         self._refreshes = self.settings.refresh_hook is not None
         self._timeouts = (timeout, connect_timeout)
-        self._transport = Transport(
-            self.settings,
-            self._ssl,
-            max_connections=max_connections,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-        )
+        self._transport = self._new_transport(max_connections)
         # one headers dict per content type, rebuilt when the credentials change
         self._typed_headers: dict[str, dict[str, str]] = {}
         self._typed_auth: str | None = self._headers.get("Authorization")
@@ -181,16 +175,20 @@ class Client:
         if limit < 1:
             raise ValueError(f"a pool needs at least 1 connection, got {limit}")
         sibling = copy.copy(self)  # shares configuration, settings, credentials, headers
+        sibling._transport = self._new_transport(limit)
+        sibling._typed_headers = {}  # its own cache of the (shared) headers
+        return sibling
+
+    def _new_transport(self, max_connections: int) -> Transport:
+        """Pools of their own for this client's server, TLS context and timeouts."""
         timeout, connect_timeout = self._timeouts
-        sibling._transport = Transport(
+        return Transport(
             self.settings,
             self._ssl,
-            max_connections=limit,
+            max_connections=max_connections,
             timeout=timeout,
             connect_timeout=connect_timeout,
         )
-        sibling._typed_headers = {}  # its own cache of the (shared) headers
-        return sibling
 
     @property
     def pool_limit(self) -> int:
