@@ -137,9 +137,18 @@ def _cgroup_dirs() -> list[Path]:
     candidates = [base / CGROUP_ROOT, *(p / CGROUP_ROOT for p in base.iterdir() if p.is_dir())]
     for top in candidates:
         if top.is_dir():
-            found += sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+            found += sorted(_subdirs(top), key=lambda p: -len(p.parts))
             found.append(top)
     return found
+
+
+def _subdirs(top: Path) -> list[Path]:
+    """Every folder under ``top``; one removed while it is walked (the kubelet or runc
+    deleting a pod's cgroup) is skipped, not an error."""
+    out: list[Path] = []
+    for dirpath, dirnames, _ in os.walk(top, onerror=lambda _exc: None):
+        out += (Path(dirpath) / d for d in dirnames)
+    return out
 
 
 def _make_cgroup_root() -> None:
