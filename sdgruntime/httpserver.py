@@ -27,8 +27,9 @@ Every input is bounded, and every refusal says why in a text body:
   ``handler_timeout`` 503.
 
 TLS: ``ssl_context_provider`` is called once at start for the context the listener uses,
-and again on each new connection (cheap for a ``CertWatcher``), so a provider that
-reloads its files into that same live context rotates certificates without a restart.
+and again on each new connection (cheap for a ``CertWatcher``): a provider rotates
+certificates without a restart by keeping that live context and moving its handshakes
+to the new pair (``CertWatcher`` does it with ``sni_callback``).
 HTTP/2 is not spoken, and ALPN offers only ``http/1.1`` whatever the context offered
 (kubebuilder's scaffold turns HTTP/2 off since the Rapid Reset CVEs).
 
@@ -346,7 +347,7 @@ class HTTPServer:
         """The listener's protocol factory: called per accepted connection."""
         if self.ssl_context_provider is not None:
             try:
-                context = self.ssl_context_provider()  # may reload into the live context
+                context = self.ssl_context_provider()  # may pick up a new pair
             except Exception:
                 log.exception("%s server: the TLS context provider failed", self.name)
             else:
@@ -354,7 +355,7 @@ class HTTPServer:
                     self._warned_context = True
                     log.error(
                         "%s server: the TLS context provider returned a new context; the "
-                        "listener keeps the first (reload certificates into it instead)",
+                        "listener keeps the first (rotate behind it instead, as CertWatcher does)",
                         self.name,
                     )
         assert self._web is not None

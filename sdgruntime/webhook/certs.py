@@ -6,8 +6,9 @@ reliable signal, so ``CertWatcher`` compares the files' *content* (a SHA-256 of 
 at most every ``min_interval`` seconds, lazily, when a new connection asks for the
 context. No background task is needed and an idle server does no file I/O.
 
-A changed pair is loaded into the *same* ``SSLContext`` (the one the listener holds), so
-new connections get it and open ones keep theirs. A pair that does not load (half-written
+A changed pair is loaded into a fresh ``SSLContext``; the one the listener holds hands each
+new handshake to it (``sni_callback``, which OpenSSL calls with or without SNI), so new
+connections get the new pair and open ones keep theirs. A pair that does not load (half-written
 files, a key that does not match the certificate, garbage) is logged once per distinct
 content and the previous one stays in use; the files are examined again on the next
 check, so the pair is picked up as soon as it is complete.
@@ -15,6 +16,7 @@ check, so the pair is picked up as soon as it is complete.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import ssl
@@ -80,10 +82,8 @@ class CertWatcher:
         self._loaded_digest: bytes | None = None
         self._failed_digest: bytes | None = None
         self._checked_at: float | None = None
-        self.not_after: float | None = None  # POSIX time the current certificate expires
         self._last_error: BaseException | None = None  # why the last load failed
-        self._algorithm = ""  # of the pair loaded first
-        self._switched: ssl.SSLContext | None = None  # see _load
+        self._newest: ssl.SSLContext | None = None  # the pair loaded last, after the first
         if load:
             self.refresh()
             if self._context is None:
@@ -138,56 +138,47 @@ class CertWatcher:
             return False
         self._loaded_digest = digest
         self._failed_digest = None
-        self.not_after = _not_after(cert)
         log.info(
-            "loaded serving certificate %s (expires %s)",
+            "loaded serving certificate %s (SHA-256 fingerprint %s)",
             self.cert_file,
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.not_after))
-            if self.not_after is not None
-            else "unknown",
+            fingerprint(cert),
         )
         return True
 
     def _load(self, cert: bytes, key: bytes) -> None:
-        """Loads exactly the bytes read (files may change meanwhile): into a fresh context
-        first, so a bad pair fails there and leaves the live one as it was, then into the
-        live one."""
+        """Loads exactly the bytes read (files may change meanwhile) into a fresh context,
+        so a bad pair fails there and leaves the live one as it was.
+
+        Loading into the live context instead would keep the old certificate offered to
+        clients that prefer its key type (OpenSSL keeps one per key type in a context)."""
         with tempfile.TemporaryDirectory(prefix="sdg-serving-cert-") as folder:
             cert_file, key_file = Path(folder) / "tls.crt", Path(folder) / "tls.key"
             key_file.touch(mode=0o600)
             key_file.write_bytes(key)
             cert_file.write_bytes(cert)
             fresh = self._factory(cert_file, key_file)
-            algorithm = _key_algorithm(cert)
-            if self._context is None:
-                self._context, self._algorithm = fresh, algorithm
-                return
-            self._context.load_cert_chain(str(cert_file), str(key_file))
-        if algorithm != self._algorithm or self._switched is not None:
-            # OpenSSL keeps one certificate per key type in a context, so the old one
-            # would still be offered to clients preferring its type: from now on each
-            # handshake moves to a context holding only the newest pair.
-            self._switched = fresh
-            self._context.sni_callback = self._switch
+        if self._context is None:
+            self._context = fresh
+            return
+        self._newest = fresh
+        self._context.sni_callback = self._switch
 
     def _switch(self, connection: ssl.SSLObject, name: str | None, _: ssl.SSLContext) -> None:
         """``sni_callback``: the handshake goes on with the newest pair's context."""
-        if self._switched is not None:
-            connection.context = self._switched
+        if self._newest is not None:
+            connection.context = self._newest
 
 
-def _key_algorithm(pem: bytes) -> str:
-    """The OID of the certificate's public-key algorithm (RSA, EC, Ed25519...)."""
-    from cryptography import x509
-
-    return x509.load_pem_x509_certificate(pem).public_key_algorithm_oid.dotted_string
-
-
-def _not_after(pem: bytes) -> float | None:
-    """POSIX time the first certificate in ``pem`` expires, if it can be read."""
-    from cryptography import x509
-
+def fingerprint(pem: bytes) -> str:
+    """SHA-256 of the first certificate in ``pem`` (DER), as ``openssl x509 -fingerprint
+    -sha256`` prints it; ``?`` if there is none."""
+    begin, end = b"-----BEGIN CERTIFICATE-----", b"-----END CERTIFICATE-----"
+    start = pem.find(begin)
+    stop = pem.find(end, start + 1)
+    if start < 0 or stop < 0:
+        return "?"
     try:
-        return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+        der = base64.b64decode(b"".join(pem[start + len(begin) : stop].split()), validate=True)
     except ValueError:
-        return None
+        return "?"
+    return ":".join(f"{b:02X}" for b in hashlib.sha256(der).digest()) if der else "?"

@@ -28,7 +28,7 @@ for the ones below 413, text for the rest), never a 500 and never a traceback:
 HTTP/1.1 only (``sdgruntime.httpserver``): ALPN offers no ``h2``, as kubebuilder's
 scaffold turns HTTP/2 off since the Rapid Reset CVEs. A context from
 ``ssl_context_provider`` decides for itself which protocols it offers (it must not offer
-h2), and rotates by loading new pairs into itself, as ``CertWatcher`` does.
+h2), and rotates while staying the same object, as ``CertWatcher``'s does.
 
 Deadline: the API server appends ``?timeout=10s`` (the webhook's ``timeoutSeconds``) to
 the URL and gives up after it, applying the ``failurePolicy`` with an opaque error. We
