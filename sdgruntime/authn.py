@@ -1,31 +1,13 @@
 """Authentication and authorization of HTTP requests by the API server, as
-controller-runtime's ``filters.WithAuthenticationAndAuthorization`` does for kubebuilder's
-secure metrics.
+controller-runtime's ``filters.WithAuthenticationAndAuthorization`` does for secure metrics.
 
-A request must carry ``Authorization: Bearer <token>``. The token is checked with a
-``TokenReview`` (who is this?), then the user with a ``SubjectAccessReview`` for the
-non-resource URL (may they ``get /metrics``?), so access is granted with ordinary RBAC::
-
-    rules:
-      - nonResourceURLs: ["/metrics"]
-        verbs: ["get"]
-
-Answers (as controller-runtime's): no or no valid token: 401 ``Unauthorized``; a user
-without the rule: 403 ``Authorization denied for user <name>``; the API server not
-answering the review: 500, logged with what the manager's RBAC needs.
-
-Both results are cached for ``ttl`` seconds (10 by default), denials too, in bounded
-LRU maps keyed by a SHA-256 of the token (the token itself is never kept): Prometheus
-scrapes every 15-60 s per replica, so scrapes cost the API server at most two reviews per
-``ttl`` and token, however often they come (a bad token: one).
-
-Requests the caches cannot answer are bounded (:class:`ReviewLimiter`), because each
-costs the API server a review on the manager's own identity and priority level: at most
-``review_rate`` per second (``review_burst`` at once after a quiet time) and
-``max_concurrent_reviews`` in progress. Beyond either, 429 with ``Retry-After`` and a body
-that says which limit; nothing waits. Cached tokens are answered at once, whatever the
-load: a flood of made-up tokens slows only new scrapers, never the Lease renewals (the
-manager gives the reviews a client pool of their own, ``Client.with_pool``).
+A bearer token is checked with a ``TokenReview``, then the user with a
+``SubjectAccessReview`` for the non-resource URL, so access is ordinary RBAC
+(``nonResourceURLs: ["/metrics"]``, ``verbs: ["get"]``). Answers: 401, 403, 500 if the API
+server does not answer. Results (denials too) are cached for ``ttl`` seconds, keyed by a
+SHA-256 of the token (never the token). Reviews the caches cannot answer are bounded by
+:class:`ReviewLimiter` (429 with ``Retry-After`` beyond), so a flood of made-up tokens
+costs the API server little; cached tokens are answered at once.
 """
 
 from __future__ import annotations

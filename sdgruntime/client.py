@@ -1,34 +1,11 @@
 """Async Kubernetes API client: the typed verbs, raw JSON in and out, typed errors.
 
-Bodies are plain decoded JSON dicts, decoded once. The layers under the verbs live in
-:mod:`sdgruntime.rest`, one concept per module:
-
-* :mod:`sdgruntime.rest.config`: kubeconfig / in-cluster loading (read by
-  :mod:`sdgruntime.rest.kubeconfig`: tokens, token files, client certs, basic auth; users
-  with exec plugins or auth-providers through the ``kubernetes`` package, imported only
-  for them) and credentials kept current (token files re-read, exec tokens refreshed);
-* :mod:`sdgruntime.rest.transport`: HTTP/1.1 over aiohttp, two pools (requests, watches),
-  timeouts, ``rest_client_*`` metrics, orjson, typed errors for no answer;
-* :mod:`sdgruntime.rest.retry`: the retry policy (see :func:`should_retry`);
-* :mod:`sdgruntime.rest.watch`: watch streams.
-
-Retry policy, in short (the module doc of :mod:`sdgruntime.rest.retry` has it whole):
-
-* Idempotent verbs (GET, PUT, PATCH, DELETE, HEAD) are retried on transient failures: no answer
-  (:class:`~sdgruntime.errors.TransportError`), 429 and 5xx, with exponential backoff and
-  jitter, honouring ``Retry-After``. PUT carries the object's resourceVersion as a
-  precondition, so a replay of an already applied update fails with Conflict instead of
-  overwriting; a replayed DELETE may answer NotFound. Merge, strategic and apply patches are
-  idempotent. A JSON patch is not (a replayed ``add`` to ``/list/-`` appends twice), so
-  ``patch(patch_type="json")`` is retried like a POST unless it contains a ``test`` op,
-  which is then taken to guard it (test ``/metadata/resourceVersion`` to be sure).
-* POST (create, bind, ...) is not idempotent: a replay after the server may have processed the
-  first attempt could create twice or turn a success into AlreadyExists. It is retried only
-  when the request provably never reached the server (:class:`RequestNotSent`: connect error,
-  connect timeout, no free pooled connection) and on 429, which the server's flow control
-  answers *before* a request is handled.
-* 409 Conflict is never retried: it belongs to the caller's read-modify-write loop.
-* Watches are never retried here; the informer owns reconnecting and resuming.
+Bodies are plain decoded JSON dicts, decoded once. The layers under the verbs are in
+:mod:`sdgruntime.rest`: ``config`` and ``kubeconfig`` (loading and credentials; exec
+plugins run by ``execplugin``, the ``kubernetes`` package only for auth-providers),
+``transport`` (aiohttp, one pool for requests and one for watches), ``retry`` (which
+failures are replayed: :func:`should_retry`) and ``watch``. Invariant: 409 Conflict and
+watches are never retried here. The retry policy: docs/contracts.md, "Retries".
 """
 
 from __future__ import annotations

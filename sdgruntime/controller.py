@@ -1,37 +1,12 @@
 """The controller: watch events -> requests -> work queue -> N workers -> Reconciler.
 
-As controller-runtime's ``controller``. Each watch is a kind in the shared cache, an
-:class:`~sdgruntime.handler.EventHandler` that maps events to requests and predicates that
-filter events. Requests go into a client-go work queue, which guarantees a request is
-reconciled by at most one worker at a time and that events arriving meanwhile are
-collapsed into one more reconcile after it.
-
-Outcome of a reconcile (the queue is told, the metrics count it):
-
-=========================  ==========================================  ===============
-reconciler                 queue                                       ``result`` label
-=========================  ==========================================  ===============
-returns None / Result()    ``forget`` (reset backoff)                  success
-Result(requeue_after=s)    ``forget`` + ``add_after(s)``               requeue_after
-Result(requeue=True)       ``add_rate_limited`` (backoff)              requeue
-raises TerminalError       ``forget``; no retry; terminal counter      error
-raises any Exception       ``add_rate_limited``; logged                error
-raises an ExceptionGroup   as TerminalError if every error in it is    error
-                           one, else as any Exception
-returns anything else      as raising ``TypeError``                    error
-=========================  ==========================================  ===============
-
-An exception never kills a worker. Whatever a handler makes that is not a ``Request`` is
-logged and dropped. Each reconcile runs inside :func:`sdgruntime.log.reconciling`, so its
-records carry the controller, the request and a reconcile id (:mod:`sdgruntime.log`).
-Handlers are registered when the controller starts (the informer replays the objects it
-already has as creates); workers start only once the cache has synced, so a reconciler
-never acts on a partial view.
-
-Stop is cancellation. A graceful stop stops handing out requests, lets in-flight
-reconciles finish for up to ``graceful_shutdown_timeout`` (they run in shielded scopes)
-and then cancels the stragglers. :meth:`Controller.abort` cancels them at once (lost
-leadership: another replica may already be reconciling).
+As controller-runtime's ``controller``: each watch is a kind in the shared cache, an
+:class:`~sdgruntime.handler.EventHandler` and predicates; :class:`Controller` runs the
+workers. Invariants: a request is reconciled by at most one worker at a time, workers
+start only once the cache has synced, and an exception never kills a worker. What each
+reconcile outcome does to the queue: docs/contracts.md, "What a reconcile's outcome
+does". A graceful stop lets in-flight reconciles finish for up to
+``graceful_shutdown_timeout``; :meth:`Controller.abort` cancels them at once.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Leader election on a ``coordination.k8s.io/v1`` Lease, as client-go's leaderelection.
 
-Every candidate runs :meth:`LeaderElector.run`. The Lease's ``spec`` is the record:
-``holderIdentity``, ``leaseDurationSeconds``, ``acquireTime``, ``renewTime``,
-``leaseTransitions``. The rules:
-
-* **Acquire** when the lease is absent (create), released (empty ``holderIdentity``), or
-  expired: its record has not changed for ``lease_duration`` seconds *as observed on our
-  own monotonic clock* (never comparing our wall clock with another host's timestamps).
-* **Renew** every ``retry_period``. If no renewal succeeds within ``renew_deadline`` of the
-  last successful one, or we see another holder, leadership is **lost**: the
-  ``on_stopped_leading`` callback runs at once and ``run`` raises
-  :class:`LeaderElectionLost`. Since ``renew_deadline < lease_duration`` and others wait
-  ``lease_duration`` from when *they* saw our last renewal, we stop before anyone else can
-  start.
-* **Every write is conditional**: an update carries the resourceVersion we read, a create
-  fails if the lease exists. A 409 means another candidate wrote first; we re-read.
-* **Release** (``release_on_cancel``): when ``run`` is cancelled while leading, the lease is
-  given up (empty holder, 1 s duration) so another replica takes over at its next retry
-  instead of waiting for expiry. Only do this if all leader work has stopped before.
-
-``leader_election_master_status{name}`` is 1 while leading, else 0.
+Every candidate runs :meth:`LeaderElector.run`; it raises :class:`LeaderElectionLost`
+when leadership is lost. Invariants: every write is conditional (resourceVersion, or a
+create that fails if the lease exists); expiry is judged on our own monotonic clock,
+never on another host's timestamps; and since ``renew_deadline < lease_duration`` we stop
+leading before anyone else may start. ``leader_election_master_status{name}`` is 1 while
+leading. The rules in full: docs/contracts.md, "Leader election".
 """
 
 from __future__ import annotations

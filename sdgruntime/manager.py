@@ -1,39 +1,12 @@
-"""The manager: one process's shared client and cache, its servers, its controllers, and
+"""The manager: one process's shared client and cache, its servers, its controllers and
 leader election, started and stopped in order (as controller-runtime's manager).
 
-Start order (:meth:`Manager.run_until_cancelled`):
-
-1. servers: webhook (if one was set up), probes (``/healthz``, ``/readyz``), ``/metrics``;
-2. the cache, then wait until every informer created so far has synced;
-3. runnables and controllers that do not need leader election;
-4. leader election (if enabled); once elected, or at once without election, the
-   leader-only runnables and controllers.
-
+Entry points: :class:`Manager` (``add_runnable``, ``add_healthz_check``/``add_readyz_check``,
+:meth:`Manager.run_until_cancelled`, :meth:`Manager.run` with signal handling).
 Webhooks, probes and metrics serve on every replica; reconcilers run only on the leader.
-``/metrics`` is plain HTTP unless ``metrics_secure``: then HTTPS, and only for scrapers
-the API server authenticates and authorizes (:mod:`sdgruntime.securemetrics`).
-
-Client pools: leader election, the cache and controllers share the manager's client and
-its bounded pool. The metrics' TokenReviews/SubjectAccessReviews and the webhooks' live
-reads (:attr:`Manager.webhook_client`) each get a sibling client with a pool of its own
-(``Client.with_pool``: same identity), so a flood of scrapes or reviews never makes a
-Lease renewal wait for a connection. The manager closes the siblings when it stops.
-``/readyz`` passes once the cache has synced and the webhook server (if any) is serving.
-
-Stop order (on cancellation, SIGTERM/SIGINT in :meth:`Manager.run`, or a failing part):
-controllers stop handing out requests and their in-flight reconciles finish (all within
-``graceful_shutdown_timeout``; stragglers are then cancelled), runnables are cancelled,
-then the lease is released (``leader_election_release_on_cancel``), then the cache and the
-servers stop, the Event recorders writing what is still queued until the same deadline
-(then dropping the rest, counted), and an owned client is closed. The lease is renewed
-until leader work has stopped, so no other replica starts while ours still writes.
-
-Losing the lease cancels leader work *at once* (no draining: another replica may already
-be acting) and :meth:`run_until_cancelled` raises :class:`LeaderElectionLost` after the
-rest has stopped; the process should exit and be restarted, as in controller-runtime.
-
-Each part runs in a cancel scope the manager owns and shields from outer cancellation, so
-that the order above holds however the stop is triggered.
+Invariant: the lease is renewed until leader work has stopped, so no other replica starts
+while ours still writes; losing it cancels leader work at once and raises
+:class:`LeaderElectionLost`. Start and stop order: docs/contracts.md, "The manager".
 """
 
 from __future__ import annotations

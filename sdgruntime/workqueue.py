@@ -1,25 +1,11 @@
 """An async work queue with client-go's semantics: dedup, dirty re-queue, delays, backoff.
 
-A controller's event handlers ``add`` keys; ``N`` workers ``get`` a key, reconcile it and
-call ``done``. The queue guarantees what a reconciler relies on:
-
-* a key added while it is queued is queued once (dedup);
-* a key added while a worker holds it is handed out again after ``done`` (dirty), never
-  to a second worker at the same time;
-* otherwise keys come out in the order they were added (FIFO).
-
-``add_after``/``add_rate_limited`` park a key in a heap until it is due; the one task that
-moves due keys into the queue is :meth:`WorkQueue.run`, which the owner runs in its task
-group (it sleeps until the earliest deadline, and is woken by cancelling its scope when an
-earlier one arrives, so there is no polling). Without ``run`` delayed adds never fire.
-
-Shutdown: ``get`` raises :class:`ShutDown` once the queue is shutting down (``async for``
-over the queue simply ends). ``shutdown()`` abandons queued and delayed keys at once;
-``await shutdown_with_drain()`` does the same and then waits until every key being
-processed is ``done``. Keys held by workers may still be ``done`` after either.
-
-Single event loop, no threads: every method runs without an ``await`` between reading and
-writing state, so the invariants below hold at every await point.
+Handlers ``add`` keys; workers ``get`` a key, reconcile it and call ``done``. Invariants: a
+queued key is queued once, a key held by a worker is never handed to a second one (an
+``add`` meanwhile hands it out again after ``done``), otherwise FIFO. Delayed keys fire
+only while :meth:`WorkQueue.run` runs. Unlike client-go, ``shutdown()`` abandons queued
+and delayed keys at once (docs/contracts.md, "The work queue"). Single event loop: no
+method awaits between reading and writing state.
 """
 
 from __future__ import annotations

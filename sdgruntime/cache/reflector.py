@@ -1,24 +1,11 @@
 """The reflector: keeps a Store equal to the server's state of one kind by list + watch.
 
-Like client-go's reflector: list (paged) into the store, then watch from the list's
-resourceVersion with bookmarks, applying each event to the store and telling the sink
-what changed. It recovers on its own from everything a long-running watch meets:
-
-* the server ends the watch (``timeoutSeconds``, randomised per watch so that many
-  informers do not reconnect together): resume from the last resourceVersion at once;
-* the connection drops or the server is down: back off, resume from the last
-  resourceVersion;
-* 410 Gone (the resourceVersion left the server's window, e.g. after etcd compaction or an
-  API server restart): relist, and report the difference as events, so objects deleted
-  meanwhile are delivered as deletes carrying their last known state;
-* a stream that silently stalls (no event, not even a bookmark, for
-  ``inactivity_timeout``, 3 min by default): restart the watch. The API server sends a
-  bookmark to a watcher that asked for them every minute or two (measured on v1.37: 60 s
-  apart, the first one sometimes only after 120 s), so a longer silence means a dead path
-  that TCP has not noticed. A needless restart costs one watch request, not a relist.
-
-List failures are remembered in :attr:`Reflector.last_sync_error` so that a caller waiting
-for the first sync can report *why* it is not coming (RBAC, a missing CRD).
+Like client-go's: list (paged) into the store, then watch from the list's
+resourceVersion with bookmarks, telling the sink what changed. It recovers on its own
+from an ended watch, a dropped connection, 410 Gone (relist, the difference delivered as
+events, deletes with their last known state) and a stream silent for
+``inactivity_timeout`` (a restarted watch). :attr:`Reflector.last_sync_error` says why
+the first sync is not coming. Each case: docs/contracts.md, "Watches that recover".
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Build (once per machine) and locate the Go binaries the local clusters run.
 
-Each Go module (:class:`GoModule`) has its commands built into a cache folder outside any
-repository, keyed by the version it builds and a hash of the module's files, so a warm
-start costs nothing and a dependency bump rebuilds:
-
-- the control plane module (:func:`controlplane_module`), shipped inside this package
-  (``sdgruntime/envtest/go/controlplane``, so an installed sdgruntime builds it anywhere):
-  etcd, kube-apiserver and kube-scheduler (:func:`ensure_binaries`), and, only when asked
-  for, kube-controller-manager and the kubelet of a real node;
-- ``hack/containerd`` of a checkout (:func:`containerd_module`): containerd, its runc shim
-  and ctr, only for a real node (:func:`ensure_node_binaries`).
-
-Where the control plane's binaries come from, first match wins (:data:`HOW_TO_GET_BINARIES`
-says it in errors): ``$KUBEBUILDER_ASSETS`` (a folder with ``etcd`` and ``kube-apiserver``,
-as controller-runtime's setup-envtest installs them), ``$SDG_CONTROLPLANE_BIN`` (a folder
-with every binary asked for), else the cache, built from ``$SDG_CONTROLPLANE_SRC`` (another
-copy of the module) or the packaged module, with Go on PATH.
-
-``python -m sdgruntime.envtest.build`` builds the control plane (saying what and how long)
-and prints the folder; ``--node`` also builds the node binaries and prints their folders.
+Each :class:`GoModule` is built into a cache folder outside any repository, keyed by its
+version and a hash of its files, so a warm start costs nothing and a dependency bump
+rebuilds: the packaged control plane (:func:`controlplane_module`,
+:func:`ensure_binaries`) and, for a real node, containerd (:func:`containerd_module`,
+:func:`ensure_node_binaries`). Prebuilt binaries are taken first from
+``$KUBEBUILDER_ASSETS`` or ``$SDG_CONTROLPLANE_BIN`` (:data:`HOW_TO_GET_BINARIES`;
+docs/testing.md, "The binaries"). ``python -m sdgruntime.envtest.build [--node]`` builds
+and prints the folders.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Kubeconfig files and the pod's ServiceAccount, read here instead of by the ``kubernetes``
-package.
+package, into a :class:`RestConfig` (client-go's ``rest.Config``, in small).
 
-Why: importing ``kubernetes.config`` costs a manager about 32 MiB of RSS (it pulls in
-requests, oauthlib, urllib3, websocket, dateutil, ...) to read a few YAML keys once. The
-static cases are read here into a :class:`RestConfig` (client-go's ``rest.Config``, in
-small); :func:`needs_kubernetes_package` tells the callers in :mod:`sdgruntime.rest.config`
-when a user needs what only that package handles (an ``auth-provider``), and they load
-that user with it, lazily (``pip install 'sdgruntime[auth-providers]'``). ``exec``
-credential plugins are run here (:mod:`sdgruntime.rest.execplugin`).
-
-What is read, as the ``kubernetes`` package's loader did, so configurations that worked go
-on working:
-
-* a ``:``-separated list of files (``$KUBECONFIG``): files that do not exist are skipped; a
-  cluster, user or context name is taken from the first file that has it; the last file
-  that sets ``current-context`` wins;
-* the context (given, else ``current-context``), its cluster's ``server``,
-  ``certificate-authority(-data)``, ``insecure-skip-tls-verify``, ``tls-server-name``,
-  its ``namespace``; certificates are used for ``https`` servers only;
-* the user's ``client-certificate(-data)`` / ``client-key(-data)``, ``token`` (wins over
-  ``tokenFile``), ``tokenFile`` (re-read every minute, as client-go does), and
-  ``username``/``password`` (basic auth), ``exec`` (run at load and again when its
-  credential expires or the server answers 401);
-* ``*-data`` wins over the file; relative paths resolve against the directory of the file
-  the entry came from (client-go's rule). Inline data is written to private temporary
-  files, removed at exit, because :mod:`ssl` loads certificates from files.
+What is read follows the ``kubernetes`` loader and client-go: ``$KUBECONFIG`` lists
+(first file naming an entry wins, the last ``current-context`` wins), contexts, TLS
+settings, tokens, token files (re-read every minute), client certificates, basic auth and
+``exec`` plugins (run by :mod:`sdgruntime.rest.execplugin`); ``*-data`` wins over a file,
+relative paths resolve against the file they came from. :func:`needs_kubernetes_package`
+says when a user has an ``auth-provider``, the one case left to that package.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Which failed requests are replayed, and how long to wait before each replay.
 
-* Idempotent verbs (GET, PUT, PATCH, DELETE, HEAD) are retried on transient failures: no
-  answer (:class:`~sdgruntime.errors.TransportError`), 429 and 5xx, with exponential backoff
-  and jitter, honouring ``Retry-After``. PUT carries the object's resourceVersion as a
-  precondition, so a replay of an already applied update fails with Conflict instead of
-  overwriting; a replayed DELETE may answer NotFound. Merge, strategic and apply patches are
-  idempotent. A JSON patch is not (a replayed ``add`` to ``/list/-`` appends twice), so it
-  is retried like a POST unless it contains a ``test`` op (:func:`has_test_op`), which is
-  then taken to guard it (test ``/metadata/resourceVersion`` to be sure).
-* POST (create, bind, ...) is not idempotent: a replay after the server may have processed
-  the first attempt could create twice or turn a success into AlreadyExists. It is retried
-  only when the request provably never reached the server (:class:`RequestNotSent`: connect
-  error, connect timeout, no free pooled connection) and on 429, which the server's flow
-  control answers *before* a request is handled.
-* 409 Conflict is never retried: it belongs to the caller's read-modify-write loop.
-* Watches are never retried here; the informer owns reconnecting and resuming.
-
-The transport never replays on its own (aiohttp's silent replay of idempotent requests on a
-dropped connection is switched off), so every attempt is one this policy allowed, and each
-counts in ``rest_client_requests_total``.
+:func:`should_retry` is the policy: idempotent verbs on no answer, 429 and 5xx; POST (and a
+JSON patch without a ``test`` op, :func:`has_test_op`) only on 429 or when the request
+provably never left (:class:`RequestNotSent`); never 409 Conflict, never watches.
+:class:`RetryPolicy` holds the backoff, honouring ``Retry-After``. Invariant: the
+transport never replays on its own, so every attempt is one this policy allowed and counts
+in ``rest_client_requests_total``. Why each rule: docs/contracts.md, "Retries".
 """
 
 from __future__ import annotations
