@@ -1,40 +1,13 @@
 """The HTTP/1.1 server of webhooks, probes and metrics: ``aiohttp.web``'s low-level server
-(its C parser, keep-alive, pipelining, lingering close, graceful shutdown) with the limits
-a server reachable from a whole cluster needs, built around aiohttp's public API.
+with the limits a server reachable from a whole cluster needs.
 
-Every input is bounded, and every refusal says why in a text body:
-
-- over ``max_connections`` open connections a new one gets 503 ``too many connections
-  (limit N)`` and is closed (over TLS after the handshake, so the client can read it);
-  open connections are served as before. One client address holds at most
-  ``max_connections_per_client`` of them (503 ``too many connections from ADDRESS (limit
-  N per client address)`` beyond), so one client cannot take every slot;
-- under pressure (over ``pressure_connections`` open, 3/4 of ``max_connections`` by
-  default) a connection waiting for a request is closed after ``pressure_idle_timeout``
-  (5 s) instead of ``idle_timeout``, those already waiting as well: idle keep-alive
-  connections give their slots back to clients that send requests. (A client that sends
-  on an idle connection just as it is closed sees the request fail, which is why
-  ``idle_timeout`` is otherwise longer than client-go's; under pressure slots matter more);
-- a body over ``max_body_bytes`` gets 413, declared or chunked, after which the rest of
-  the upload is read and discarded for a moment (aiohttp's lingering close), so the client
-  reads the 413 instead of a reset; bodies held at once across requests are capped by
-  ``max_buffered_bytes`` (503 beyond);
-- a request head over ``max_header_bytes`` gets 431, whole or still arriving;
-- a request not complete within ``request_timeout`` of its first byte gets 408 and is
-  closed (slowloris); a TLS handshake gets the same time; a connection with no request
-  in progress (fresh or kept alive) is closed after ``idle_timeout``;
-- a malformed request gets 400; a handler that raises gets 500, one that outlives
-  ``handler_timeout`` 503.
-
-TLS: ``ssl_context_provider`` is called once at start for the context the listener uses,
-and again on each new connection (cheap for a ``CertWatcher``): a provider rotates
-certificates without a restart by keeping that live context and moving its handshakes
-to the new pair (``CertWatcher`` does it with ``sni_callback``).
-HTTP/2 is not spoken, and ALPN offers only ``http/1.1`` whatever the context offered
-(kubebuilder's scaffold turns HTTP/2 off since the Rapid Reset CVEs).
-
-Cancelling ``serve`` stops accepting, closes idle connections and gives requests in
-flight ``shutdown_timeout`` seconds to be answered. Needs the asyncio backend.
+:class:`HTTPServer` serves a :class:`Router` until cancelled. Invariant: every input is
+bounded and every refusal says why in a text body: connections in total and per client
+address (503), buffered bodies (503), body size (413), head size (431), time to a complete
+request (408), a handler's time (503); idle connections are closed, sooner under pressure.
+TLS contexts come from ``ssl_context_provider``, so certificates rotate without a restart;
+ALPN offers only ``http/1.1``. Cancelling ``serve`` closes idle connections and gives
+requests in flight ``shutdown_timeout`` seconds. Needs the asyncio backend.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """AdmissionReview ``admission.k8s.io/v1``: requests, responses and the review protocol.
 
-A handler is an async callable ``(AdmissionRequest) -> AdmissionResponse``; an object
-with ``async def mutate(request)`` is a ``Mutator``, one with ``async def
-validate(request)`` a ``Validator`` (which may not return a patch: the API server
-rejects patches from validating webhooks, so we catch the bug here with a clear
-message). Build responses with ``allowed``, ``denied``, ``patched`` (diffs the
-original against a mutated copy) or ``patch_ops``; or ``raise Denied(...)`` from
-anywhere in a handler.
-
-``Webhook.review`` turns request bytes into the response AdmissionReview: a handler
-that raises becomes ``allowed: false`` with code 500 ``internal error: ...``, one that
-takes too long becomes a denial with code 504 that says so. A request that is not a
-readable AdmissionReview raises ``ReviewError`` (HTTP 400 with the reason, never a
-crash), and so does a handler that fails *reading* the object (``TypeError``,
-``AttributeError``, ``KeyError``, ``IndexError`` or ``ValueError``: ``metadata.annotations``
-a list, ``spec.containers`` a string), as ``ObjectUnreadable``.
-
-What "readable" means is checked once, in ``parse_review``, against the Go types of
-``admission.k8s.io/v1`` (``null`` counts as absent, as for Go's decoder): strict UTF-8
-JSON with finite numbers, nested at most ``MAX_DEPTH`` levels; ``request`` an object
-with a non-empty string ``uid``, ``kind``/``resource`` objects of strings, ``operation``
-one of CREATE/UPDATE/DELETE/CONNECT, strings where the API has strings, ``userInfo`` a
-UserInfo, ``object``/``oldObject``/``options`` objects, ``dryRun`` a bool. So a handler
-sees only well-typed envelope fields; the object's own fields are the handler's to read.
+A handler is an async ``(AdmissionRequest) -> AdmissionResponse``, a ``Mutator`` or a
+``Validator`` (which may not return a patch: the API server would reject it). Responses:
+``allowed``, ``denied``, ``patched``, ``patch_ops``, or ``raise Denied(...)``.
+:meth:`Webhook.review` turns request bytes into the response: a handler that raises is a
+denial with code 500, one that overruns a denial with code 504. Invariant: a handler sees
+only a well-typed envelope (``parse_review`` checks it against the Go types); a body that
+is not one, or a handler failing to read the object (``ObjectUnreadable``), raises
+``ReviewError``, answered with HTTP 400.
 """
 
 from __future__ import annotations

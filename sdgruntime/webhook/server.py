@@ -1,43 +1,14 @@
 """The admission webhook server: HTTPS, AdmissionReview v1, metrics, certificate rotation.
 
-As controller-runtime's ``webhook.Server``: serving certificates come from
-``cert_dir`` (``tls.crt``/``tls.key``, the layout of a mounted ``kubernetes.io/tls``
-Secret) and are re-read when their content changes, so cert-manager renewals need no
-restart. Each registered path is one ``Webhook``.
-
-HTTP answers: a reviewed request is HTTP 200 with the verdict in the AdmissionReview
-(denials, timeouts and handler failures included, as the API server expects). Requests
-that cannot be reviewed get an HTTP error with the reason in the body (a ``metav1.Status``
-for the ones below 413, text for the rest), never a 500 and never a traceback:
-
-- 405: not POST; 415: not ``application/json``;
-- 400: not a readable AdmissionReview v1 (``parse_review``: not UTF-8 JSON, nested over
-  ``MAX_DEPTH``, a field of the wrong type, no uid, an unknown operation...), or the
-  handler could not read the object (it raised ``TypeError``, ``AttributeError``,
-  ``KeyError``, ``IndexError`` or ``ValueError``; logged as one WARNING line with the
-  path and the source line). Any other exception from a handler stays a 200 denial with
-  code 500 ``internal error``. The API server treats a non-200 answer as a failed call
-  (``failurePolicy`` decides), which is right: it never sends such reviews itself;
-- 413: body over ``max_body_bytes``; 431: headers over 64 KiB; 408: the request not
-  received within ``request_timeout``;
-- 503: over ``max_connections`` open connections, over ``max_connections_per_client``
-  from one client address, or request bodies in progress over ``max_buffered_bytes`` in
-  total. Under pressure (3/4 of ``max_connections`` open) idle keep-alive connections are
-  closed after ``pressure_idle_timeout`` (``sdgruntime.httpserver``).
-
-HTTP/1.1 only (``sdgruntime.httpserver``): ALPN offers no ``h2``, as kubebuilder's
-scaffold turns HTTP/2 off since the Rapid Reset CVEs. A context from
-``ssl_context_provider`` decides for itself which protocols it offers (it must not offer
-h2), and rotates while staying the same object, as ``CertWatcher``'s does.
-
-Deadline: the API server appends ``?timeout=10s`` (the webhook's ``timeoutSeconds``) to
-the URL and gives up after it, applying the ``failurePolicy`` with an opaque error. We
-answer no later than 90 % of that (or ``request_timeout`` if smaller) with a denial that
-names the timeout, so the user sees why.
-
-Metrics (controller-runtime's): ``controller_runtime_webhook_latency_seconds{webhook}``,
-``controller_runtime_webhook_requests_total{webhook,code}`` (code = HTTP status) and
-``controller_runtime_webhook_requests_in_flight{webhook}``, labelled by path.
+As controller-runtime's ``webhook.Server``: :class:`WebhookServer` serves each
+registered path as one :class:`~sdgruntime.webhook.Webhook` over
+:mod:`sdgruntime.httpserver`, with the pair in ``cert_dir`` followed by a ``CertWatcher``
+(cert-manager renewals need no restart). A reviewed request is HTTP 200 with the verdict
+in the AdmissionReview; one that cannot be reviewed gets an HTTP error with the reason
+(405, 415, 400 as a ``metav1.Status``; the server's limits as text), never a traceback.
+Invariant: a handler gets at most 90 % of the API server's ``?timeout=`` (or
+``request_timeout``), so a slow one is a denial that says so, not the API server's opaque
+failure. Codes and metrics: docs/webhooks.md, "Failures and HTTP errors".
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Per-kind webhooks on objects instead of AdmissionReviews, as controller-runtime's
-``WebhookManagedBy(mgr).For(kind).WithValidator(v).WithDefaulter(d).Complete()``::
+``WebhookManagedBy(mgr).For(kind).WithValidator(v).WithDefaulter(d).Complete()``.
 
-    mgr.webhook_for(CONFIGMAPS).with_validator(MyValidator()).with_defaulter(MyDefaulter()).complete()
-
-registers ``/validate-<group>-<version>-<kind>`` and ``/mutate-<group>-<version>-<kind>``
-(dots in the group become dashes, the kind is lower-cased; the core group is empty, so a
-ConfigMap's are ``/validate--v1-configmap`` and ``/mutate--v1-configmap``, as kubebuilder
-generates them). The WebhookConfigurations must point at these paths.
-
-- A **validator** (:class:`CustomValidator`) has ``async validate_create(obj)``,
-  ``validate_update(old, new)`` and ``validate_delete(obj)``. Each returns warnings (a list
-  of strings, or ``None``) to allow, or raises :class:`~sdgruntime.webhook.Denied` to
-  refuse; the message reaches the user.
-- A **defaulter** (:class:`CustomDefaulter`) has ``async default(obj)``, which edits ``obj``
-  in place; the server sends the JSON patch from the object received to the edited one.
-  It runs on CREATE and UPDATE.
-
-Anything else a validator or defaulter raises is an error of the webhook, answered as in
-:class:`~sdgruntime.webhook.Webhook` (500 ``internal error``; 400 for an object it could not
-read). A review for another kind than the one registered is refused with code 400, because
-it means the WebhookConfiguration's rules are wrong. :func:`admission_request` gives the
-request being decided (user, operation, dry-run) to code that needs more than the object.
+``mgr.webhook_for(kind).with_validator(v).with_defaulter(d).complete()`` registers
+``/validate-<group>-<version>-<kind>`` and ``/mutate-...`` (dots as dashes, the kind lower-cased,
+as kubebuilder generates them). A :class:`CustomValidator` returns warnings or raises
+:class:`~sdgruntime.webhook.Denied`; a :class:`CustomDefaulter` edits the object in place
+(on CREATE and UPDATE) and the patch is computed. A review for another kind is refused with
+code 400. :func:`admission_request` gives the request being decided. Usage:
+docs/webhooks.md, "Typed webhooks".
 """
 
 from __future__ import annotations
