@@ -73,7 +73,7 @@ class Watch:
 
 
 class Controller:
-    """Runs ``reconciler`` for the requests its watches produce (see the module doc).
+    """Runs ``reconciler`` for the requests its watches produce (docs/contracts.md).
 
     ``name`` labels metrics, logs and spans; a manager refuses a second controller of the
     same name unless ``skip_name_validation=True``. ``reconciler`` must have an ``async def

@@ -475,7 +475,7 @@ class Manager:
     async def run_until_cancelled(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Start everything and run until cancelled; then stop in order (module doc).
+        """Start everything and run until cancelled; then stop in order (docs/contracts.md).
 
         ``task_status.started()`` fires once the servers listen and the cache has synced.
         Raises :class:`LeaderElectionLost` if the lease is lost, or the first error of a

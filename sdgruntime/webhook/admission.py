@@ -324,8 +324,15 @@ class Webhook:
 
 
 def parse_review(body: bytes, *, max_depth: int = MAX_DEPTH) -> AdmissionRequest:
-    """Decodes and checks a request AdmissionReview (module doc); raises
-    ``ReviewError(400)`` with the first problem found."""
+    """Decodes and checks a request AdmissionReview; raises ``ReviewError(400)`` with the
+    first problem found.
+
+    Checked against the Go types of ``admission.k8s.io/v1`` (``null`` counts as absent, as
+    for Go's decoder): strict UTF-8 JSON with finite numbers, nested at most ``max_depth``
+    levels; ``request`` an object with a non-empty string ``uid``, ``kind``/``resource``
+    objects of strings, ``operation`` one of CREATE/UPDATE/DELETE/CONNECT, strings where
+    the API has strings, ``userInfo`` a UserInfo, ``object``/``oldObject``/``options``
+    objects, ``dryRun`` a bool. The object's own fields are the handler's to read."""
     if not body:
         raise ReviewError(400, "request body is empty")
     try:
