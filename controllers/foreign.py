@@ -1,25 +1,11 @@
 """Devices used outside the books: pods that use vendor devices without being in a group.
 
-A pod that is not in a group but reaches vendor devices another way sees devices SDG did
-not hand out, and SDG cannot know which. On a node where such pods run, no new group gets
-that resource (a wrong view may hand out less, never twice), and groups already bound
-there are reported (``Ready=False, reason ForeignDevicePods``). The pod itself gets a
-Warning Event (``ForeignPodReporter``). What counts (``device_use``):
-
-- a request or limit of a device resource: one the env table maps, or another name in a
-  vendor's domain (``nvidia.com/mig-1g.10gb``, ``nvidia.com/gpu.shared``, ``amd.com/*``;
-  ``api.envvars.env_vars_reached``);
-- a device env var set by hand (``all``, IDs, UUIDs; ``valueFrom`` too, it may say
-  anything; empty, ``void`` and ``none`` name no device);
-- ``envFrom`` that may set a device env var (the rule is in ``_env_from_vars``);
-- CDI device annotations of NRI's device-injector naming a vendor's devices, and its
-  raw device-node and mount annotations (``devices.*``, ``mounts.*``: any of them, for
-  every resource: ``/dev/nvidia3`` or a mount of ``/dev`` reaches GPUs SDG cannot name);
-- DRA claims (``spec.resourceClaims``), for every resource: the claim's device class is
-  not on the pod, so any of them may be a GPU of the node.
-
-``device_use`` is pure; ``ForeignDevices`` mirrors the pod cache, fed synchronously by
-the pod informer, so placement reads it in memory.
+Such a pod sees devices SDG did not hand out, and SDG cannot know which. Invariant: on
+a node where one runs, no new group gets that resource (a wrong view may hand out less,
+never twice); groups already bound there are reported (``Ready=False``, reason
+``ForeignDevicePods``) and the pod gets a Warning Event (:class:`ForeignPodReporter`).
+:func:`device_use` (pure) says what a pod uses; :class:`ForeignDevices` mirrors the pod
+cache, fed synchronously by the pod informer, so placement reads it in memory.
 """
 
 from __future__ import annotations
@@ -185,8 +171,19 @@ def device_use(
 
     None for pods in a group (the annotation, even empty: the webhook judged those), SDG's
     own holder pods (in ``holders_namespace``: they hold a group's devices), pods not
-    bound to a node yet, finished pods, and pods that use no device. What counts is in
-    the module's docstring.
+    bound to a node yet, finished pods, and pods that use no device. What counts:
+
+    - a request or limit of a device resource: one the env table maps, or another name in
+      a vendor's domain (``nvidia.com/mig-1g.10gb``, ``nvidia.com/gpu.shared``,
+      ``amd.com/*``; ``api.envvars.env_vars_reached``);
+    - a device env var set by hand (``all``, IDs, UUIDs; ``valueFrom`` too, it may say
+      anything; empty, ``void`` and ``none`` name no device);
+    - ``envFrom`` that may set a device env var (the rule is in ``_env_from_vars``);
+    - CDI device annotations of NRI's device-injector naming a vendor's devices, and its
+      raw device-node and mount annotations (``devices.*``, ``mounts.*``), for every
+      resource: ``/dev/nvidia3`` or a mount of ``/dev`` reaches GPUs SDG cannot name;
+    - DRA claims (``spec.resourceClaims``), for every resource: the claim's device class is
+      not on the pod, so any of them may be a GPU of the node.
     """
     meta, spec = meta_of(pod), spec_of(pod)
     if GROUP_ANNOTATION in (meta.get("annotations") or {}) or is_holder(pod, holders_namespace):

@@ -1,27 +1,13 @@
 """What devices a node really has: per resource, each device SDG may hand out, with a
 stable ID and, where known, its UUID and health.
 
-From the best source the cluster has, per node and resource:
-
-1. **DRA ResourceSlices** (``resource.k8s.io/v1``) published for the node by a driver
-   SDG knows (``gpu.nvidia.com`` -> ``nvidia.com/gpu``, ``gpu.amd.com`` -> ``amd.com/gpu``):
-   whole devices only (NVIDIA's ``gpu``, AMD's ``amdgpu``; MIG devices, VFIO passthrough
-   devices and AMD partitions are not handed out). A device's ``index`` attribute is its ID
-   where published (NVIDIA's driver before v25.8), else its ID is the one the vendor's
-   runtime gives it (:func:`_runtime_ids`): NVML's index for NVIDIA (PCI bus order over
-   every GPU, MIG-enabled ones too, whose MIG devices carry their parent's PCI bus ID),
-   ``amd-ctk``'s ``amd.com/gpu=<N>`` for AMD (PCI address order, each partition of a
-   partitioned GPU one entry). ``uuid`` is its UUID; a device with a NoSchedule/NoExecute
-   taint, its own or a DeviceTaintRule's, is unhealthy; a device that left the slice is gone.
-2. **A node annotation** ``deviceshare.io/devices.<resource with / as _>`` written by an
-   operator's DaemonSet or by hand, e.g. ``deviceshare.io/devices.nvidia.com_gpu:
-   "GPU-aaa,GPU-bbb"`` (IDs are the positions) or ``"0=GPU-aaa,3=GPU-ddd:unhealthy"``.
-3. **The count** in ``status.allocatable``: IDs ``0..N-1``, guessed (allocatable counts
-   only healthy devices, so which one failed cannot be known).
-
-Pure: plain decoded JSON in, ``Offer`` per resource out. Every loop is bounded by
-``MAX_DEVICES_PER_RESOURCE`` (and a slice's own 128-device limit), whatever a node or a
-driver publishes; anything beyond is reported, never iterated.
+Sources, best first: DRA ResourceSlices of a driver SDG knows (:func:`slice_offers`), the
+``deviceshare.io/devices.<resource>`` node annotation (:func:`parse_annotation`), else the
+count in ``status.allocatable`` (:func:`count_offer`, IDs guessed); :func:`node_offers`
+picks. The functions are pure (decoded JSON in, an :class:`Offer` per resource out);
+:class:`Inventory` keeps every node's offers current from the informers. Invariant: every
+loop is bounded by ``MAX_DEVICES_PER_RESOURCE``, whatever a node or driver publishes.
+How IDs are chosen: docs/design.md, "Devices are real".
 """
 
 from __future__ import annotations

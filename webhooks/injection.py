@@ -1,25 +1,13 @@
 """Pod mutation for SharedDeviceGroup members: the pure decisions, no I/O.
 
-Given the pod being created, its group and the group's node, either a JSON patch (RFC
-6902) that gives every container the group's devices the way the node's runtime takes
-them (``webhooks.delivery``), points the pod at our scheduler and lets it onto tainted
-shared nodes, or a denial whose message tells the user what to change. The same for the
-ephemeral containers (``kubectl debug``) added to a group's pod. The admission handler
-does the lookups and wraps this.
-
-A group pod sees exactly its group's devices, so at CREATE it is refused when it asks
-for any other way to devices: a device resource in its requests or limits (the group's
-own, another vendor's, an alias such as ``nvidia.com/mig-1g.10gb`` or
-``nvidia.com/gpu.shared``: ``api.envvars.env_vars_reached``), DRA claims
-(``spec.resourceClaims``), another vendor's device variable naming devices
-(``AMD_VISIBLE_DEVICES=all`` in an NVIDIA group; an empty, ``void`` or ``none`` value is
-allowed: it names none), or NRI device-injector annotations for raw device nodes or
-mounts (``devices.*``, ``mounts.*``). Its own CDI device annotations (``cdi-devices.*``)
-are not refused but replaced or removed, whatever the delivery mode, with a warning:
-SDG writes that family itself in ``cdi`` mode, so one manifest is admitted alike on
-every node. The pod's own value for its group's variables is replaced, as before.
-(``envFrom`` is not judged: a ConfigMap's keys cannot be seen at admission, and the
-group's variables, set in ``env``, win over it anyway.)
+:func:`build_injection` (a pod CREATE) and :func:`build_ephemeral_injection` (ephemeral
+containers, ``kubectl debug``) return either a JSON patch (RFC 6902) that gives every
+container the group's devices the way the node's runtime takes them
+(:mod:`webhooks.delivery`), points the pod at our scheduler and tolerates the shared
+taint, or a denial that tells the user what to change. Invariant: a group pod sees exactly
+its group's devices, so any other way to devices is refused or, for its own CDI
+annotations, replaced (docs/design.md, "Devices are real"). The admission handler does
+the lookups.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Group commit per key: changes that arrive while a write for their key is in flight go
 together in the next single write.
 
-Why: a node's claim record is one object, written conditionally on its resourceVersion.
-Concurrent group reconciles that bind onto one node (binpack) would each write it from
-the same version: all but one get a 409 and decide again, one after another. Serialising
-the writes per node removes the 409s; coalescing the ones that queue up meanwhile makes N
-claims cost one write instead of N sequential ones.
-
-Semantics (``tests/unit/test_coalesce.py``):
-
-- per key at most one flush runs at a time; different keys do not wait for each other;
-- a change submitted while its key is idle is flushed at once, alone;
-- changes submitted while a flush of their key runs are flushed next, together, by one
-  call, in the order they were submitted (one of their submitters runs it);
-- each submitter gets its own outcome: ``flush`` returns one result per change (None, or
-  the exception that change fails with); a flush that raises fails every change of its
-  batch with that exception;
-- a submitter cancelled before its batch started is left out of it; once its batch runs
-  the write goes on without it (like a request already sent), and if the submitter that
-  runs a batch is cancelled, the others of that batch fail with :class:`Abandoned`.
+A node's claim record is one object written conditionally on its resourceVersion, so
+concurrent binds onto one node would 409 each other; serialising per node removes the
+409s and coalescing makes N queued claims cost one write. :class:`Coalescer` is the one
+entry point; its docstring states the semantics (``tests/unit/test_coalesce.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +36,19 @@ class _Slot(Generic[C]):
 
 
 class Coalescer(Generic[K, C]):
-    """Serialises and batches ``flush`` calls per key (module doc)."""
+    """Serialises and batches ``flush`` calls per key.
+
+    - per key at most one flush runs at a time; different keys do not wait for each other;
+    - a change submitted while its key is idle is flushed at once, alone;
+    - changes submitted while a flush of their key runs are flushed next, together, by one
+      call, in the order they were submitted (one of their submitters runs it);
+    - each submitter gets its own outcome: ``flush`` returns one result per change (None, or
+      the exception that change fails with); a flush that raises fails every change of its
+      batch with that exception;
+    - a submitter cancelled before its batch started is left out of it; once its batch runs
+      the write goes on without it (like a request already sent), and if the submitter that
+      runs a batch is cancelled, the others of that batch fail with :class:`Abandoned`.
+    """
 
     def __init__(self, flush: Flush[K, C]) -> None:
         self._flush = flush

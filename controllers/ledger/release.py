@@ -1,24 +1,10 @@
 """Giving devices back: the one place that decides to remove a claim from a record.
 
-Adding a claim is fenced by the record's resourceVersion; removing one is a decision that
-frees devices, so it is made on a *live* read of the group (its UID checked against the
-one recorded with the claim), never on a cache that may lag:
-
-- no group of that name exists, or one with another UID (deleted and recreated): the
-  claim is an orphan;
-- the group is Bound elsewhere: a claim on another node is left over from a lost race;
-- the group is Pending and the claim cannot be adopted (its spec changed, the node no
-  longer fits): the claim is given back and the group placed afresh. First the group's
-  status is written (conditionally): a bind of it in flight elsewhere, whose status write
-  is conditional on the older version, then fails instead of landing on freed devices.
-
-Each removal is conditional on the claim as judged before the live read (its devices, UID
-and group version, ``controllers.ledger.book``): a bind that adopted the claim meanwhile has
-renewed it with its own group version, so the removal fails instead of freeing devices
-that bind is about to mark the group Bound on.
-
-A claim is never removed while active pods of that group name are bound to its node: they
-may be using the devices right now (a finalizer removed by hand, an old incarnation).
+:func:`should_release` judges a claim against a *live* read of its group (UID checked),
+never the cache; :class:`ClaimReleaser` removes the claims it agrees on. Invariants: a
+removal is conditional on the claim as judged (a bind that adopted it meanwhile makes it
+fail), and no claim is removed while active pods of that group are bound to its node.
+The cases and why: docs/design.md, "Only fresh reads release devices".
 """
 
 from __future__ import annotations

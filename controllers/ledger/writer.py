@@ -1,24 +1,11 @@
 """The one writer of the claim records: fenced, coalesced per node.
 
-Every change is a conditional write (the record ConfigMap's resourceVersion, or its
-absence for a create), so two managers with different views (a stale leader after
-failover, a forced split brain) get 409 Conflict instead of both succeeding.
-
-Every change is also conditional on the claim it changes: the caller says which claim of
-that group it saw (``expect``), and a record whose claim of the group differs fails that
-change with 409. The resourceVersion alone does not say enough once writes are
-coalesced and two managers race: a bind decided on a view without the group's claim
-must not silently replace the claim another manager just wrote for the same group (its
-status may already be Bound on those devices). Each claim also records the
-resourceVersion of the group it was decided on (``data.versions``): a bind that adopts
-a claim renews it with its own version, so giving back a claim that a bind in flight
-has just renewed fails instead of freeing devices that group is about to be Bound on
-(``controllers.ledger.release``).
-
-Writes of one node's record are serialised, and the changes that queue up behind a write
-go together in the next one (``controllers.ledger.coalesce``): group reconciles run
-concurrently, and binds onto one node must neither 409 each other nor pay one round trip
-each. What a write returns is fed back to the book at once (``Ledger.written``).
+:class:`RecordWriter` makes every change a conditional write (the record's
+resourceVersion, or its absence for a create) that is also conditional on the claim of
+that group the caller saw (``expect``), so two managers with different views conflict
+instead of both succeeding. Writes of one node's record are serialised and coalesced
+(:mod:`controllers.ledger.coalesce`); what a write returns goes back to the book at once
+(``Ledger.written``). Why both fences: docs/design.md, "Claims are fenced".
 """
 
 from __future__ import annotations
