@@ -1,22 +1,13 @@
 """The per-node claim record: its name, its format, and reading one.
 
 One ConfigMap per node (``sdg-claims.<node>`` in the manager's namespace) holds that
-node's claims: ``data.claims`` is ``{"group": {"nvidia.com/gpu": "0,1"}}``,
-``data.uids`` the UID of each claiming group, and ``data.versions`` the resourceVersion
-of the group object each claim was decided on. ``controllers.ledger.book`` is its one writer.
-
-Why a ConfigMap and not a Node annotation: writing Nodes needs ``nodes/patch``, a right
-that can also change taints and labels that steer every scheduler in the cluster; a
-ConfigMap in our own namespace needs only a namespaced Role. Why not a CRD of our own:
-a ConfigMap is readable with plain kubectl and adds no API surface to version.
-
-A record is identified by its ConfigMap's *name*, never by a field inside it: a labelled
-ConfigMap whose name is not ``record_name(data.node)`` (a decoy, or a record whose
-contents were edited to name another node) is malformed and blocks every node it names,
-so it can never act as a second fence. The UID with each claim makes a group deleted
-and recreated under the same name a different claimant: it never inherits the old claim.
-The group version with each claim lets a release be conditional on the claim as it was
-judged (``controllers.ledger.release``).
+node's claims: ``data.claims`` is ``{"group": {"nvidia.com/gpu": "0,1"}}``, ``data.uids``
+the UID of each claiming group and ``data.versions`` the resourceVersion of the group
+each claim was decided on. :mod:`controllers.ledger.writer` is its one writer.
+Invariant: a record is identified by its ConfigMap's *name* (``record_name``), never by a
+field inside it; one whose name does not match is malformed and blocks every node it
+names, so it can never act as a second fence. Why a ConfigMap, and what the UIDs and
+versions guard: docs/design.md, "The cluster's books".
 """
 
 from __future__ import annotations
