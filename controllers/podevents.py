@@ -1,17 +1,12 @@
 """PodsJoined / PodsLeft events, coalesced per group.
 
-The status controller used to post one Event with every status write that changed a
-group's pods: as many API writes again as the status patches themselves, landing while
-the API server is busiest (a burst of pods, and the status writes that follow it). Here
-the pods that joined or left a group are collected until the group has been quiet for
-``quiet`` seconds (at most ``longest`` seconds after its first unreported change) and then
-told in one PodsJoined and one PodsLeft Event, naming at most ``EVENT_PODS`` pods and
-counting the rest ("and N more"), as before. Nothing is lost but the timing: every pod
-that joined or left is named or counted in the next event of its group.
-
-Memory is bounded: a group has pending state only from its first unreported change until
-its flush (at most ``2 * EVENT_PODS`` names and two counts), and it is dropped at once
-when the group is gone or replaced by a new one of the same name.
+The pods that joined or left a group are collected until the group has been quiet for
+``quiet`` seconds (at most ``longest`` seconds after its first unreported change), then
+told in one PodsJoined and one PodsLeft Event naming at most ``EVENT_PODS`` pods and
+counting the rest ("and N more"), so bursts of pods do not cost an Event write per status
+write. Invariants: nothing is lost but the timing (every pod is named or counted in its
+group's next event), and memory is bounded: a group has pending state only until its
+flush, dropped at once when the group is gone or replaced.
 """
 
 from __future__ import annotations
