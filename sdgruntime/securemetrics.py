@@ -1,18 +1,14 @@
 """``/metrics`` over HTTPS for authenticated, authorized scrapers only: controller-runtime's
-secure metrics serving (``metricsserver.Options{SecureServing: true, FilterProvider:
-filters.WithAuthenticationAndAuthorization}``, kubebuilder's default).
+secure metrics serving (``SecureServing: true`` with
+``filters.WithAuthenticationAndAuthorization``, kubebuilder's default).
 
-Who may scrape is decided by the API server (:mod:`sdgruntime.authn`): a bearer token a
-``TokenReview`` accepts, of a user a ``SubjectAccessReview`` allows ``get`` on the
-non-resource URL ``/metrics``. Scrapes whose token is not cached yet are rate-limited
-and capped (429 with ``Retry-After`` beyond; :class:`sdgruntime.authn.ReviewLimiter`), so
-a flood of made-up tokens cannot load the API server on the manager's identity.
-
-The serving certificate comes from ``cert_dir`` (``tls.crt``/``tls.key``, e.g. a mounted
-cert-manager Secret, re-read when it changes), or, without one, is a self-signed pair made
-at start (as controller-runtime does): the traffic is encrypted and the token cannot be
-read on the wire, but a scraper can verify the server only with a certificate it trusts.
-``cryptography`` (about 14 MiB of RSS) is imported only to make that pair.
+Who may scrape is decided by the API server (:mod:`sdgruntime.authn`: a ``TokenReview``,
+then a ``SubjectAccessReview`` for ``get /metrics``); reviews the caches cannot answer are
+limited (429 with ``Retry-After``). The serving certificate comes from ``cert_dir``
+(re-read when it changes), or, without one, is a self-signed pair made at start, as
+controller-runtime does: the token cannot be read on the wire, but a scraper can verify the
+server only with a certificate it trusts. ``cryptography`` is imported only to make that
+pair.
 """
 
 from __future__ import annotations

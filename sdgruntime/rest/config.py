@@ -2,10 +2,10 @@
 
 Kubeconfig files (exec credential plugins included) and the in-cluster ServiceAccount are
 read by :mod:`sdgruntime.rest.kubeconfig` into a :class:`RestConfig`. Only a user with an
-``auth-provider`` is loaded by the ``kubernetes`` package (the ``auth-providers`` extra;
-imported then, not before: it costs a process about 32 MiB), into a
-``kubernetes.client.Configuration``, whose ``refresh_api_key_hook`` :class:`Credentials`
-runs when due. A :class:`~sdgruntime.client.Client` takes either.
+``auth-provider`` is loaded by the ``kubernetes`` package (the ``auth-providers`` extra,
+imported only then), into a ``kubernetes.client.Configuration``, whose
+``refresh_api_key_hook`` :class:`Credentials` runs when due. A
+:class:`~sdgruntime.client.Client` takes either.
 """
 
 from __future__ import annotations
