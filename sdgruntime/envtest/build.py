@@ -54,7 +54,7 @@ _CONTAINERD_MINUTES = {"containerd": 4, "containerd-shim-runc-v2": 1, "ctr": 1}
 # What the headline calls a module's build ("building the local control plane v1.37.2 …").
 _TITLES = {"controlplane": "the local control plane"}
 _REQUIRE = re.compile(r"^\s*(?:require\s+)?([^\s()]+)\s+(v\S+)(?:\s*//.*)?$", re.M)
-#: The control plane's Go module, shipped as package data (a copy of SDG's hack/controlplane).
+#: The control plane's Go module, shipped as package data.
 PACKAGED_SOURCE = Path(__file__).resolve().parent / "go" / "controlplane"
 #: Every way to get the control plane's binaries, for error messages (docs/testing.md).
 HOW_TO_GET_BINARIES = (

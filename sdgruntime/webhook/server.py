@@ -44,8 +44,8 @@ DEFAULT_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # controller-r
 # limit) fits any real review with JSON overhead and still bounds memory.
 DEFAULT_MAX_BODY_BYTES = 7 * 1024 * 1024
 # The API server keeps a pool of keep-alive connections per webhook host (client-go's
-# MaxIdleConnsPerHost is 25) and opens more only for concurrent requests; SDG's clusters
-# have one to three API servers, so real use stays well below 100. An open connection
+# MaxIdleConnsPerHost is 25) and opens more only for concurrent requests; a cluster
+# has one to a few API servers, so real use stays well below 100. An open connection
 # costs a few tens of KiB (TLS + parser state), so 256 idle ones are a few MiB, and a
 # flood cannot use up the process's file descriptors (1024 by default).
 DEFAULT_MAX_CONNECTIONS = 256
