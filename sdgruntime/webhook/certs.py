@@ -181,4 +181,4 @@ def fingerprint(pem: bytes) -> str:
         der = base64.b64decode(b"".join(pem[start + len(begin) : stop].split()), validate=True)
     except ValueError:
         return "?"
-    return ":".join(f"{b:02X}" for b in hashlib.sha256(der).digest()) if der else "?"
+    return hashlib.sha256(der).digest().hex(":").upper() if der else "?"
