@@ -11,7 +11,9 @@ only sets ``deletionTimestamp``; label selectors (``a=b``, ``a!=b``, ``a in (x,y
 ``a notin (x)``, ``a``, ``!a``) and the field selectors ``metadata.name``,
 ``metadata.namespace`` and ``spec.nodeName`` filter lists and watches; ``watch`` yields
 ADDED/MODIFIED/DELETED events from a resourceVersion on. Every call is recorded in
-``actions`` (verb, kind, namespace, name), so a test can assert what was written.
+``actions`` (verb, kind, namespace, name), so a test can assert what was written, and
+:meth:`FakeClient.react` answers a call in place of the store (client-go's reactors): a
+virtual kind such as a TokenReview, or an injected failure.
 
 Not an API server: no admission, no defaulting, no schema validation, no garbage
 collection; a strategic merge patch is applied as a JSON merge patch (lists replaced).
@@ -27,7 +29,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import anyio
 
@@ -35,7 +37,7 @@ from sdgruntime import errors
 from sdgruntime.kinds import PODS, Kind, MutableObj
 from sdgruntime.webhook.jsonpatch import unescape
 
-__all__ = ["Action", "FakeClient", "parse_label_selector"]
+__all__ = ["Action", "FakeClient", "Reaction", "parse_label_selector"]
 
 _Key = tuple[str, str, str]  # (kind, namespace, name)
 
@@ -50,6 +52,12 @@ class Action:
     namespace: str | None
     name: str | None
     subresource: str | None = None
+
+
+#: Answers a call in place of the store: gets the call and its body (the object of a
+#: create or update, the patch, else None); returns the answer, or None to let the store
+#: answer; raises an :class:`~sdgruntime.errors.ApiError` to fail the call.
+Reaction: TypeAlias = Callable[[Action, Any], MutableObj | None]
 
 
 # --- selectors ----------------------------------------------------------------------------
@@ -229,8 +237,25 @@ class FakeClient:
         self.history = history
         self._changed = anyio.Event()
         self.actions: list[Action] = []
+        self._reactions: list[tuple[str, str, Reaction]] = []
         for kind, obj in objects:
             self.add(kind, obj)
+
+    def react(self, verb: str, kind: Kind, reaction: Reaction) -> None:
+        """Ask ``reaction`` first for every ``verb`` (or ``"*"``) call on ``kind``; the
+        newest reaction is asked first, as client-go's ``PrependReactor``. Watches are
+        not answered by reactions."""
+        self._reactions.insert(0, (verb, kind.name, reaction))
+
+    def _call(self, action: Action, body: Any = None) -> MutableObj | None:
+        """Record ``action``; the first reaction's answer, if one answers."""
+        self.actions.append(action)
+        for verb, kind, reaction in self._reactions:
+            if kind == action.kind and verb in ("*", action.verb):
+                answer = reaction(action, body)
+                if answer is not None:
+                    return answer
+        return None
 
     def add(self, kind: Kind, obj: Mapping[str, Any]) -> MutableObj:
         """Store ``obj`` as given, status and uid included, replacing one of its name:
@@ -334,7 +359,8 @@ class FakeClient:
     # -- reads --
     async def get(self, kind: Kind, name: str, namespace: str | None = None) -> MutableObj:
         ns = self._ns(kind, namespace)
-        self.actions.append(Action("get", kind.name, ns or None, name))
+        if (answer := self._call(Action("get", kind.name, ns or None, name))) is not None:
+            return answer
         return copy.deepcopy(self._find(kind, ns, name))
 
     def _select(
@@ -367,7 +393,8 @@ class FakeClient:
         **_paging: Any,
     ) -> MutableObj:
         """All matching items in one page (``limit``/``continue_`` are accepted, unused)."""
-        self.actions.append(Action("list", kind.name, namespace, None))
+        if (answer := self._call(Action("list", kind.name, namespace, None))) is not None:
+            return answer
         test = self._select(kind, namespace, label_selector, field_selector)
         items = [
             copy.deepcopy(o)
@@ -429,7 +456,8 @@ class FakeClient:
     ) -> MutableObj:
         ns = self._ns(kind, namespace, obj)
         name = (obj.get("metadata") or {}).get("name")
-        self.actions.append(Action("create", kind.name, ns or None, name))
+        if (answer := self._call(Action("create", kind.name, ns or None, name), obj)) is not None:
+            return answer
         if name and self._key(kind, ns, name) in self._objects:
             raise errors.AlreadyExists(
                 f'{kind.plural} "{name}" already exists', code=409, reason="AlreadyExists"
@@ -444,7 +472,9 @@ class FakeClient:
     ) -> MutableObj:
         meta = obj.get("metadata") or {}
         ns = self._ns(kind, None, obj)
-        self.actions.append(Action("update", kind.name, ns or None, meta.get("name"), subresource))
+        action = Action("update", kind.name, ns or None, meta.get("name"), subresource)
+        if (answer := self._call(action, obj)) is not None:
+            return answer
         old = self._find(kind, ns, meta["name"])
         wanted = meta.get("resourceVersion")
         if wanted and wanted != old["metadata"]["resourceVersion"]:
@@ -472,7 +502,9 @@ class FakeClient:
         **_: Any,
     ) -> MutableObj:
         ns = self._ns(kind, namespace)
-        self.actions.append(Action("patch", kind.name, ns or None, name, subresource))
+        action = Action("patch", kind.name, ns or None, name, subresource)
+        if (answer := self._call(action, body)) is not None:
+            return answer
         old = self._find(kind, ns, name)
         if patch_type == "json":
             new = _json_patch(old, body)
@@ -503,7 +535,8 @@ class FakeClient:
     ) -> MutableObj:
         """Gone at once, or (with finalizers) marked with ``deletionTimestamp``."""
         ns = self._ns(kind, namespace)
-        self.actions.append(Action("delete", kind.name, ns or None, name))
+        if (answer := self._call(Action("delete", kind.name, ns or None, name))) is not None:
+            return answer
         old = self._find(kind, ns, name)
         meta = old["metadata"]
         for field, wanted in (("uid", uid), ("resourceVersion", resource_version)):
@@ -532,7 +565,8 @@ class FakeClient:
         self, namespace: str, pod_name: str, node_name: str, *, pod_uid: str | None = None
     ) -> None:
         """Set the pod's ``spec.nodeName``; a bound pod, or another UID, is a Conflict."""
-        self.actions.append(Action("bind", PODS.name, namespace, pod_name, "binding"))
+        if self._call(Action("bind", PODS.name, namespace, pod_name, "binding")) is not None:
+            return
         pod = self._find(PODS, namespace, pod_name)
         if pod_uid and pod_uid != pod["metadata"].get("uid"):
             raise errors.Conflict(f"pod {pod_name}: uid {pod_uid} is not the pod's", code=409)

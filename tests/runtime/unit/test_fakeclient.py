@@ -187,3 +187,32 @@ async def test_a_watch_waits_for_what_comes() -> None:
         await anyio.wait_all_tasks_blocked()  # the watch is waiting
         await client.create(CONFIGMAPS, cm("later"))
     assert got == ["later"]
+
+
+async def test_a_reaction_answers_before_the_store() -> None:
+    """A virtual kind is answered by a reaction, a failure injected by one; a reaction
+    that answers None leaves the call to the store; the newest is asked first."""
+    client = FakeClient([(CONFIGMAPS, cm("a", x="1"))])
+    seen: list[tuple[str, Any]] = []
+
+    def review(action: Any, body: Any) -> dict[str, Any]:
+        seen.append((action.verb, body["spec"]["token"]))
+        return {**body, "status": {"authenticated": body["spec"]["token"] == "good"}}
+
+    def refuse_updates(action: Any, body: Any) -> None:
+        raise errors.Conflict("injected", code=409, reason="Conflict")
+
+    client.react("create", WIDGETS, review)
+    client.react("update", CONFIGMAPS, refuse_updates)
+    client.react("*", CONFIGMAPS, lambda action, body: None)  # asked first, lets it pass
+    answer = await client.create(
+        WIDGETS, {"metadata": {"namespace": "ns"}, "spec": {"token": "good"}}
+    )
+    assert answer["status"] == {"authenticated": True} and seen == [("create", "good")]
+    with pytest.raises(errors.NotFound):
+        await client.get(WIDGETS, "anything", "ns")  # a reaction stores nothing
+    fresh = await client.get(CONFIGMAPS, "a", "ns")
+    with pytest.raises(errors.Conflict, match="injected"):
+        await client.update(CONFIGMAPS, {**fresh, "data": {"x": "2"}})
+    assert client.stored(CONFIGMAPS, "a", "ns")["data"] == {"x": "1"}
+    assert [a.verb for a in client.actions] == ["create", "get", "get", "update"]
