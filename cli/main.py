@@ -1,17 +1,11 @@
 """``sdg`` (also ``kubectl sdg``): read-only views of shared devices for operators.
 
-    sdg get [GROUP] [-o json|yaml] [-w]         groups as kubectl get sdg prints them
-    sdg devices [--grid | -o json|yaml] [-w]    the device map: node -> device -> group -> pods
-    sdg explain GROUP [-o json|yaml]            why a group is Pending, or where it is bound
-    sdg explain pod/NAME [-n NS] [-o json|yaml] why a pod is not running on its group's node
-    sdg doctor [-o json]                        check the installation; exit status 1 on a problem
-    sdg doctor --pre                            before installing: what the cluster offers SDG
-    sdg doctor --probe                          what a group pod's container sees, per shared node
-
-``-w``/``--watch`` keeps going until Ctrl-C (exit status 130): ``get`` prints a row per
-change, ``devices`` the whole map again after each change. This module parses the
-arguments and runs one command module (``cli.get``, ``cli.devices``, ``cli.explain``,
-``cli.doctor``); each fetches, then prints what its pure functions make of it.
+Commands: ``get``, ``devices``, ``explain`` (a group or ``pod/NAME``) and ``doctor``
+(``--pre`` before installing, ``--probe`` what a group pod's container sees); ``sdg -h``
+lists their options. ``-w``/``--watch`` keeps going until Ctrl-C (exit status 130). This
+module parses the arguments and runs one command module (``cli.get``, ``cli.devices``,
+``cli.explain``, ``cli.doctor``); each fetches, then prints what its pure functions make
+of it.
 """
 
 from __future__ import annotations

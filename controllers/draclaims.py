@@ -1,17 +1,12 @@
 """DRA's books: a group Bound on ResourceSlice devices is entered as an allocated
 ResourceClaim, and every ResourceClaim allocation is read back.
 
-kube-scheduler's DRA allocator hands out every slice device that no ResourceClaim has
-allocated, and SDG hands out devices it holds no record of; each must see the other's
-holdings. :class:`DraPublisher` writes one claim per group (``sdg-group.<group>`` in the
-manager's namespace, owned by the group, ``status.allocation`` naming exactly its devices
-and ``status.reservedFor`` the group); :class:`DraAllocations` mirrors every claim's
-allocation (all namespaces) as holders. Why this shape keeps kube-scheduler and
-kube-controller-manager v1.37.2 from reusing or deallocating the devices, and which
-rights it needs: docs/design.md, "The cluster's books". The books are not fenced against
-each other: :meth:`DraPublisher.ensure` refuses devices the mirror shows held, and a
-device given to two claims anyway shows as two holders. Loops are bounded by
-``AllocationResultsMaxSize`` (32 results per claim).
+kube-scheduler's DRA allocator hands out every slice device no ResourceClaim has allocated,
+and SDG hands out devices it holds no record of; each must see the other's holdings.
+:class:`DraPublisher` writes one claim per group, :class:`DraAllocations` mirrors every
+claim's allocation as holders. The books are not fenced against each other. Why this
+shape holds against kube-scheduler and kube-controller-manager, and which rights it needs:
+docs/design.md, "The cluster's books".
 """
 
 from __future__ import annotations

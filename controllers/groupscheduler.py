@@ -1,17 +1,12 @@
 """The group scheduler: binds each Pending SharedDeviceGroup to one node and device IDs.
 
-Decision flow for one group (one span per decision):
-Filter + Score (pure, ``controllers.placement``) -> claim the IDs in the node's fenced
-record (``controllers.ledger.book``) -> write the group's status (``controllers.groupwriter``,
-built by ``controllers.groupstatus``). A claim found in the records for a still-Pending
-group is adopted only when it is that group's (same UID), for its current spec, on a
-node that still fits; any other claim is given back after a live read
-(``controllers.ledger.release``).
-
-Bound groups never move: each reconcile keeps their record, NodeHealthy and Ready true
-(devices disputed by pods of the group, by pods outside any group, or by the records).
-Deletion: the finalizer holds the group while any active pod references it; only then
-are its devices released from the record and the finalizer removed.
+One decision (one span): Filter + Score (pure, ``controllers.placement``), claim the IDs in
+the node's fenced record (``controllers.ledger``), write the group's status
+(``controllers.groupwriter``). A claim found for a still-Pending group is adopted only when
+it is that group's (same UID), for its current spec, on a node that still fits; any other
+is given back after a live read (``controllers.ledger.release``). Bound groups never move.
+On deletion the finalizer holds the group while any active pod references it; only then
+are its devices released. Why: docs/design.md, "Ownership that holds against every client".
 """
 
 from __future__ import annotations

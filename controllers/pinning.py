@@ -1,14 +1,11 @@
 """Pinned devices (``spec.devices``): the IDs a node gives a group's pins, or why not.
 
-A pin is SDG's device ID when it is a number (``"3"``, as in ``status.selectedDevices``)
-and a UUID otherwise (``"GPU-6f1c..."``), compared with the UUIDs the node's inventory
-knows (``controllers.inventory.Offer``), never by position. A node fits a pinned resource
-only when every pin names a device it lists, healthy, that nobody holds in the ledger's
-merge; each pin that fails gives one filter reason, naming the holder (``view.describe``)
-or saying the device is missing, so the Pending message and ``sdg explain`` say which.
-
-Pure but for reading a ``Ledger``; work per call is bounded by the pins (at most
-``MAX_PINNED_DEVICES``) and, for UUIDs, the node's devices of that resource (capped).
+A pin is SDG's device ID when it is a number (``"3"``) and a UUID otherwise, compared with
+the UUIDs the node's inventory knows, never by position. A node fits a pinned resource only
+when every pin names a device it lists, healthy and held by nobody in the ledger's merge;
+each failing pin gives one filter reason naming the holder or the missing device, so the
+Pending message and ``sdg explain`` say which. Work per call is bounded by the pins (at
+most ``MAX_PINNED_DEVICES``) and the node's devices of that resource.
 """
 
 from __future__ import annotations

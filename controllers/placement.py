@@ -1,19 +1,12 @@
 """Choose a node for a SharedDeviceGroup: Filter, then Score, as kube-scheduler does.
 
-Pure: takes the group spec, decoded Node objects and free device counts (the
-DeviceTracker, or a plain mapping), returns a ``PlacementDecision`` that says which node
-won, why every other node was filtered, and every score — enough for the Pending
-condition message, the Event and the trace span without recomputing anything.
-
-The caller keeps the tracker's capacities in step with the nodes' ``status.allocatable``
-(``node_device_capacity``, which also caps what one node may offer); "lacks the resource"
-is judged from the Node itself. Work per node is bounded by the requested resources, never
-by a device count.
-
-What a Node alone decides (shared label, cordon, Ready, taints, its reasons) is memoised
-per node name under the Node's identity and resourceVersion (``NodeMemo``, which the
-caller owns and passes), so placing a group over the informer cache's fleet re-reads only
-the tracker's free counts; a Node without a resourceVersion is evaluated afresh.
+Pure: takes the group spec, decoded Nodes and free device counts, returns a
+``PlacementDecision`` (the winner, why every other node was filtered, every score): enough
+for the Pending message, the Event and the span without recomputing anything. The caller
+keeps the tracker's capacities in step with ``status.allocatable``
+(``node_device_capacity``) and owns the ``NodeMemo`` that keeps what a Node alone decides
+under its resourceVersion. Work per node is bounded by the requested resources, never by a
+device count (docs/design.md, "Inside the controllers").
 """
 
 from __future__ import annotations

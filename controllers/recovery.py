@@ -1,17 +1,11 @@
 """Start-up recovery: make claim records, group statuses and pods agree before placing.
 
-Order matters: the fenced records are read first (they win), then bound groups' statuses
-are written back into records that lost them, then groups that lost their status are
-restored from the env our webhook injected into their bound pods. (Bound pods whose env
-disagrees with their group are reported by the GroupScheduler on every reconcile.)
-Whatever disagrees is reported on the group (condition + Warning Event), never settled
-by a second allocation.
-
-Group by group: a group whose record cannot be written (quota, conflict, an admission
-policy) is reported on that group (``Ready=False, reason RecoveryFailed``) and retried by
-its own reconcile with backoff, while every other group is placed and finalized. Devices
-restored from pods whose record write failed are held in memory meanwhile, so no other
-group is given them.
+Order matters: the fenced records first (they win), then Bound groups' statuses written
+back into records that lost them, then groups that lost their status restored from the env
+our webhook injected into their bound pods. Whatever disagrees is reported on the group
+(condition + Warning Event), never settled by a second allocation. Group by group: a group
+whose record cannot be written gets ``Ready=False, reason RecoveryFailed`` and is retried
+by its own reconcile, while the others go on (docs/design.md, "Inside the controllers").
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """The status controller: ``status.allocatedPods`` / ``podCount`` equal the group's active pods.
 
-It writes only those two fields, with a JSON merge patch guarded by the group's UID, so it
-never races the group scheduler's conditional status writes over conditions or binding;
-the last reconcile of a group reads the newest cache, so a later write always follows an
-earlier one. ``allocatedPods`` lists at most ``MAX_ALLOCATED_PODS`` pods
-(``api.v1alpha1.pod_list_update``) and ``podCount`` stays exact. PodsJoined/PodsLeft
-events are coalesced per group (``controllers.podevents``) instead of one per write.
-
-Writes are batched per group: the first after a quiet ``batch_period`` goes out at once,
-later ones wait until ``batch_period`` has passed since the last, so a burst of pods
-joining one group costs one write per period, and the status is at most that stale.
-
-``--allocated-pods counts`` writes ``status.allocatedPodCounts`` (namespace -> active
-pods) instead and leaves ``allocatedPods`` empty: whoever may read groups then learns no
-pod names, nor from PodsJoined/PodsLeft events, which are not sent (they name pods).
+It writes only those fields, as a JSON merge patch guarded by the group's UID, so it never
+races the group scheduler's conditional writes of conditions or binding. Writes are batched
+per group (at most one per ``batch_period``, the first at once), so a burst of joining pods
+costs one write per period. ``allocatedPods`` lists at most ``MAX_ALLOCATED_PODS`` pods and
+``podCount`` stays exact; ``--allocated-pods counts`` writes ``allocatedPodCounts``
+instead, and no pod names in Events either (docs/design.md, "Inside the controllers").
 """
 
 from __future__ import annotations

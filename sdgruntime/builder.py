@@ -1,18 +1,11 @@
-"""A fluent way to declare a controller, as controller-runtime's ``builder``::
+"""A fluent way to declare a controller, as controller-runtime's ``builder``.
 
-    mgr.controller("sdg-status")
-        .for_(SDG, predicates=[GenerationChangedPredicate()])
-        .owns(CONFIGMAPS)
-        .watches(PODS, EnqueueRequestsFromMapFunc(pod_to_group))
-        .with_options(max_concurrent_reconciles=4)
-        .complete(StatusReconciler(...))
-
-``for_`` is the reconciled kind (its events enqueue the object itself); ``owns`` enqueues
-the controlling owner (of the ``for_`` kind) of objects of another kind; ``watches`` takes
-any handler. ``complete`` builds the :class:`~sdgruntime.controller.Controller` and adds it
-to the manager. As in controller-runtime, it refuses a builder with no ``for_`` and no
-``watches`` (nothing would ever reconcile), ``owns`` without ``for_``, and a controller
-with neither ``for_`` nor a name.
+``mgr.controller(name).for_(KIND).owns(OTHER).watches(KIND2, handler).complete(rec)``:
+``for_`` is the reconciled kind, ``owns`` enqueues the controlling owner (of the ``for_``
+kind) of another kind's objects, ``watches`` takes any handler. ``complete`` builds the
+:class:`~sdgruntime.controller.Controller` and adds it to the manager; as in
+controller-runtime it refuses a builder that would never reconcile (no ``for_`` and no
+``watches``), ``owns`` without ``for_``, and a controller with neither ``for_`` nor a name.
 """
 
 from __future__ import annotations

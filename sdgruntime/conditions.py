@@ -1,15 +1,11 @@
 """Status conditions: ``status.conditions`` as a list of ``metav1.Condition`` dicts.
 
-As apimachinery's ``meta.SetStatusCondition`` and friends. A condition has ``type``,
-``status`` (``"True"``, ``"False"`` or ``"Unknown"``), ``reason`` (CamelCase), ``message``,
-``lastTransitionTime`` (RFC 3339, whole seconds) and, optionally, ``observedGeneration``
-(the ``metadata.generation`` it was computed from). ``lastTransitionTime`` changes only
-when ``status`` does, so it says since when a condition holds; rewriting the same
+As apimachinery's ``meta.SetStatusCondition`` and friends. ``lastTransitionTime`` changes
+only when ``status`` does, so it says since when a condition holds; rewriting the same
 condition changes nothing, and the setters say whether they changed anything, so a
-reconciler writes the status only then.
-
-Pass the list itself (``obj.setdefault("status", {}).setdefault("conditions", [])``), not
-a copy: the setters edit it in place.
+reconciler writes the status only then. Pass the list itself
+(``obj.setdefault("status", {}).setdefault("conditions", [])``), not a copy: the setters
+edit it in place.
 """
 
 from __future__ import annotations

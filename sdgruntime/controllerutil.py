@@ -1,21 +1,11 @@
 """Helpers every operator writes otherwise: owner references, create-or-update, finalizers.
 
 As controller-runtime's ``controllerutil``, for plain decoded-JSON objects and the async
-:class:`~sdgruntime.client.Client`:
-
-- **Owner references**: :func:`set_controller_reference` makes ``owner`` the one
-  controller of ``obj`` (refusing a second controller with :class:`AlreadyOwnedError`),
-  :func:`set_owner_reference` adds a plain reference; :func:`is_controlled_by`,
-  :func:`has_owner_reference`, :func:`has_controller_reference`,
-  :func:`remove_owner_reference` and :func:`remove_controller_reference` read and undo
-  them. An owner and its object must share a namespace, or the owner be cluster-scoped,
-  because the garbage collector resolves references in the object's namespace only.
-- **create_or_update / create_or_patch**: read the object, let ``mutate`` bring it to the
-  desired state, and write only if that changed anything; they say what happened as an
-  :class:`OperationResult`.
-- **Finalizers**: :func:`add_finalizer`, :func:`remove_finalizer` and
-  :func:`contains_finalizer` edit ``metadata.finalizers`` in place and say whether they
-  changed it, so a reconciler writes only when needed.
+:class:`~sdgruntime.client.Client`: set, test and remove owner references, create or
+update (or patch) an object through a ``mutate`` function, add and remove finalizers.
+The last two say what they changed, so a reconciler writes only when needed. An owner and
+its object must share a namespace, or the owner be cluster-scoped, because the garbage
+collector resolves references in the object's namespace only.
 """
 
 from __future__ import annotations

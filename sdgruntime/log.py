@@ -1,16 +1,11 @@
 """Logging: a logger per reconcile that carries its request, and a setup for programs.
 
-As controller-runtime's ``log`` package, on the standard :mod:`logging`. Every sdgruntime
-module logs to ``logging.getLogger(__name__)`` (``sdgruntime.controller``,
-``sdgruntime.manager``, ...) and installs no handler: the program configures logging, with
-:func:`setup_logging` or its own handlers.
-
-While a controller reconciles a request, it records which one in a context variable:
-:func:`from_context` is then a logger whose records carry ``controller``, ``request`` (the
-:class:`~sdgruntime.reconcile.Request`) and ``reconcile_id`` as attributes, like
-controller-runtime's ``log.FromContext(ctx)``. :class:`ContextFilter` adds the same to every
-record logged while reconciling (by any logger: the client's, the controller's own), and
-:class:`TextFormatter` and :class:`JSONFormatter` print them.
+As controller-runtime's ``log`` package, on the standard :mod:`logging`. sdgruntime modules
+log to ``logging.getLogger(__name__)`` and install no handler: the program configures
+logging (:func:`setup_logging`, or its own handlers). While a controller reconciles,
+:func:`from_context` is a logger whose records carry ``controller``, ``request`` and
+``reconcile_id``, like ``log.FromContext(ctx)``; :class:`ContextFilter` adds the same to
+every record logged meanwhile, by any logger.
 """
 
 from __future__ import annotations

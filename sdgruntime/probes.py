@@ -1,16 +1,11 @@
 """Plain-HTTP servers for the kubelet's probes (``/healthz``, ``/readyz``) and Prometheus
 (``/metrics``), answering as controller-runtime (and the API server) do.
 
-A check is a callable (sync or async) that returns ``False`` or raises to fail;
-anything else passes. ``/readyz`` answers ``200 ok`` when all pass, otherwise ``500``
-with one line per check (``[+]name ok`` / ``[-]name failed: reason withheld``) and
-``readyz check failed``; the reason is logged, not served, since probe ports are often
-reachable from the whole cluster. ``?verbose`` lists the checks on success too,
-``?exclude=name`` skips one, and ``/readyz/<name>`` runs a single check.
-
-Probes and metrics are separate servers (``ProbeServer``, ``MetricsServer``) because
-they usually listen on different ports (8081 and 8080 in kubebuilder layouts); to serve
-both on one port, add ``metrics_handler()`` to a ``ProbeServer``'s ``router``.
+A check is a callable (sync or async) that returns ``False`` or raises to fail; anything
+else passes. A failing check's reason is logged, not served, since probe ports are often
+reachable from the whole cluster. Probes and metrics are separate servers (usually on
+different ports); ``metrics_handler()`` serves both on one. The answers, ``?verbose``,
+``?exclude=`` and ``/readyz/<name>``: docs/contracts.md, "The manager".
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
-"""``/metrics`` over HTTPS for authenticated, authorized scrapers only: controller-runtime's
-secure metrics serving (``SecureServing: true`` with
-``filters.WithAuthenticationAndAuthorization``, kubebuilder's default).
+"""``/metrics`` over HTTPS for authenticated, authorized scrapers only, as controller-runtime's
+secure metrics serving (``filters.WithAuthenticationAndAuthorization``, kubebuilder's default).
 
 Who may scrape is decided by the API server (:mod:`sdgruntime.authn`: a ``TokenReview``,
 then a ``SubjectAccessReview`` for ``get /metrics``); reviews the caches cannot answer are
-limited (429 with ``Retry-After``). The serving certificate comes from ``cert_dir``
-(re-read when it changes), or, without one, is a self-signed pair made at start, as
-controller-runtime does: the token cannot be read on the wire, but a scraper can verify the
-server only with a certificate it trusts. ``cryptography`` is imported only to make that
-pair.
+rate-limited (429 with ``Retry-After``). The serving certificate comes from ``cert_dir``
+(re-read when it changes) or, without one, is a self-signed pair made at start, as
+controller-runtime does: the token cannot be read on the wire, but a scraper can verify
+the server only with a certificate it trusts.
 """
 
 from __future__ import annotations

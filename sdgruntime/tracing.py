@@ -1,18 +1,12 @@
 """OpenTelemetry tracing, configured by the standard ``OTEL_*`` environment variables.
 
 ``setup_tracing(service_name)`` installs a global ``TracerProvider`` whose exporters come
-from ``OTEL_TRACES_EXPORTER`` (comma-separated ``otlp``, ``console``, ``none``). The
-exporters read their own settings (``OTEL_EXPORTER_OTLP_ENDPOINT``,
-``OTEL_EXPORTER_OTLP_HEADERS``, ...). One deliberate difference from the OTel default:
-with ``OTEL_TRACES_EXPORTER`` unset we export over OTLP only if an OTLP endpoint is set,
-otherwise nothing, so a manager never blocks on or logs about a collector nobody runs.
-``OTEL_SDK_DISABLED=true`` turns everything off.
-
-When tracing is off, :func:`tracer_for` returns ``None`` and instrumented code skips span
-work altogether (not even a no-op span), which is what makes it free on hot paths.
-
-The OTLP exporter (``opentelemetry-exporter-otlp-proto-http``) is the ``otlp`` extra of
-this package; it is imported only when asked for.
+from ``OTEL_TRACES_EXPORTER``. One deliberate difference from the OTel default: with it
+unset we export over OTLP only if an OTLP endpoint is set, otherwise nothing, so a manager
+never blocks on or logs about a collector nobody runs. When tracing is off,
+:func:`tracer_for` returns ``None`` and instrumented code skips span work altogether,
+which is what makes it free on hot paths. The OTLP exporter is the ``otlp`` extra,
+imported only when asked for.
 """
 
 from __future__ import annotations

@@ -2,16 +2,11 @@
 group's node.
 
 A group pod's device env names device IDs of its group's node; bound to another node it
-would run on that node's devices of the same IDs, someone else's. SDG's pod scheduler
-binds group pods to the group's node only, and kube-scheduler never binds them (they name
-``deviceshare-scheduler``), so the webhook configuration's ``matchConditions`` skip both
-identities: only other clients' Bindings (``pods/binding`` and the legacy ``bindings``)
-reach this handler. A Binding carries no annotations of its pod, so the handler reads
-the pod (cache first, the API server when the cache has not seen it, through ``client``:
-in SDG the manager's ``webhook_client``, a pool of its own) and, for a group pod, its
-group the same way. A pod outside any group is allowed. For a group pod it fails closed:
-a group that is missing, not Bound, or cannot be read refuses the bind, as does a pod
-that cannot be read (it may be a group's).
+would use that node's devices of the same IDs, someone else's. SDG's and kube-scheduler's
+own Bindings skip this handler (``matchConditions``). A Binding carries no annotations of
+its pod, so the handler reads the pod and its group (cache first, then ``client``). A pod
+outside any group is allowed; for a group pod it fails closed: a group that is missing,
+not Bound or unreadable, or a pod that cannot be read, refuses the bind.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """How a group pod is given its devices: the delivery modes, as pure functions.
 
-``choose_delivery`` picks a node's mode (the pod webhook, ``sdg explain`` and ``sdg
-doctor`` share it; the rule is in docs/design.md, "Devices are real"). Each mode turns
-(pod, the group's devices, settings) into RFC 6902 operations or a denial that says what
-to change: ``env`` (the vendor env var in every container), ``runtimeclass`` (the same
-plus ``spec.runtimeClassName``), ``cdi`` (CDI names in NRI's device-injector annotation,
-the vendor env var set to ``api.constants.NO_DEVICES``). In every mode SDG owns the
-injector's CDI annotation families on a group pod (``owned_cdi_changes``), records the
-IDs in ``deviceshare.io/devices`` and adds ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for NVIDIA
-GPUs named by index. Applied to their own result the operations yield none, so the
-webhook can be reinvoked after other mutating webhooks.
+``choose_delivery`` picks a node's mode (shared by the pod webhook, ``sdg explain`` and
+``sdg doctor``; the rule: docs/design.md, "Devices are real"). Each mode (``env``,
+``runtimeclass``, ``cdi``) turns (pod, the group's devices, settings) into RFC 6902
+operations or a denial that says what to change. In every mode SDG owns the injector's CDI
+annotation families on a group pod (``owned_cdi_changes``). Applied to their own result
+the operations yield none, so the webhook can be reinvoked after other mutating webhooks.
 """
 
 from __future__ import annotations

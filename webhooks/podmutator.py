@@ -1,18 +1,12 @@
 """Mutating webhook for pods of a SharedDeviceGroup: give them the group's devices.
 
 Pod CREATE, and UPDATE of ``pods/ephemeralcontainers`` (``kubectl debug``) of a group's
-pod. It only reads (cached objects without a copy; nothing here edits them): the group
-from the shared cache (a live GET when the cache has not seen it yet; a group the API
-server said was missing is not asked for again for ``MISSING_TTL``, so reviews naming
-made-up groups cost one GET per name and second, and the cache answers at once once the
-group exists), waiting briefly for a group that was just created and is still being
-bound, the group's node the same way (live reads go through ``client``: in SDG the
-manager's ``webhook_client``, a pool apart from leader election's and the controllers'),
-and the RuntimeClass of ``--runtime-class-name`` from the cache: the node's labels and
-runtime handlers and that RuntimeClass choose how the devices are given. The decisions
-themselves are pure (``webhooks.injection``, ``webhooks.delivery``). When nothing
-confirms the chosen delivery (env on a node that says nothing of its runtime), it emits
-one Warning Event on the group (per group and manager replica; not for dry runs).
+pod. It only reads: the group and its node from the shared cache (live reads through
+``client`` when the cache has not seen them, briefly waiting for a group still being
+bound) and the RuntimeClass of ``--runtime-class-name``; they choose how the devices are
+given. The decisions are pure (``webhooks.injection``, ``webhooks.delivery``). When
+nothing confirms the chosen delivery it warns on the group once. How it reads, and why:
+docs/design.md, "Inside the controllers".
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """``sdg doctor --probe``: what a group pod's container really sees, node by node.
 
-For each shared node a short throwaway group (one device of the node's resource, pinned
-to the node by its ``kubernetes.io/hostname`` label) gets one pod whose container prints
-what it sees: the vendor device variables, the vendor's ``/dev`` entries (``nvidia*``,
-``dri/*``, ``kfd``, ``davinci*``) and ``nvidia-smi -L`` where present. That is compared
-with what the group holds (``status.selectedDevices``, ``status.physicalDevices``).
-
-Two halves, as the rest of ``cli.doctor``:
-
-* pure: ``probe_script``/``probe_pod`` (what runs), ``parse_report`` (its log to
-  ``Seen``), ``judge_seen`` (``Held`` against ``Seen`` to a ``doctor.Check``);
-* I/O: ``run_probes``, which creates, waits (bounded), reads the log and always deletes
-  the pod and the group again: on success, failure, timeout and cancellation (Ctrl-C).
-
-The strongest evidence decides: ``nvidia-smi -L`` UUIDs, else the count of device nodes,
-else the device variable alone, which proves only what the runtime was told (a warning:
-nothing shows the runtime acted on it).
+For each shared node a short throwaway group (one device, pinned to the node) gets one pod
+that prints what its container sees; that is compared with what the group holds. The
+strongest evidence decides: ``nvidia-smi -L`` UUIDs, else the count of device nodes, else
+the device variable alone (a warning: it shows only what the runtime was told). Pure:
+``probe_script``/``probe_pod``, ``parse_report``, ``judge_seen``; I/O: ``run_probes``,
+which always deletes the pod and the group again, also on timeout and Ctrl-C. The whole
+story: README.md, "What a container really sees".
 """
 
 from __future__ import annotations

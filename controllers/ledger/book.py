@@ -1,17 +1,11 @@
 """The ledger's book: every source of "device D of resource R on node N is taken", merged.
 
-``Ledger`` mirrors, per node, everything that says a device is taken into one
-``DeviceTracker`` that placement reads in memory: the fenced claim records
-(``controllers.ledger.records``; fed by the ConfigMap informer and by the writer's own
-writes, newest resourceVersion wins), the statuses of Bound groups (a second source: a
-record deleted or damaged by hand must not free devices that running pods use; held by
-UUID too), decisions in flight, DRA's allocations, and the devices the kubelet gave pods.
-Sources that disagree block the disputed IDs for everyone (a conflict holder); a
-malformed record blocks its whole node; unhealthy and missing devices are unavailable.
-So a view that is wrong can only make SDG hand out less, never twice; and the writer
-(``controllers.ledger.writer``) re-checks the record it fences on. ``view`` reads the
-same merge as typed holders; ``from_objects`` builds a book of listed objects (the CLI,
-tests) that cannot write.
+``Ledger`` mirrors, per node, the fenced claim records, Bound groups' statuses, decisions in
+flight, DRA's allocations and the kubelet's into one ``DeviceTracker`` that placement reads.
+Sources that disagree block the disputed IDs for everyone, and a malformed record blocks
+its node, so a wrong view can only make SDG hand out less, never twice (docs/design.md,
+"Inside the controllers"). ``view`` reads the same merge as typed holders;
+``from_objects`` builds a book of listed objects (the CLI, tests) that cannot write.
 """
 
 from __future__ import annotations

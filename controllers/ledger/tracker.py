@@ -1,17 +1,11 @@
 """In-memory device bookkeeping: which group holds which device ID on which node.
 
-Pure and synchronous. ``controllers.ledger.book.Ledger`` owns the manager's tracker: it
-mirrors into it, node by node, everything that holds a device (the fenced per-node claim
-records, bound groups' statuses, reservations in flight, DRA's and the kubelet's books),
-one ``add_claim`` per holder after a ``release`` of what it put there before; a
-reservation picks its IDs with ``lowest_free``. Placement reads free counts and capacity
-from it.
-
-Invariant (checked by ``check_invariants``, by tests/unit/test_tracker.py and, through the
-claim book, by tests/unit/test_claimbook_properties.py): every (node, resource, device
-ID) is held by at most one holder, and each holder holds devices on exactly one node.
-Every public method either keeps it or raises/returns without changing anything;
-conflicting inputs are reported, never merged.
+Pure and synchronous. ``controllers.ledger.book.Ledger`` owns the manager's tracker and
+mirrors every holder into it (``release`` then ``add_claim``); a reservation picks its IDs
+with ``lowest_free``, and placement reads free counts and capacity. Invariant (checked by
+``check_invariants`` and the tests): every (node, resource, device ID) is held by at most
+one holder, and each holder holds devices on one node. Every public method keeps it or
+changes nothing; conflicting inputs are reported, never merged.
 """
 
 from __future__ import annotations

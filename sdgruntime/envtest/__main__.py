@@ -1,15 +1,11 @@
 """``python -m sdgruntime.envtest``: run a local control plane in the foreground.
 
-With the webhook options, the API server calls a webhook server that runs outside it (an
-operator started from a shell or an IDE) over TLS::
-
-    python -m sdgruntime.envtest --kubeconfig-out /tmp/kc \\
-        --webhook-port 9443 --webhook-cert-dir /tmp/certs --install-webhooks webhooks.yaml
-
-writes a serving certificate for 127.0.0.1 (signed by the control plane's CA) to
-``/tmp/certs`` and installs the webhook configurations rewritten to call
-``https://127.0.0.1:9443<path>``; run the operator with ``webhook_port=9443`` and
-``webhook_cert_dir="/tmp/certs"``.
+With ``--webhook-port``, ``--webhook-cert-dir`` and ``--install-webhooks``, the API server
+calls a webhook server that runs outside it (an operator started from a shell or an IDE)
+over TLS: a serving certificate for 127.0.0.1, signed by the control plane's CA, is
+written to the cert dir, and the webhook configurations are installed rewritten to call
+``https://127.0.0.1:<port><path>``. Run the operator with the same port and cert dir.
+Options: docs/testing.md, "A control plane from the shell".
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """An in-memory stand-in for :class:`~sdgruntime.client.Client`, for unit tests.
 
 As controller-runtime's ``pkg/client/fake``: objects live in a dict, and the API server's
-rules a reconciler relies on hold: ``resourceVersion`` grows with every write and an
-update or a delete that names an older one is a :class:`~sdgruntime.errors.Conflict`;
-``metadata.uid`` in a merge patch or a delete is a precondition; creating an existing
-name is :class:`~sdgruntime.errors.AlreadyExists`; kinds listed in
-``status_subresource`` keep ``status`` apart (an update of the object leaves it, an
-update or patch of ``status`` changes only it); a delete of an object with finalizers
-only sets ``deletionTimestamp``; label selectors (``a=b``, ``a!=b``, ``a in (x,y)``,
-``a notin (x)``, ``a``, ``!a``) and the field selectors ``metadata.name``,
-``metadata.namespace`` and ``spec.nodeName`` filter lists and watches; ``watch`` yields
-ADDED/MODIFIED/DELETED events from a resourceVersion on. Every call is recorded in
-``actions`` (verb, kind, namespace, name), so a test can assert what was written, and
-:meth:`FakeClient.react` answers a call in place of the store (client-go's reactors): a
-virtual kind such as a TokenReview, or an injected failure.
-
-Not an API server: no admission, no defaulting, no schema validation, no garbage
-collection; a strategic merge patch is applied as a JSON merge patch (lists replaced).
-Tests of those belong against the real one (:class:`~sdgruntime.envtest.ControlPlane`).
+rules a reconciler relies on hold (``resourceVersion`` conflicts, ``metadata.uid``
+preconditions, ``AlreadyExists``, the ``status`` subresource, finalizers holding a delete,
+selectors, watches). Every call is recorded in ``actions`` so a test can assert what was
+written, and :meth:`FakeClient.react` answers a call in place of the store. Not an API
+server: no admission, defaulting, schema or garbage collection; test those against
+:class:`~sdgruntime.envtest.ControlPlane`. Details: docs/testing.md, "A client without a server".
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """A real node for a local control plane: containerd + runc + a kubelet, run as root.
 
 ``Node(cp)`` builds (once per machine) and starts containerd and a kubelet registered with
-the ``ControlPlane``; pods bound to it really run, with images that are made here
-(``sdgruntime.envtest.images``: pause and busybox, ``imagePullPolicy: Never``). It knows
-nothing of devices: device plugins and DRA drivers are started beside it by the caller
-(``Node.device_plugin_dir``, ``Node.plugins_registry``, ``Node.cdi_dir``).
-
-One real node per machine: the kubelet keeps some paths whatever ``--root-dir`` says
-(``FIXED_PATHS``). Everything a node changes on the machine is written to a state file
-(``STATE_FILE``) before it is changed, so ``cleanup()`` — which ``start()`` also runs
-first — undoes it after any crash: its processes (found by their command lines, which
-name its work folder) and every process left in its cgroups, its mounts, cgroups, the pod
-bridge, the kubelet's sysctls, the fixed paths it created. A fixed path that was there
-before (another runtime's) is left alone.
+the ``ControlPlane``; pods bound to it really run, with images made here
+(``imagePullPolicy: Never``). It knows nothing of devices: the caller starts device
+plugins and DRA drivers beside it. One node per machine, since the kubelet keeps some paths
+whatever ``--root-dir`` says (``FIXED_PATHS``). Everything it changes on the machine is
+written to ``STATE_FILE`` before it is changed, so ``cleanup()`` (which ``start()`` runs
+first) undoes it after any crash. Details: docs/testing.md, "A real node".
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """HTTP/1.1 to the API server: aiohttp pools, TLS, timeouts, metrics, typed errors.
 
-aiohttp parses responses in C (llhttp) and checks a pooled connection by its protocol's
-state, with no syscall per request. It runs on asyncio, anyio's default backend: the
-client needs ``anyio.run(..., backend="asyncio")`` (the default), not trio.
-
-Two pools share one TLS context: a bounded one for requests, and an unbounded one for
-watches, because each watch holds a connection for its whole life and must not starve
-requests. The transport never replays a request itself (aiohttp's own replay of
-idempotent requests over a dropped connection is switched off): what is replayed is the
-caller's retry policy (:mod:`sdgruntime.rest.retry`), and every attempt counts in
-``rest_client_requests_total{code,method,host}`` (``<error>`` for no answer) and
-``rest_client_request_duration_seconds{verb,host}``.
-
-JSON goes through :mod:`sdgruntime.jsoncodec` (orjson, the json module as the fallback).
+aiohttp (a C response parser, pooled connections checked without a syscall) runs on
+asyncio, so the client needs anyio's asyncio backend (the default), not trio. Two pools
+share one TLS context: a bounded one for requests and an unbounded one for watches, which
+hold a connection for their whole life and must not starve requests. The transport never
+replays a request itself (aiohttp's own replay is off): replays are the caller's retry
+policy (:mod:`sdgruntime.rest.retry`), and every attempt counts in the request metrics.
 """
 
 from __future__ import annotations

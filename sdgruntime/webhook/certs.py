@@ -1,17 +1,11 @@
 """Serving certificates that follow their files, for TLS servers that must not restart.
 
-A mounted Secret is updated by the kubelet through an atomic symlink swap
-(``..data -> ..2024_...``): the paths stay the same and modification times are not a
-reliable signal, so ``CertWatcher`` compares the files' *content* (a SHA-256 of both)
-at most every ``min_interval`` seconds, lazily, when a new connection asks for the
-context. No background task is needed and an idle server does no file I/O.
-
-A changed pair is loaded into a fresh ``SSLContext``; the one the listener holds hands each
-new handshake to it (``sni_callback``, which OpenSSL calls with or without SNI), so new
-connections get the new pair and open ones keep theirs. A pair that does not load (half-written
-files, a key that does not match the certificate, garbage) is logged once per distinct
-content and the previous one stays in use; the files are examined again on the next
-check, so the pair is picked up as soon as it is complete.
+``CertWatcher`` compares the files' content (the kubelet swaps a mounted Secret through a
+symlink, so paths and modification times say nothing), at most every ``min_interval``
+seconds and only when a new connection asks, so an idle server does no file I/O. A new
+pair reaches new handshakes through ``sni_callback`` on the context the listener holds;
+open connections keep theirs, and a pair that does not load leaves the previous one in
+use. Details: docs/webhooks.md, "Certificates".
 """
 
 from __future__ import annotations

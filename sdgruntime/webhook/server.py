@@ -1,14 +1,12 @@
 """The admission webhook server: HTTPS, AdmissionReview v1, metrics, certificate rotation.
 
-As controller-runtime's ``webhook.Server``: :class:`WebhookServer` serves each
-registered path as one :class:`~sdgruntime.webhook.Webhook` over
-:mod:`sdgruntime.httpserver`, with the pair in ``cert_dir`` followed by a ``CertWatcher``
-(cert-manager renewals need no restart). A reviewed request is HTTP 200 with the verdict
-in the AdmissionReview; one that cannot be reviewed gets an HTTP error with the reason
-(405, 415, 400 as a ``metav1.Status``; the server's limits as text), never a traceback.
-Invariant: a handler gets at most 90 % of the API server's ``?timeout=`` (or
-``request_timeout``), so a slow one is a denial that says so, not the API server's opaque
-failure. Codes and metrics: docs/webhooks.md, "Failures and HTTP errors".
+As controller-runtime's ``webhook.Server``: :class:`WebhookServer` serves each registered
+path as one :class:`~sdgruntime.webhook.Webhook` over :mod:`sdgruntime.httpserver`, with
+the pair in ``cert_dir`` followed by a ``CertWatcher``. A reviewed request is HTTP 200
+with the verdict in the AdmissionReview; one that cannot be reviewed gets an HTTP error
+with the reason, never a traceback. A handler gets at most 90 % of the API server's
+``?timeout=`` (or ``request_timeout``), so a slow one is a denial that says so. Codes and
+metrics: docs/webhooks.md, "Failures and HTTP errors".
 """
 
 from __future__ import annotations
