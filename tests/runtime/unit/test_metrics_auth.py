@@ -27,12 +27,10 @@ from sdgruntime.authn import (
     UserInfo,
     bearer_token,
 )
-from sdgruntime.envtest import FakeClient
 from sdgruntime.httpserver import Request, Response
 from sdgruntime.kinds import Kind
 from sdgruntime.manager import ManagerOptions
 from sdgruntime.securemetrics import SecureMetricsServer, self_signed_pair
-from tests.runtime.helpers import as_client
 
 pytestmark = pytest.mark.anyio
 
@@ -45,20 +43,16 @@ READER = {
 
 
 class FakeAPIServer:
-    """Answers reviews as the API server would, as reactions of a FakeClient: ``tokens``
-    maps a token to its user; ``allowed`` holds the usernames that may get /metrics.
-    Counts what it was asked."""
+    """Answers reviews as the API server would: ``tokens`` maps a token to its user;
+    ``allowed`` holds the usernames that may get /metrics. Counts what it was asked."""
 
     def __init__(self) -> None:
         self.tokens: dict[str, dict[str, Any]] = {"good": READER, "other": {"username": "bob"}}
         self.allowed = {READER["username"]}
         self.calls: list[tuple[Kind, dict[str, Any]]] = []
         self.fail: errors.ApiError | None = None
-        self.client = FakeClient()
-        for kind in (TOKENREVIEWS, SUBJECTACCESSREVIEWS):
-            self.client.react("create", kind, lambda _, obj, kind=kind: self.review(kind, obj))
 
-    def review(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
         self.calls.append((kind, obj))
         if self.fail is not None:
             raise self.fail
@@ -97,7 +91,7 @@ def get(token: str | None = None, *, scheme: str = "Bearer", method: str = "GET"
 
 
 def auth_for(api: FakeAPIServer, **kwargs: Any) -> APIServerAuth:
-    return APIServerAuth(as_client(api.client), **kwargs)
+    return APIServerAuth(api, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
