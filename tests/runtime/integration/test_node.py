@@ -106,7 +106,12 @@ def test_a_pod_runs_and_its_output_is_read_through_the_api_server(
     assert "null" in out.split()
     got = cp.http.get("/api/v1/namespaces/default/pods/hello").json()
     assert got["spec"]["nodeName"] == node.name  # bound by kube-scheduler
-    assert got["status"]["podIP"].startswith("10.244.0.")
+
+    def pod_ip() -> str | None:  # the kubelet's status update may land after the log
+        status = cp.http.get("/api/v1/namespaces/default/pods/hello").json()["status"]
+        return status.get("podIP")
+
+    assert str(wait_for(pod_ip, "hello's podIP")).startswith("10.244.0.")
 
 
 def test_a_deployment_makes_its_pods_on_the_node(worker: tuple[ControlPlane, Node]) -> None:
