@@ -1,7 +1,8 @@
 """The ledger's book: every source of "device D of resource R on node N is taken", merged.
 
 ``Ledger`` mirrors, per node, the fenced claim records, Bound groups' statuses, decisions in
-flight, DRA's allocations and the kubelet's into one ``DeviceTracker`` that placement reads.
+flight, DRA's allocations and the devices the kubelet gave pods into one ``DeviceTracker``
+that placement reads.
 Sources that disagree block the disputed IDs for everyone, and a malformed record blocks
 its node, so a wrong view can only make SDG hand out less, never twice (docs/design.md,
 "Inside the controllers"). ``view`` reads the same merge as typed holders;
