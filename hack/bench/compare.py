@@ -9,6 +9,8 @@ turn on that one API server, runs each contender as its own process:
 - kube-scheduler from the cached ``hack/controlplane`` build (admin kubeconfig, client
   QPS/burst 5000, no leader election);
 - ``raw_binder.py``: Binding POSTs from one Python process (aiohttp, 32 in flight);
+- ``floor.py``: S1's per-pod API traffic (pod webhook answers, Binding and Event POSTs)
+  from one Python process and nothing else, the control run for S9;
 - ``kopf_peer.py``: SDG's status controller as an idiomatic kopf operator.
 
 and prints S1-S8 (the goals of the "faster than kube-scheduler and kopf" issue), each as
@@ -203,6 +205,14 @@ async def wait_http_ok(proc: Proc, url: str, within: float = 120.0) -> float:
     raise RuntimeError(f"{proc.name}: {url} not OK within {within}s; see {proc.log_path}")
 
 
+def last_json_line(path: Path) -> Any:
+    """The summary a helper process printed last (None if it printed none)."""
+    for line in reversed(path.read_text(errors="replace").strip().splitlines()):
+        with contextlib.suppress(ValueError):
+            return json.loads(line)
+    return None
+
+
 async def settle(pid: int, max_wait: float = 20.0, idle: float = 0.05) -> float:
     """Wait until the process uses under ``idle`` CPU-s per second (or ``max_wait``)."""
     t0 = time.perf_counter()
@@ -310,6 +320,30 @@ class Env:
         ]
         self.commands.setdefault("raw binder", shlex.join(["python", *cmd[1:]]))
         return cmd
+
+    async def floor(
+        self, tag: str, ns: str, templates: Path, nodes: Path
+    ) -> tuple[Proc, int, float]:
+        """``floor.py`` serving the pod webhook and binding ``ns``'s pods (as SDG's
+        ServiceAccount, so its Bindings skip SDG's binding webhook); returns it, its
+        webhook port and seconds to Ready."""
+        port = free_port()
+        cmd = [
+            sys.executable,
+            str(HERE / "floor.py"),
+            f"--kubeconfig={self.sa_kubeconfig}",
+            f"--cert-dir={self.cp.webhook_cert_dir()}",
+            f"--port={port}",
+            f"--namespace={ns}",
+            f"--templates={templates}",
+            f"--nodes={nodes}",
+            "--in-flight=32",
+        ]
+        self.commands.setdefault("Python floor", shlex.join(["python", *cmd[1:]]))
+        proc = Proc(f"floor ({tag})", cmd, self.work / f"floor-{tag}.log", self.env)
+        # https with an unverified context: the certificate is the webhook service's
+        ready = await wait_http_ok(proc, f"https://127.0.0.1:{port}/readyz")
+        return proc, port, ready
 
     def webhooks(self, port: int | None) -> None:
         """Register SDG's webhooks at ``port`` (None: remove them)."""
@@ -708,6 +742,7 @@ class Run:
         for ns in ("s1-sdg", "s1-kube", "s2-sdg", "s2-raw", "s4-sdg", "s4-kopf", "s8-on"):
             await ensure_namespace(kube, ns)
         await ensure_namespace(kube, "s8-off")
+        await ensure_namespace(kube, "s1-floor")
         t = await create_nodes(kube, 0, sc.nodes, self.args.in_flight)
         log.warning("%d nodes in %.1f s", sc.nodes, t)
 
@@ -725,6 +760,22 @@ class Run:
         # kube-scheduler runs as the admin here: in a cluster it is system:kube-scheduler,
         # whose Bindings SDG's binding webhook skips, so none may call the stopped manager.
         env.webhooks(None)
+
+        # --- S1 with the Python floor: SDG's per-pod API traffic and nothing else -------
+        floor, port, _ = await env.floor(
+            "s1",
+            "s1-floor",
+            self.write_json("floor-templates.json", self.templates),
+            self.write_json("floor-nodes.json", self.group_nodes),
+        )
+        self.procs.append(floor)
+        env.webhooks(port)
+        await wait_webhook(kube, "s1-floor", groups[0], on=True)
+        await self.s1_floor(floor, groups)
+        await self.stop(floor)
+        env.webhooks(None)
+        self.out["s1_floor"]["report"] = last_json_line(floor.log_path)
+        await delete_pods(kube, "s1-floor")
 
         # --- S1 with kube-scheduler ------------------------------------------------------
         ks, _ = await env.kube_scheduler("s1")
@@ -823,6 +874,44 @@ class Run:
         self.templates = {}
         for pod in items:
             self.templates.setdefault(pod["metadata"]["annotations"][GROUP_ANNOTATION], pod)
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        path = self.env.work / name
+        path.write_text(json.dumps(obj))
+        return path
+
+    async def s1_floor(self, floor: Proc, groups: list[str]) -> None:
+        """S1's pods, created as in ``s1_sdg``, through the floor's webhook and bound by
+        it; then each pod is checked against its group's template and node."""
+        n, ns = self.scale.pods, "s1-floor"
+        pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
+        seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
+        sw = await self.stopwatch(self.pids(floor=floor))
+        async with Watch(self.kube, pods_path(ns), seen):
+            made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
+            await seen.wait(900)
+        last = max(seen.first.values())
+        secs = last - made.t_first
+        await self.phase(S1_FLOOR, sw, pods=n, created_s=made.create_s)
+        self.out["s1_floor"] = {
+            "pods": n,
+            "seconds": secs,
+            "per_s": n / secs,
+            "create_s": made.create_s,
+            "after_last_create_s": last - made.t_last,
+        }
+        wrong = 0
+        items, _ = await self.kube.list(pods_path(ns))
+        for pod in items:
+            group = pod["metadata"]["annotations"][GROUP_ANNOTATION]
+            want = self.templates[group]
+            wrong += pod["spec"].get("nodeName") != self.group_nodes[group]
+            wrong += pod["metadata"]["annotations"] != want["metadata"]["annotations"]
+            for key in ("schedulerName", "nodeSelector", "tolerations"):
+                wrong += pod["spec"].get(key) != want["spec"].get(key)
+            envs = [c.get("env") for c in pod["spec"]["containers"]]
+            wrong += envs != [c.get("env") for c in want["spec"]["containers"]]
+        assert wrong == 0, f"the floor made {wrong} fields differ from SDG's pods"
 
     async def s1_kube(self, ks: Proc) -> None:
         n = self.scale.pods
@@ -1176,6 +1265,7 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
 
 
 S1_SDG, S1_KUBE = "S1: streaming pods, SDG", "S1: streaming pods, kube-scheduler"
+S1_FLOOR = "S1: streaming pods, Python floor"
 
 
 def _phase(out: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -1193,7 +1283,7 @@ def cost_rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
     theirs = b["cpu"].get("kube-scheduler", 0.0) / pods_b
     api_a = a["cpu"].get("kube-apiserver", 0.0) / pods_a
     api_b = b["cpu"].get("kube-apiserver", 0.0) / pods_b
-    return [
+    result = [
         (
             "S9",
             "S1's CPU-s per pod: SDG's manager (pod webhook, binds, status, Events) against "
@@ -1212,6 +1302,24 @@ def cost_rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
             "<= 1.15x",
         ),
     ]
+    f = _phase(out, S1_FLOOR)
+    if f is not None:
+        floor = f["cpu"].get("floor", 0.0) / (f.get("pods") or 1)
+        result.insert(
+            1,
+            (
+                "S9 floor",
+                "S1's CPU-s per pod of the Python floor (`floor.py`: the same pod webhook "
+                "answers, Binding and Event POSTs from one process, nothing else) against "
+                "kube-scheduler; SDG's manager over the floor",
+                f"floor {floor * 1e3:.2f} ms/pod; SDG's manager "
+                + (f"{mine / floor:.2f}x the floor" if floor else "n/a"),
+                f"kube-scheduler {theirs * 1e3:.2f} ms/pod",
+                f"{floor / theirs:.2f}x" if theirs else "n/a",
+                "control run: S9's limit in Python",
+            ),
+        )
+    return result
 
 
 def cost_parts(out: dict[str, Any]) -> list[str]:
@@ -1220,26 +1328,50 @@ def cost_parts(out: dict[str, Any]) -> list[str]:
     a, b = _phase(out, S1_SDG), _phase(out, S1_KUBE)
     if a is None or b is None:
         return []
-    pods_a, pods_b = a.get("pods") or 1, b.get("pods") or 1
+    runs = [a, b]
+    names = ["SDG's run", "kube-scheduler's run"]
+    f = _phase(out, S1_FLOOR)
+    if f is not None:  # the floor's run as a third column
+        runs.append(f)
+        names.append("floor's run")
+    pods = [ph.get("pods") or 1 for ph in runs]
     lines = [
         "",
-        "S9/S10 parts, per pod in S1 (SDG's run | kube-scheduler's run):",
+        f"S9/S10 parts, per pod in S1 ({' | '.join(names)}):",
         "",
-        "| part | SDG's run | kube-scheduler's run |",
-        "| --- | ---: | ---: |",
+        f"| part | {' | '.join(names)} |",
+        "| --- |" + " ---: |" * len(runs),
     ]
-    for who in sorted(set(a["cpu"]) | set(b["cpu"])):
-        ca, cb = a["cpu"].get(who), b["cpu"].get(who)
-        lines.append(
-            f"| CPU {who} | {f'{ca / pods_a * 1e3:.2f} ms' if ca is not None else '-'} | "
-            f"{f'{cb / pods_b * 1e3:.2f} ms' if cb is not None else '-'} |"
-        )
-    wa, wb = a.get("writes") or {}, b.get("writes") or {}
-    for kind in sorted(set(wa) | set(wb), key=lambda k: -(wa.get(k, 0) + wb.get(k, 0))):
-        lines.append(
-            f"| {kind} | {wa.get(kind, 0) / pods_a:.2f} | {wb.get(kind, 0) / pods_b:.2f} |"
-        )
+
+    def row(label: str, cells: list[str]) -> str:
+        return f"| {label} | {' | '.join(cells)} |"
+
+    for who in sorted(set().union(*(ph["cpu"] for ph in runs))):
+        cells = []
+        for ph, n in zip(runs, pods, strict=True):
+            c = ph["cpu"].get(who)
+            cells.append(f"{c / n * 1e3:.2f} ms" if c is not None else "-")
+        lines.append(row(f"CPU {who}", cells))
+    writes = [ph.get("writes") or {} for ph in runs]
+    for kind in sorted(set().union(*writes), key=lambda k: -sum(w.get(k, 0) for w in writes)):
+        cells = [f"{w.get(kind, 0) / n:.2f}" for w, n in zip(writes, pods, strict=True)]
+        lines.append(row(kind, cells))
     return lines
+
+
+def floor_detail(out: dict[str, Any]) -> str:
+    """S1 detail of the floor's run (empty without one)."""
+    f = out.get("s1_floor")
+    if not f:
+        return ""
+    rep = f.get("report") or {}
+    errors = rep.get("errors")
+    return (
+        f" S1 with the Python floor: {f['per_s']:.0f} pods/s, creates {f['create_s']:.1f} s, "
+        f"last bind {f['after_last_create_s']:.2f} s after the last create; it answered "
+        f"{rep.get('reviews', '?')} reviews, POSTed {rep.get('binds', '?')} Bindings and "
+        f"{rep.get('events', '?')} Events{', errors ' + str(errors) if errors else ''}."
+    )
 
 
 def markdown(out: dict[str, Any], command: str) -> str:
@@ -1279,7 +1411,8 @@ def markdown(out: dict[str, Any], command: str) -> str:
         f"webhook, {lat(s8['off']['latency'])} ms without. S7: SDG settled (CPU idle) "
         f"{out['s7_sdg']['settle_s']:.0f} s after Ready, kube-scheduler "
         f"{out['s7_kube']['settle_s']:.0f} s. S4 peak RSS is VmHWM reset at the start of "
-        "the phase (`/proc/PID/clear_refs`), CPU-s from the first create to convergence.",
+        "the phase (`/proc/PID/clear_refs`), CPU-s from the first create to convergence."
+        + floor_detail(out),
         *cost_parts(out),
         "",
         "CPU seconds per phase (from /proc; `bench` is this script: load generator and watches):",

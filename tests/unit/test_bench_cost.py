@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hack.bench.compare import S1_KUBE, S1_SDG, cost_parts, cost_rows
+from hack.bench.compare import S1_FLOOR, S1_KUBE, S1_SDG, cost_parts, cost_rows
 
 
 def run(manager: float, api_sdg: float, scheduler: float, api_kube: float) -> dict[str, Any]:
@@ -42,3 +42,58 @@ def test_parts_name_each_component_and_request_kind_per_pod() -> None:
 
 def test_a_run_without_s1_prints_no_cost_rows() -> None:
     assert cost_rows({"phases": []}) == [] and cost_parts({"phases": []}) == []
+
+
+def with_floor(floor: float) -> dict[str, Any]:
+    out = run(manager=2.0, api_sdg=6.0, scheduler=1.0, api_kube=2.0)
+    out["phases"].append(
+        {
+            "name": S1_FLOOR,
+            "pods": 1000,
+            "cpu": {"kube-apiserver": 5.0, "floor": floor},
+            "writes": {"events POST": 1000, "pods/binding POST": 1000},
+        }
+    )
+    return out
+
+
+def test_the_floor_is_one_more_row_between_s9_and_s10() -> None:
+    # The floor spends 0.5 ms/pod: kube-scheduler's 2 ms/pod is 4x it, SDG's 2 ms/pod too.
+    (s9, floor, s10) = cost_rows(with_floor(0.5))
+    assert (s9[0], s10[0]) == ("S9", "S10") and s9[4] == "1.00x"
+    assert floor[0] == "S9 floor"
+    assert floor[2] == "floor 0.50 ms/pod; SDG's manager 4.00x the floor"
+    assert floor[3] == "kube-scheduler 2.00 ms/pod" and floor[4] == "0.25x"
+
+
+def test_parts_have_a_third_column_for_the_floors_run() -> None:
+    lines = cost_parts(with_floor(0.5))
+    assert "| part | SDG's run | kube-scheduler's run | floor's run |" in lines
+    assert "| CPU floor | - | - | 0.50 ms |" in lines
+    assert "| events POST | 1.20 | 1.00 | 1.00 |" in lines
+
+
+def test_floor_patch_sets_what_sdgs_webhook_set() -> None:
+    import base64
+    import json
+
+    from hack.bench.floor import review_answers
+
+    template = {
+        "metadata": {"name": "p-1", "annotations": {"deviceshare.io/group": "g", "x": "y"}},
+        "spec": {
+            "schedulerName": "deviceshare-scheduler",
+            "tolerations": [{"key": "t", "operator": "Exists"}],
+            "containers": [{"name": "c0", "env": [{"name": "E", "value": "1"}]}],
+        },
+    }
+    head, tail = review_answers({"g": template})["g"]
+    review = json.loads(head + json.dumps("u-1") + tail)["response"]
+    assert review["uid"] == "u-1" and review["allowed"] is True
+    ops = json.loads(base64.b64decode(review["patch"]))
+    assert {o["path"] for o in ops} == {
+        "/spec/schedulerName",
+        "/spec/tolerations",
+        "/spec/containers/0/env",
+        "/metadata/annotations",
+    }
