@@ -15,6 +15,7 @@ import heapq
 import itertools
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -180,3 +181,43 @@ class PodEvents:
                 self._wake = anyio.Event()
         finally:
             self.flush_all()
+
+
+class BurstTeller:
+    """Which binds of a group get their own Scheduled Event: one per burst, not one per pod.
+
+    A bind is told if its group had no bind in the last ``quiet`` seconds (a new burst), or
+    if the group's last told bind is ``longest`` seconds old (a group that never rests still
+    tells one bind per ``longest``). The binds not told are named in the group's PodsJoined
+    Event, and each pod still shows its node and ``PodScheduled=True``. Memory: one entry
+    per group bound within ``longest``, the oldest dropped first.
+    """
+
+    def __init__(
+        self,
+        *,
+        quiet: float = EVENT_QUIET,
+        longest: float = EVENT_LONGEST,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.quiet = quiet
+        self.longest = max(longest, quiet)
+        self.clock = clock
+        # group -> (last bind, last told bind), in order of last bind (oldest first)
+        self._last: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def tell(self, group: str) -> bool:
+        """Record a bind of ``group``; whether it gets its own Event."""
+        now = self.clock()
+        while self._last:
+            oldest, (bound, _) = next(iter(self._last.items()))
+            if now - bound < self.longest:
+                break
+            del self._last[oldest]
+        last = self._last.pop(group, None)
+        tell = last is None or now - last[0] >= self.quiet or now - last[1] >= self.longest
+        self._last[group] = (now, now if tell or last is None else last[1])
+        return tell

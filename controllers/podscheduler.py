@@ -26,6 +26,7 @@ from api.pods import POD_NODE_INDEX, delivered_devices, is_finished, pod_group, 
 from api.v1alpha1 import is_bound, selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.groupstatus import conflict_of
+from controllers.podevents import BurstTeller
 from controllers.podfit import pod_fits_node
 from controllers.watches import groups_on, node_changed, pods_of_group
 from sdgruntime import errors
@@ -77,6 +78,7 @@ class PodScheduler:
         self.scheduler_name = scheduler_name
         self._locks: defaultdict[str, anyio.Lock] = defaultdict(anyio.Lock)
         self._assumed = AssumedPods()
+        self._tell = BurstTeller()
 
     async def reconcile(self, request: Request) -> Result | None:
         try:
@@ -130,9 +132,10 @@ class PodScheduler:
             span.set_attribute("sdg.result", "bound")
             sdg_metrics.SCHEDULING_ATTEMPTS.labels("pod", "bound").inc()
             sdg_metrics.DECISION_LATENCY.labels("pod").observe(time.perf_counter() - started)
-            self.recorder.emit(
-                pod, "Normal", "Scheduled", f"Successfully assigned {key} to {node_name}"
-            )
+            if self._tell.tell(group_name or ""):
+                self.recorder.emit(
+                    pod, "Normal", "Scheduled", f"Successfully assigned {key} to {node_name}"
+                )
         return None
 
     def pod_deleted(self, pod: Mapping[str, Any]) -> None:

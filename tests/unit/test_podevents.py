@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from controllers.podevents import EVENT_PODS, PodEvents
+from controllers.podevents import EVENT_PODS, BurstTeller, PodEvents
 from sdgruntime.envtest import FakeRecorder
 from tests import factories
 
@@ -182,3 +182,47 @@ async def test_run_tells_when_due_and_what_is_left_when_stopped() -> None:
         tg.cancel_scope.cancel()  # leadership lost before it was due
     assert rec.events[-1] == ("u2", "Normal", "PodsJoined", "pods joined: ns/b")
     assert len(ev) == 0
+
+
+def teller(quiet: float = 5.0, longest: float = 30.0) -> tuple[BurstTeller, Clock]:
+    clock = Clock()
+    return BurstTeller(quiet=quiet, longest=longest, clock=clock), clock
+
+
+def test_a_burst_of_binds_tells_its_first_bind_only() -> None:
+    tell, clock = teller()
+    told = []
+    for _ in range(10):
+        told.append(tell.tell("g"))
+        clock.t += 1.0  # closer together than quiet
+    assert told == [True] + [False] * 9
+    clock.t += 5.0  # the group rested: a new burst
+    assert tell.tell("g")
+
+
+def test_a_group_that_never_rests_tells_one_bind_per_longest() -> None:
+    tell, clock = teller(quiet=5.0, longest=30.0)
+    told_at = []
+    for _ in range(40):
+        if tell.tell("g"):
+            told_at.append(clock.t)
+        clock.t += 4.0
+    assert told_at == [100.0, 132.0, 164.0, 196.0, 228.0]  # 40 binds, 4 s apart
+
+
+def test_each_group_has_its_own_burst() -> None:
+    tell, clock = teller()
+    assert tell.tell("a") and tell.tell("b")
+    clock.t += 1.0
+    assert not tell.tell("a") and not tell.tell("b")
+    assert tell.tell("c")
+
+
+def test_groups_bound_longest_ago_are_forgotten() -> None:
+    tell, clock = teller(quiet=5.0, longest=30.0)
+    for i in range(100):
+        tell.tell(f"g{i}")
+    assert len(tell) == 100
+    clock.t += 30.0
+    assert tell.tell("g0")  # long rested: told, and the stale entries are gone
+    assert len(tell) == 1
