@@ -33,6 +33,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -553,6 +554,28 @@ async def hold_lease(kube: Kube, holder: str, seconds: int) -> None:
         await kube.request("POST", LEASE_PATH.rsplit("/", 1)[0], lease)
 
 
+async def webhook_connections(mgr: Proc) -> float | None:
+    """Connections the manager's webhook server has accepted so far
+    (``sdgruntime_http_connections_total``, from its metrics port in its log); None if
+    unreadable. Each is a TLS handshake on both sides, so S1 shows how often the API
+    server's webhook client dials instead of reusing a connection."""
+    match = re.search(
+        r"metrics server listening on ([\d.]+:\d+) \(http\)", mgr.log_path.read_text()
+    )
+    if match is None:
+        return None
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"http://{match[1]}/metrics") as r:
+            text = await r.text()
+    except aiohttp.ClientError:
+        return None
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("sdgruntime_http_connections_total{") and 'server="webhook"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 async def ensure_namespace(kube: Kube, name: str) -> None:
     with contextlib.suppress(ApiError):
         await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
@@ -854,11 +877,13 @@ class Run:
         pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
         seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
         spy = PySpy(mgr.pid, mgr.log_path.parent / "py-spy-s1.txt") if self.args.py_spy else None
+        opened = await webhook_connections(mgr)
         sw = await self.stopwatch(self.pids(manager=mgr))
         async with Watch(self.kube, pods_path("s1-sdg"), seen):
             made = await create_all(self.kube, pods_path("s1-sdg"), pods, self.args.in_flight)
             await seen.wait(900)
         self.out["profile"] = spy.stop() if spy else None
+        after = await webhook_connections(mgr)
         last = max(seen.first.values())
         secs = last - made.t_first
         await self.phase(S1_SDG, sw, pods=n, created_s=made.create_s)
@@ -868,6 +893,7 @@ class Run:
             "per_s": n / secs,
             "create_s": made.create_s,
             "after_last_create_s": last - made.t_last,
+            "webhook_connections": None if opened is None or after is None else after - opened,
         }
         # The pods as SDG's webhook made them: the other schedulers get the same ones.
         items, _ = await self.kube.list(pods_path("s1-sdg"))
@@ -1359,6 +1385,17 @@ def cost_parts(out: dict[str, Any]) -> list[str]:
     return lines
 
 
+def webhook_detail(s1: dict[str, Any]) -> str:
+    """How many connections SDG's webhook accepted in S1 (each a TLS handshake)."""
+    opened = s1.get("webhook_connections")
+    if opened is None:
+        return ""
+    return (
+        f"; SDG's webhook accepted {opened:.0f} connections for {s1['pods']} reviews "
+        f"({opened / s1['pods']:.2f} per review, each a TLS handshake on both sides)"
+    )
+
+
 def floor_detail(out: dict[str, Any]) -> str:
     """S1 detail of the floor's run (empty without one)."""
     f = out.get("s1_floor")
@@ -1403,7 +1440,9 @@ def markdown(out: dict[str, Any], command: str) -> str:
         f"S1 detail: all {s1a['pods']} creates took {s1a['create_s']:.1f} s with SDG "
         f"(each through its pod webhook) and {s1b['create_s']:.1f} s with kube-scheduler; "
         f"the last bind came {s1a['after_last_create_s']:.2f} s / "
-        f"{s1b['after_last_create_s']:.2f} s after the last create. S2: SDG's first bind "
+        f"{s1b['after_last_create_s']:.2f} s after the last create"
+        + webhook_detail(s1a)
+        + ". S2: SDG's first bind "
         f"{out['s2_sdg']['release_to_first_s']:.1f} s after the bench released the Lease "
         f"(not counted); the raw binder's POSTs took {out['s2_raw']['posts_s']:.1f} s"
         f"{', errors ' + str(out['s2_raw']['errors']) if out['s2_raw']['errors'] else ''}. "

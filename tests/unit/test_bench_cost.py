@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hack.bench.compare import S1_FLOOR, S1_KUBE, S1_SDG, cost_parts, cost_rows
+from hack.bench.compare import S1_FLOOR, S1_KUBE, S1_SDG, cost_parts, cost_rows, webhook_detail
 
 
 def run(manager: float, api_sdg: float, scheduler: float, api_kube: float) -> dict[str, Any]:
@@ -97,3 +97,9 @@ def test_floor_patch_sets_what_sdgs_webhook_set() -> None:
         "/spec/containers/0/env",
         "/metadata/annotations",
     }
+
+
+def test_s1_detail_says_how_often_the_webhook_was_dialed() -> None:
+    detail = webhook_detail({"pods": 5000, "webhook_connections": 1700.0})
+    assert "accepted 1700 connections for 5000 reviews (0.34 per review" in detail
+    assert webhook_detail({"pods": 5000, "webhook_connections": None}) == ""
