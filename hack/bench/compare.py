@@ -872,29 +872,40 @@ class Run:
         key = "s3" if "s3" not in self.out else "s3b"
         self.out[key] = {"groups": len(names), "bound_s": secs, "per_s": len(names) / secs}
 
+    async def stream(
+        self, name: str, ns: str, pods: list[Obj], pids: dict[str, int], spy: PySpy | None = None
+    ) -> dict[str, Any]:
+        """S1's measure for one contender: ``pods`` created in ``ns`` (``in_flight`` at a
+        time) on a watch opened before; first create -> last pod seen with a node. The
+        phase ``name`` gets the CPU-s of ``pids``; ``spy`` is stopped at the last bind."""
+        seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
+        sw = await self.stopwatch(pids)
+        async with Watch(self.kube, pods_path(ns), seen):
+            made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
+            await seen.wait(900)
+        if spy is not None:
+            self.out["profile"] = spy.stop()
+        last = max(seen.first.values())
+        secs = last - made.t_first
+        await self.phase(name, sw, pods=len(pods), created_s=made.create_s)
+        return {
+            "pods": len(pods),
+            "seconds": secs,
+            "per_s": len(pods) / secs,
+            "create_s": made.create_s,
+            "after_last_create_s": last - made.t_last,
+        }
+
     async def s1_sdg(self, mgr: Proc, groups: list[str]) -> None:
         n = self.scale.pods
         pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
-        seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
         spy = PySpy(mgr.pid, mgr.log_path.parent / "py-spy-s1.txt") if self.args.py_spy else None
+        self.out["profile"] = None
         opened = await webhook_connections(mgr)
-        sw = await self.stopwatch(self.pids(manager=mgr))
-        async with Watch(self.kube, pods_path("s1-sdg"), seen):
-            made = await create_all(self.kube, pods_path("s1-sdg"), pods, self.args.in_flight)
-            await seen.wait(900)
-        self.out["profile"] = spy.stop() if spy else None
+        s1 = await self.stream(S1_SDG, "s1-sdg", pods, self.pids(manager=mgr), spy)
         after = await webhook_connections(mgr)
-        last = max(seen.first.values())
-        secs = last - made.t_first
-        await self.phase(S1_SDG, sw, pods=n, created_s=made.create_s)
-        self.out["s1_sdg"] = {
-            "pods": n,
-            "seconds": secs,
-            "per_s": n / secs,
-            "create_s": made.create_s,
-            "after_last_create_s": last - made.t_last,
-            "webhook_connections": None if opened is None or after is None else after - opened,
-        }
+        s1["webhook_connections"] = None if opened is None or after is None else after - opened
+        self.out["s1_sdg"] = s1
         # The pods as SDG's webhook made them: the other schedulers get the same ones.
         items, _ = await self.kube.list(pods_path("s1-sdg"))
         self.templates = {}
@@ -911,21 +922,7 @@ class Run:
         it; then each pod is checked against its group's template and node."""
         n, ns = self.scale.pods, "s1-floor"
         pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
-        seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
-        sw = await self.stopwatch(self.pids(floor=floor))
-        async with Watch(self.kube, pods_path(ns), seen):
-            made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
-            await seen.wait(900)
-        last = max(seen.first.values())
-        secs = last - made.t_first
-        await self.phase(S1_FLOOR, sw, pods=n, created_s=made.create_s)
-        self.out["s1_floor"] = {
-            "pods": n,
-            "seconds": secs,
-            "per_s": n / secs,
-            "create_s": made.create_s,
-            "after_last_create_s": last - made.t_last,
-        }
+        self.out["s1_floor"] = await self.stream(S1_FLOOR, ns, pods, self.pids(floor=floor))
         wrong = 0
         items, _ = await self.kube.list(pods_path(ns))
         for pod in items:
@@ -946,21 +943,8 @@ class Run:
         for i in range(n):
             g = groups[i % len(groups)]
             pods.append(twin_pod(self.templates[g], f"p-{i:05d}", self.group_nodes[g], None))
-        seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
-        sw = await self.stopwatch(self.pids(**{"kube-scheduler": ks}))
-        async with Watch(self.kube, pods_path("s1-kube"), seen):
-            made = await create_all(self.kube, pods_path("s1-kube"), pods, self.args.in_flight)
-            await seen.wait(900)
-        last = max(seen.first.values())
-        secs = last - made.t_first
-        await self.phase(S1_KUBE, sw, pods=n, created_s=made.create_s)
-        self.out["s1_kube"] = {
-            "pods": n,
-            "seconds": secs,
-            "per_s": n / secs,
-            "create_s": made.create_s,
-            "after_last_create_s": last - made.t_last,
-        }
+        pids = self.pids(**{"kube-scheduler": ks})
+        self.out["s1_kube"] = await self.stream(S1_KUBE, "s1-kube", pods, pids)
         wrong = 0
         items, _ = await self.kube.list(pods_path("s1-kube"))
         for pod in items:
