@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from api.constants import SDG_KIND
@@ -106,3 +107,31 @@ async def test_many_pods_of_one_group_bind_to_its_node(
 
 async def _bound(client: Client, name: str, ns: str) -> bool:
     return bool((await client.get(PODS, name, ns))["spec"].get("nodeName"))
+
+
+async def test_a_burst_of_binds_has_one_scheduled_event_and_the_group_names_them_all(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    await add_node(client, "n1", 4)
+    names = [f"burst-{i}" for i in range(4)]
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("g", {"nvidia.com/gpu": 1}))
+        await wait_bound(client, "g")
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(client.create, PODS, pod(name, "g"), namespace)
+        for name in names:
+            await eventually(lambda n=name: _bound(client, n, namespace), what=f"{name} bound")
+
+        async def events(ns: str, reason: str) -> list[dict]:
+            evs, _ = await client.list_all(EVENTS, ns)
+            return [e for e in evs if e["reason"] == reason]
+
+        # The group's PodsJoined (told once the group is quiet for 5 s) names every pod.
+        joined = await eventually(lambda: events("default", "PodsJoined"), what="PodsJoined")
+        for name in names:
+            assert f"{namespace}/{name}" in joined[0]["message"]
+        scheduled = [e["involvedObject"]["name"] for e in await events(namespace, "Scheduled")]
+        # Four binds within seconds of each other are one burst: its first bind has its
+        # Event, the others none (a second burst only if binds came 5 s apart).
+        assert 1 <= len(scheduled) < len(names) and set(scheduled) <= set(names)
