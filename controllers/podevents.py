@@ -189,8 +189,9 @@ class BurstTeller:
     A bind is told if its group had no bind in the last ``quiet`` seconds (a new burst), or
     if the group's last told bind is ``longest`` seconds old (a group that never rests still
     tells one bind per ``longest``). The binds not told are named in the group's PodsJoined
-    Event, and each pod still shows its node and ``PodScheduled=True``. Memory: one entry
-    per group bound within ``longest``, the oldest dropped first.
+    Event (``--allocated-pods names``), and each pod still shows its node and
+    ``PodScheduled=True``. Memory: one entry per group bound within ``longest``, the
+    oldest dropped first.
     """
 
     def __init__(
