@@ -1047,8 +1047,7 @@ class Run:
             ]
             for p in items
         ]
-        jobs_file = self.env.work / "raw-jobs.json"
-        jobs_file.write_text(json.dumps(jobs))
+        jobs_file = self.write_json("raw-jobs.json", jobs)
         seen = FirstSeen([p["metadata"]["name"] for p in items], has_node)
         async with Watch(self.kube, pods_path("s2-raw"), seen):
             proc = Proc(
