@@ -85,7 +85,7 @@ from controllers.placement import NodeMemo, filter_node, place
 from controllers.recovery import Recovery, restore_record
 from controllers.watches import (
     group_changed,
-    group_of_pod,
+    group_reading_pod,
     groups_bound_on,
     index_groups,
     node_changed,
@@ -887,7 +887,7 @@ def setup(
         .watches(CONFIGMAPS, MapTo(recheck_pending), [record_takes_devices])
         # A deleted group's status held its devices until now: Pending groups retry.
         .watches(SDG_KIND, MapTo(lambda _gone: pending_groups(cache)), [only_deletes])
-        .watches(PODS, MapTo(group_of_pod), [pod_matters_to_group])
+        .watches(PODS, MapTo(group_reading_pod(cache)), [pod_matters_to_group])
         .watches(PODS, MapTo(near_foreign_pod), [foreign_changed(table, holders_ns)])
         .watches(
             PODS,

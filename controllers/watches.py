@@ -3,15 +3,16 @@ requests it concerns. Shared by the controllers' wiring (each beside its reconci
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from api.constants import DEVICES_ANNOTATION, PHASE_BOUND, SDG_KIND
+from api.constants import DEVICES_ANNOTATION, MAX_ALLOCATED_PODS, PHASE_BOUND, SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_group
-from api.v1alpha1 import group_phase
+from api.v1alpha1 import group_phase, is_bound
 from controllers.inventory import ANNOTATION_PREFIX
 from controllers.ledger.records import record_holdings
-from sdgruntime.cache import Cache
+from sdgruntime import errors
+from sdgruntime.cache import Cache, CacheNotSynced
 from sdgruntime.kinds import PODS, Obj, meta_of, spec_of, status_of
 from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request
@@ -173,6 +174,38 @@ def groups_on(cache: Cache, nodes: Iterable[str | None]) -> Iterator[Request]:
 def group_of_pod(pod: Obj) -> list[Request]:
     group = pod_group(pod)
     return [Request(group)] if group else []
+
+
+def group_reading_pod(cache: Cache) -> Callable[[Obj], list[Request]]:
+    """``group_of_pod`` for the group scheduler: an event of a pod with no node yet wakes
+    its group only where the scheduler reads such a pod, so a create costs no reconcile.
+
+    A bound group's reconcile (``survey``) skips unbound pods except to count them, and
+    the count decides only ``PodsListed`` beyond ``MAX_ALLOCATED_PODS``; a Pending group's
+    does not read pods. A terminating group's finalizer waits for every active pod, bound
+    or not, and a group the cache does not hold (or has not synced) is looked at as
+    before. The pod cache is updated before its handlers run, so the count includes the
+    event's own pod."""
+
+    def wake(pod: Obj) -> list[Request]:
+        group = pod_group(pod)
+        if not group:
+            return []
+        if spec_of(pod).get("nodeName"):
+            return [Request(group)]
+        try:
+            obj = cache.get(SDG_KIND, group, copy=False)
+        except (errors.NotFound, CacheNotSynced):
+            return [Request(group)]
+        if meta_of(obj).get("deletionTimestamp"):
+            return [Request(group)]
+        if not is_bound(obj):
+            return []
+        if len(pods_of_group(cache, group)) >= MAX_ALLOCATED_PODS:
+            return [Request(group)]
+        return []
+
+    return wake
 
 
 def pods_of_group(cache: Cache, name: str) -> Sequence[Obj]:

@@ -3,16 +3,26 @@ filters that decide when the group scheduler looks at them at all."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.constants import DEFAULT_ENV_TABLE, DEVICES_ANNOTATION
-from api.pods import delivered_devices, is_active, pod_key
+from api.constants import DEFAULT_ENV_TABLE, DEVICES_ANNOTATION, SDG_KIND
+from api.pods import POD_GROUP_INDEX, delivered_devices, index_by_group, is_active, pod_key
+from controllers import watches
 from controllers.grouppods import survey
-from controllers.watches import group_changed, pod_matters_to_group, pod_moved
+from controllers.watches import group_changed, group_reading_pod, pod_matters_to_group, pod_moved
+from sdgruntime.cache import Cache
+from sdgruntime.envtest import FakeClient
+from sdgruntime.kinds import PODS, Kind
+from sdgruntime.reconcile import Request
 from tests import factories
+from tests.factories import as_client
+from tests.runtime.helpers import running_cache
 
 GPU = "nvidia.com/gpu"
 RES = {GPU: 2}
@@ -168,3 +178,59 @@ def test_every_other_group_change_wakes_it() -> None:
     for new in changed:
         assert group_changed.update(old, new), new
     assert group_changed.create(old) and group_changed.delete(old)
+
+
+# --- which pod events reach the group scheduler at all ------------------------------------
+@asynccontextmanager
+async def groups_and_pods(*objects: tuple[Kind, dict[str, Any]]) -> AsyncIterator[Cache]:
+    """A synced cache of groups and pods (indexed by group, as the manager's)."""
+    cache = Cache(as_client(FakeClient(objects)))
+    cache.add_index(PODS, POD_GROUP_INDEX, index_by_group)
+    async with running_cache(cache, SDG_KIND, PODS) as synced:
+        yield synced
+
+
+@pytest.mark.anyio
+async def test_a_pod_with_no_node_does_not_wake_its_bound_group() -> None:
+    bound = factories.group("g", node="n0", devices={GPU: "0,1"})
+    unbound = pod("a", node=None, phase="Pending")
+    async with groups_and_pods((SDG_KIND, bound), (PODS, unbound)) as cache:
+        wake = group_reading_pod(cache)
+        assert wake(unbound) == []
+        assert wake(pod("a")) == [Request("g")]  # bound to a node: surveyed
+
+
+@pytest.mark.anyio
+async def test_a_pod_with_no_node_wakes_a_group_that_reads_it() -> None:
+    deleting = factories.group("t", node="n0", devices={GPU: "0,1"}, deleting=True)
+    pending = factories.group("p")
+    async with groups_and_pods((SDG_KIND, deleting), (SDG_KIND, pending)) as cache:
+        wake = group_reading_pod(cache)
+        # The finalizer of a deleted group waits for every active pod, bound or not.
+        assert wake(pod("a", node=None, phase="Pending", group="t")) == [Request("t")]
+        # A Pending group's scheduling reads no pods.
+        assert wake(pod("b", node=None, phase="Pending", group="p")) == []
+        # A group the cache does not hold is looked at as before (its claims, if any).
+        assert wake(pod("c", node=None, phase="Pending", group="gone")) == [Request("gone")]
+        assert wake(factories.pod("d", None)) == []  # no group at all
+
+
+@pytest.mark.anyio
+async def test_an_unsynced_group_cache_lets_every_pod_event_through() -> None:
+    cache = Cache(as_client(FakeClient()))
+    wake = group_reading_pod(cache)
+    assert wake(pod("a", node=None, phase="Pending")) == [Request("g")]
+
+
+@pytest.mark.anyio
+async def test_unbound_pods_wake_a_group_whose_pod_list_is_truncated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Their count decides PodsListed beyond MAX_ALLOCATED_PODS (2 here).
+    monkeypatch.setattr(watches, "MAX_ALLOCATED_PODS", 2)
+    bound = factories.group("g", node="n0", devices={GPU: "0,1"})
+    one, two = pod("a", node=None, phase="Pending"), pod("b", node=None, phase="Pending")
+    async with groups_and_pods((SDG_KIND, bound), (PODS, one)) as cache:
+        assert group_reading_pod(cache)(one) == []
+    async with groups_and_pods((SDG_KIND, bound), (PODS, one), (PODS, two)) as cache:
+        assert group_reading_pod(cache)(two) == [Request("g")]
