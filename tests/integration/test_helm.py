@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
@@ -394,6 +395,8 @@ def check_serving_pair(tls: dict[str, str], namespace: str) -> x509.Certificate:
     assert ExtendedKeyUsageOID.SERVER_AUTH in eku
     key = load_pem_private_key(base64.b64decode(tls["tls.key"]), password=None)
     assert key.public_key() == leaf.public_key()
+    # P-256, not RSA: the webhook signs in every TLS handshake the API server dials.
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"
     return ca
 
 
@@ -418,6 +421,11 @@ def test_certificate_source(helm: Helm) -> None:
         assert not [o for o in objs if o["kind"] == "Secret"]
         cert = one(objs, "Certificate")
         assert cert["spec"]["secretName"] == "webhook-server-cert"
+        assert cert["spec"]["privateKey"] == {
+            "algorithm": "ECDSA",
+            "size": 256,
+            "rotationPolicy": "Always",
+        }
         for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             config = one(objs, kind)
             ref = config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]

@@ -220,6 +220,7 @@ def test_names_match_config() -> None:
     assert manager["spec"]["template"]["spec"]["containers"][0]["name"] == MANAGER_CONTAINER
     cert = next(x for x in docs("certmanager") if x["kind"] == "Certificate")
     assert cert["metadata"]["name"] == SERVING_CERTIFICATE
+    assert cert["spec"]["privateKey"]["algorithm"] == "ECDSA"  # as the chart's
     # The Lease config/'s manager takes (Settings() defaults to LEASE_NAME by definition,
     # so comparing those could not fail): a --leader-election-id there breaks this.
     assert manager_config(manager, MANAGER_NAMESPACE).lease_name == LEASE_NAME
