@@ -11,6 +11,8 @@ turn on that one API server, runs each contender as its own process:
 - ``raw_binder.py``: Binding POSTs from one Python process (aiohttp, 32 in flight);
 - ``floor.py``: S1's per-pod API traffic (pod webhook answers, Binding and Event POSTs)
   from one Python process and nothing else, the control run for S9;
+- ``status_floor.py``: S4's status writes from one Python process (a pod watch and the
+  merge patches, 8 at a time) and nothing else, the control run for S4;
 - ``kopf_peer.py``: SDG's status controller as an idiomatic kopf operator.
 
 and prints S1-S8 (the goals of the "faster than kube-scheduler and kopf" issue), each as
@@ -345,6 +347,24 @@ class Env:
         # https with an unverified context: the certificate is the webhook service's
         ready = await wait_http_ok(proc, f"https://127.0.0.1:{port}/readyz")
         return proc, port, ready
+
+    async def status_floor(self, ns: str, writers: int = 8) -> tuple[Proc, float]:
+        """``status_floor.py`` keeping the status of ``ns``'s groups (as SDG's
+        ServiceAccount, ``writers`` at a time as SDG's 8 status workers); returns it and
+        seconds to Ready."""
+        port = free_port()
+        cmd = [
+            sys.executable,
+            str(HERE / "status_floor.py"),
+            f"--kubeconfig={self.sa_kubeconfig}",
+            f"--namespace={ns}",
+            f"--port={port}",
+            f"--writers={writers}",
+        ]
+        self.commands.setdefault("status floor", shlex.join(["python", *cmd[1:]]))
+        proc = Proc("status floor", cmd, self.work / "status-floor.log", self.env)
+        ready = await wait_http_ok(proc, f"http://127.0.0.1:{port}/readyz")
+        return proc, ready
 
     def webhooks(self, port: int | None) -> None:
         """Register SDG's webhooks at ``port`` (None: remove them)."""
@@ -762,7 +782,16 @@ class Run:
 
     async def scenarios(self) -> None:
         sc, kube, env = self.scale, self.kube, self.env
-        for ns in ("s1-sdg", "s1-kube", "s2-sdg", "s2-raw", "s4-sdg", "s4-kopf", "s8-on"):
+        for ns in (
+            "s1-sdg",
+            "s1-kube",
+            "s2-sdg",
+            "s2-raw",
+            "s4-sdg",
+            "s4-floor",
+            "s4-kopf",
+            "s8-on",
+        ):
             await ensure_namespace(kube, ns)
         await ensure_namespace(kube, "s8-off")
         await ensure_namespace(kube, "s1-floor")
@@ -839,6 +868,15 @@ class Run:
         await delete_pods(kube, "s4-sdg")
         await wait_groups_empty(kube)
         await self.stop(mgr)
+
+        # --- S4 with the status floor: the status writes and nothing else ----------------
+        floor, _ = await env.status_floor("s4-floor")
+        self.procs.append(floor)
+        await self.s4(floor, "s4-floor", all_groups, S4_FLOOR)
+        await delete_pods(kube, "s4-floor")
+        await wait_groups_empty(kube)
+        await self.stop(floor)
+        self.out["s4_floor"]["report"] = last_json_line(floor.log_path)
 
         # --- S4 with kopf ----------------------------------------------------------------
         kopf, _ = await env.kopf()
@@ -1092,7 +1130,7 @@ class Run:
                 raise RuntimeError(f"{label}: {exc}") from None
         assert converged.t is not None and converged.cpu is not None
         mem = memory(proc.pid)
-        who = "sdg" if "sdg" in ns else "kopf"
+        who = ns.removeprefix("s4-")
         lag = converged.t - made.t_last
         await self.phase(label, sw, converged.cpu, pods=n, groups=len(groups))
         self.out[f"s4_{who}"] = {
@@ -1161,6 +1199,39 @@ def mib(n: float) -> str:
     return f"{n / 1024 / 1024:.0f} MiB"
 
 
+def s4_rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
+    """S4 against kopf, and the status floor's control run when there was one."""
+    r: list[tuple[str, str, str, str, str, str]] = []
+    a, b = out["s4_sdg"], out["s4_kopf"]
+    r.append(
+        (
+            "S4",
+            f"status of {a['groups']} groups / {a['pods']} pods (webhooks off): lag after the "
+            "last create; CPU-s; peak RSS",
+            f"{a['lag_s']:.2f} s; {a['cpu_s']:.1f} CPU-s; {mib(a['peak_rss'])}",
+            f"kopf {b['lag_s']:.2f} s; {b['cpu_s']:.1f} CPU-s; {mib(b['peak_rss'])}",
+            f"{a['lag_s'] / b['lag_s']:.2f}x; {a['cpu_s'] / b['cpu_s']:.2f}x; "
+            f"{a['peak_rss'] / b['peak_rss']:.2f}x",
+            "<= 0.2x; <= 0.2x; <= 0.33x",
+        )
+    )
+    f = out.get("s4_floor")
+    if f is not None:
+        r.append(
+            (
+                "S4 floor",
+                "S4 with the status floor (`status_floor.py`: a pod watch and the merge "
+                "patches, 8 at a time, nothing else); SDG's and kopf's lag and CPU-s over it",
+                f"floor {f['lag_s']:.2f} s; {f['cpu_s']:.1f} CPU-s; SDG "
+                f"{a['lag_s'] / f['lag_s']:.2f}x; {a['cpu_s'] / f['cpu_s']:.2f}x the floor",
+                f"kopf {b['lag_s'] / f['lag_s']:.2f}x; {b['cpu_s'] / f['cpu_s']:.2f}x the floor",
+                f"{f['lag_s'] / b['lag_s']:.2f}x; {f['cpu_s'] / b['cpu_s']:.2f}x",
+                "control run: S4's limit on this API server",
+            )
+        )
+    return r
+
+
 def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
     """(id, what, SDG, yardstick, ratio, goal) for S1-S10."""
     r: list[tuple[str, str, str, str, str, str]] = []
@@ -1206,19 +1277,7 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
             ">= 1.0x (100/s)",
         )
     )
-    a, b = out["s4_sdg"], out["s4_kopf"]
-    r.append(
-        (
-            "S4",
-            f"status of {a['groups']} groups / {a['pods']} pods (webhooks off): lag after the "
-            "last create; CPU-s; peak RSS",
-            f"{a['lag_s']:.2f} s; {a['cpu_s']:.1f} CPU-s; {mib(a['peak_rss'])}",
-            f"kopf {b['lag_s']:.2f} s; {b['cpu_s']:.1f} CPU-s; {mib(b['peak_rss'])}",
-            f"{a['lag_s'] / b['lag_s']:.2f}x; {a['cpu_s'] / b['cpu_s']:.2f}x; "
-            f"{a['peak_rss'] / b['peak_rss']:.2f}x",
-            "<= 0.2x; <= 0.2x; <= 0.33x",
-        )
-    )
+    r += s4_rows(out)
     s5 = out["s5"]["binpack 1 GPU"]
     s5b = out["s5"]["spread 2 GPU"]
     r.append(
@@ -1275,6 +1334,7 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
 
 S1_SDG, S1_KUBE = "S1: streaming pods, SDG", "S1: streaming pods, kube-scheduler"
 S1_FLOOR = "S1: streaming pods, Python floor"
+S4_FLOOR = "S4: status convergence, status floor"
 
 
 def _phase(out: dict[str, Any], name: str) -> dict[str, Any] | None:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from hack.bench.compare import S1_FLOOR, S1_KUBE, S1_SDG, cost_parts, cost_rows, webhook_detail
+from hack.bench.compare import (
+    S1_FLOOR,
+    S1_KUBE,
+    S1_SDG,
+    cost_parts,
+    cost_rows,
+    s4_rows,
+    webhook_detail,
+)
 
 
 def run(manager: float, api_sdg: float, scheduler: float, api_kube: float) -> dict[str, Any]:
@@ -103,3 +111,21 @@ def test_s1_detail_says_how_often_the_webhook_was_dialed() -> None:
     detail = webhook_detail({"pods": 5000, "webhook_connections": 1700.0})
     assert "accepted 1700 connections for 5000 reviews (0.34 per review" in detail
     assert webhook_detail({"pods": 5000, "webhook_connections": None}) == ""
+
+
+def s4(lag: float, cpu: float) -> dict[str, Any]:
+    return {"groups": 20, "pods": 100, "lag_s": lag, "cpu_s": cpu, "peak_rss": 1 << 20}
+
+
+def test_s4_rows_put_sdg_and_kopf_over_the_status_floor() -> None:
+    out = {"s4_sdg": s4(6.0, 4.0), "s4_kopf": s4(12.0, 16.0), "s4_floor": s4(4.0, 2.0)}
+    (row, floor) = s4_rows(out)
+    assert row[0] == "S4" and row[4] == "0.50x; 0.25x; 1.00x"
+    assert floor[0] == "S4 floor"
+    assert floor[2] == "floor 4.00 s; 2.0 CPU-s; SDG 1.50x; 2.00x the floor"
+    assert floor[3] == "kopf 3.00x; 8.00x the floor" and floor[4] == "0.33x; 0.12x"
+
+
+def test_s4_rows_without_the_floor_are_s4_alone() -> None:
+    out = {"s4_sdg": s4(6.0, 4.0), "s4_kopf": s4(12.0, 16.0)}
+    assert [r[0] for r in s4_rows(out)] == ["S4"]
