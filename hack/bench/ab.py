@@ -1,0 +1,103 @@
+"""A/B of SDG's own phases: S3 + S1 and S3b + S4 of ``compare.py``, SDG's manager only.
+
+For before/after runs of one change: run it from each tree in turn (``ROOT`` is the tree
+whose manager and bench code run), alternating, on a quiet machine. Prints each phase's
+wall and CPU seconds and the API server's writes; ``--py-spy`` profiles the manager in S1
+and S4, and ``--work-dir`` keeps the raw stacks (``py-spy-s1.txt``, ``py-spy-s4.txt``).
+About 2.5 minutes at full scale on 2 cores.
+
+    python hack/bench/ab.py ROOT OUT.json [--only s1|s4] [--py-spy] [--work-dir DIR]
+
+Part of the benchmarks, not of SDG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+
+def phases(only: str | None) -> tuple[bool, bool]:
+    """Whether S1 and S4 run: both, unless ``only`` names one."""
+    if only not in (None, "s1", "s4"):
+        raise ValueError(f"--only takes s1 or s4, not {only!r}")
+    return only in (None, "s1"), only in (None, "s4")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("root", help="the tree to run (its manager and its compare.py)")
+    p.add_argument("out", help="the results as JSON")
+    p.add_argument("--only", choices=("s1", "s4"))
+    p.add_argument("--py-spy", action="store_true")
+    p.add_argument("--work-dir")
+    p.add_argument("--scale", default="full", choices=("full", "small"))
+    p.add_argument("--manager-flag", action="append", default=[])
+    a = p.parse_args(argv)
+    run_s1, run_s4 = phases(a.only)
+    sys.path[:0] = [a.root, f"{a.root}/hack/bench"]
+    import compare as c  # the tree's own, from ROOT
+
+    class AB(c.Run):
+        def s5_placement(self) -> None:  # not measured here
+            pass
+
+        async def scenarios(self) -> None:
+            sc, kube, env = self.scale, self.kube, self.env
+            for ns in ("s1-sdg", "s4-sdg"):
+                await c.ensure_namespace(kube, ns)
+            await c.create_nodes(kube, 0, sc.nodes, self.args.in_flight)
+            groups = [f"g-{i:04d}" for i in range(sc.groups)]
+            if run_s1:
+                mgr, port, _ = await env.manager("s1")
+                self.procs.append(mgr)
+                env.webhooks(port)
+                await self.s3_groups(mgr, groups, "S3")
+                await c.wait_webhook(kube, "s1-sdg", groups[0], on=True)
+                await self.s1_sdg(mgr, groups)
+                await c.delete_pods(kube, "s1-sdg")
+                await c.wait_groups_empty(kube)
+                await self.stop(mgr)
+                env.webhooks(None)
+            if run_s4:
+                await c.create_nodes(kube, sc.nodes, sc.big_nodes, self.args.in_flight)
+                mgr, _, _ = await env.manager("s4")
+                self.procs.append(mgr)
+                if not run_s1:
+                    await self.s3_groups(mgr, groups, "S3")
+                more = [f"g-{i:04d}" for i in range(sc.groups, sc.big_groups)]
+                await self.s3_groups(mgr, more, "S3b")
+                spy = None
+                if self.args.py_spy:
+                    spy = c.PySpy(mgr.pid, mgr.log_path.parent / "py-spy-s4.txt")
+                await self.s4(mgr, "s4-sdg", groups + more, "S4: status convergence, SDG")
+                if spy is not None:
+                    self.out["profile_s4"] = spy.stop()
+                await self.stop(mgr)
+
+    args = argparse.Namespace(
+        scale=a.scale,
+        in_flight=64,
+        py_spy=a.py_spy,
+        work_dir=a.work_dir,
+        json=None,
+        no_results=True,
+        manager_flag=a.manager_flag,
+    )
+    out: dict[str, Any] = asyncio.run(AB(args, c.SCALES[a.scale]).run())
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    for ph in out["phases"]:
+        cpu = {k: round(v, 2) for k, v in ph["cpu"].items()}
+        print(ph["name"], round(ph["wall"], 1), cpu, ph.get("writes"))
+    for key in ("s1_sdg", "s4_sdg"):
+        if key in out:
+            print(key, out[key])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
