@@ -73,9 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 spy = None
                 if self.args.py_spy:
                     spy = c.PySpy(mgr.pid, mgr.log_path.parent / "py-spy-s4.txt")
-                await self.s4(mgr, "s4-sdg", groups + more, "S4: status convergence, SDG")
-                if spy is not None:
-                    self.out["profile_s4"] = spy.stop()
+                await self.s4(mgr, "s4-sdg", groups + more, "S4: status convergence, SDG", spy)
                 await self.stop(mgr)
 
     args = argparse.Namespace(

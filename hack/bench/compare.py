@@ -1109,7 +1109,11 @@ class Run:
             "errors": report["errors"],
         }
 
-    async def s4(self, proc: Proc, ns: str, groups: list[str], label: str) -> None:
+    async def s4(
+        self, proc: Proc, ns: str, groups: list[str], label: str, spy: PySpy | None = None
+    ) -> None:
+        """S4 for one contender; ``spy`` (its profile, ``out["profile_s4"]``) is stopped
+        at convergence."""
         sc = self.scale
         per_group = sc.big_pods // len(groups)
         n = per_group * len(groups)
@@ -1128,6 +1132,8 @@ class Run:
                 await converged.wait(900)
             except RuntimeError as exc:
                 raise RuntimeError(f"{label}: {exc}") from None
+        if spy is not None:
+            self.out["profile_s4"] = spy.stop()
         assert converged.t is not None and converged.cpu is not None
         mem = memory(proc.pid)
         who = ns.removeprefix("s4-")
