@@ -12,9 +12,10 @@ are its devices released. Why: docs/design.md, "Ownership that holds against eve
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -99,7 +100,6 @@ from controllers.watches import (
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
-from sdgruntime.controller import Controller
 from sdgruntime.controllerutil import contains_finalizer
 from sdgruntime.events import EventRecorder
 from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
@@ -119,8 +119,44 @@ HOLDER_QUIET_SECONDS = 3.0
 #: The longest wait between two tries of start-up recovery.
 RECOVERY_RETRY_MAX = 30.0
 #: How soon a Pending group is judged again after another bind took devices: its message
-#: says how many are free. Each waits at most once per interval however many binds come.
+#: says how many are free. One pass per interval however many binds come.
 PENDING_RECHECK_SECONDS = 3.0
+
+
+class PendingRecheck:
+    """Pending groups judged once more after devices were taken (their messages count the
+    free devices): after every ``poke``, within ``delay`` seconds, one pass queues every
+    group Pending then. Pokes while a pass waits join it, so a burst of binds costs one
+    pass, not one queue add per Pending group per bind (quadratic in a burst of groups)."""
+
+    def __init__(
+        self,
+        delay: float,
+        pending: Callable[[], Iterable[Request]],
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+    ) -> None:
+        self.delay = delay
+        self._pending = pending
+        self._sleep = sleep
+        self._poked = False
+        self._wake: anyio.Event | None = None
+
+    def poke(self) -> None:
+        """Devices were taken: a pass is due (sync, for event handlers)."""
+        self._poked = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def run(self, enqueue: Callable[[Request], None]) -> None:
+        """Make the passes, each request through ``enqueue``, until cancelled."""
+        while True:
+            if not self._poked:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+            await self._sleep(self.delay)
+            self._poked = False  # a poke from here on is after this pass's reads
+            for request in self._pending():
+                enqueue(request)
 
 
 class _FreeWithOwnClaim:
@@ -866,12 +902,11 @@ def setup(
             nodes = set(claims.offers)
         yield from groups_bound_on(cache, sorted(nodes))
 
-    built: list[Controller] = []
+    recheck = PendingRecheck(PENDING_RECHECK_SECONDS, lambda: pending_groups(cache))
 
     def recheck_pending(_cm: Mapping[str, Any]) -> Iterator[Request]:
         """Devices were taken: Pending groups re-judge once, delayed (their counts)."""
-        for request in pending_groups(cache):
-            built[0].enqueue(request, after=PENDING_RECHECK_SECONDS)
+        recheck.poke()
         return iter(())
 
     builder = mgr.controller("group-scheduler").for_(SDG_KIND, [group_changed])
@@ -898,4 +933,4 @@ def setup(
         .with_options(max_concurrent_reconciles=workers)
         .complete(scheduler)
     )
-    built.append(controller)
+    mgr.add_runnable(functools.partial(recheck.run, controller.enqueue))

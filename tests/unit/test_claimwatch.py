@@ -1,13 +1,17 @@
 """Which claim record events wake the Pending groups: those that can free devices at
-once, those that take devices after a delay (a Pending message counts free devices)."""
+once, those that take devices after a delay (a Pending message counts free devices),
+and how that delayed pass folds a burst into one."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
+from controllers.groupscheduler import PendingRecheck
 from controllers.watches import record_frees_devices, record_takes_devices
+from sdgruntime.reconcile import Request
 from tests.factories import GPU, record
 
 
@@ -79,3 +83,60 @@ def test_a_created_record_with_claims_takes_devices_and_a_delete_takes_none() ->
     assert record_takes_devices.create(cm(A))
     assert not record_takes_devices.create(cm({}))
     assert not record_takes_devices.delete(cm(A))
+
+
+class Gate:
+    """A ``sleep`` the test ends: records each delay asked for."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+        self.release = anyio.Event()
+
+    async def sleep(self, delay: float) -> None:
+        self.delays.append(delay)
+        self.release = anyio.Event()
+        await self.release.wait()
+
+
+@pytest.mark.anyio
+async def test_a_burst_of_takes_costs_one_pass_over_the_groups_pending_then() -> None:
+    pending, gate = ["a"], Gate()
+    queued: list[Request] = []
+    recheck = PendingRecheck(3.0, lambda: [Request(n) for n in pending], sleep=gate.sleep)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(recheck.run, queued.append)
+        await anyio.wait_all_tasks_blocked()
+        assert gate.delays == []  # nothing taken yet: no pass waits
+        recheck.poke()
+        recheck.poke()
+        await anyio.wait_all_tasks_blocked()
+        assert gate.delays == [3.0]
+        recheck.poke()  # while the pass waits: it joins that pass
+        pending.append("b")  # Pending when the pass runs: judged too
+        gate.release.set()
+        await anyio.wait_all_tasks_blocked()
+        assert queued == [Request("a"), Request("b")]
+        assert gate.delays == [3.0]  # no poke since the pass: nothing more
+        recheck.poke()
+        await anyio.wait_all_tasks_blocked()
+        assert gate.delays == [3.0, 3.0]
+        gate.release.set()
+        await anyio.wait_all_tasks_blocked()
+        assert queued == [Request("a"), Request("b"), Request("a"), Request("b")]
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_take_before_the_pass_runs_is_not_lost() -> None:
+    queued: list[Request] = []
+    gate = Gate()
+    recheck = PendingRecheck(3.0, lambda: [Request("a")], sleep=gate.sleep)
+    recheck.poke()  # before run (e.g. before leadership): the first pass owes it
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(recheck.run, queued.append)
+        await anyio.wait_all_tasks_blocked()
+        assert gate.delays == [3.0]
+        gate.release.set()
+        await anyio.wait_all_tasks_blocked()
+        assert queued == [Request("a")]
+        tg.cancel_scope.cancel()
