@@ -28,7 +28,13 @@ from controllers import metrics as sdg_metrics
 from controllers.groupstatus import conflict_of
 from controllers.podevents import BurstTeller
 from controllers.podfit import pod_fits_node
-from controllers.watches import groups_on, node_changed, pods_of_group
+from controllers.watches import (
+    group_changed,
+    groups_bound_on,
+    index_groups,
+    node_changed,
+    pods_of_group,
+)
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
@@ -303,6 +309,7 @@ class AssumedPods:
 def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:
     """Register the pod scheduler: its own pods, and what can let a pending one fit."""
     cache, name = mgr.cache, scheduler.scheduler_name
+    index_groups(cache)
 
     def pending_pods_of(group: Mapping[str, Any]) -> Iterator[Request]:
         for pod in pods_of_group(cache, group["metadata"]["name"]):
@@ -310,7 +317,7 @@ def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:
                 yield Request(pod["metadata"]["name"], pod["metadata"]["namespace"])
 
     def groups_bound_to(node: str | None) -> Iterator[Mapping[str, Any]]:
-        for request in groups_on(cache, [node]):
+        for request in groups_bound_on(cache, [node]):
             with contextlib.suppress(errors.NotFound):
                 yield cache.get(SDG_KIND, request.name, copy=False)
 
@@ -334,7 +341,8 @@ def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:
     (
         mgr.controller("pod-scheduler")
         .for_(PODS, predicates=[ours])
-        .watches(SDG_KIND, MapTo(pending_pods_of))
+        # Its status controller's writes (the pod list) change nothing a pod's fit reads.
+        .watches(SDG_KIND, MapTo(pending_pods_of), [group_changed])
         .watches(NODES, MapTo(pending_pods_on_node), [node_changed])
         .watches(PODS, MapTo(after_pod_left))
         .with_options(max_concurrent_reconciles=workers)

@@ -143,9 +143,12 @@ def _group_unbound(group: Obj) -> list[str]:
 def index_groups(cache: Cache) -> None:
     """The indexes ``pending_groups`` and ``groups_bound_on`` read: every claim record
     write wakes the Pending groups and the groups of its node, and a scan of every group
-    per write would make a burst of binds quadratic."""
-    cache.add_index(SDG_KIND, GROUP_NODE_INDEX, _group_node)
-    cache.add_index(SDG_KIND, GROUP_UNBOUND_INDEX, _group_unbound)
+    per write would make a burst of binds quadratic. Idempotent: each scheduler asks."""
+    have = cache.informer(SDG_KIND).store.indexers
+    if GROUP_NODE_INDEX not in have:
+        cache.add_index(SDG_KIND, GROUP_NODE_INDEX, _group_node)
+    if GROUP_UNBOUND_INDEX not in have:
+        cache.add_index(SDG_KIND, GROUP_UNBOUND_INDEX, _group_unbound)
 
 
 def pending_groups(cache: Cache) -> Iterator[Request]:
@@ -155,19 +158,9 @@ def pending_groups(cache: Cache) -> Iterator[Request]:
 
 
 def groups_bound_on(cache: Cache, nodes: Iterable[str | None]) -> Iterator[Request]:
-    """Groups whose status names any of ``nodes`` (``groups_on``, by ``index_groups``)."""
+    """Groups whose status names any of ``nodes`` (needs ``index_groups``)."""
     for node in {n for n in nodes if n}:
         for g in cache.list(SDG_KIND, index=GROUP_NODE_INDEX, value=node, copy=False):
-            yield Request(g["metadata"]["name"])
-
-
-def groups_on(cache: Cache, nodes: Iterable[str | None]) -> Iterator[Request]:
-    """Groups bound to any of ``nodes``."""
-    wanted = {n for n in nodes if n}
-    if not wanted:
-        return
-    for g in cache.list(SDG_KIND, copy=False):
-        if status_of(g).get("nodeName") in wanted:
             yield Request(g["metadata"]["name"])
 
 
