@@ -25,8 +25,9 @@ from sdgruntime.cache import Cache
 from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
 from sdgruntime.handler import EnqueueRequestsFromMapFunc
-from sdgruntime.kinds import PODS, status_of
+from sdgruntime.kinds import PODS, Obj, status_of
 from sdgruntime.manager import Manager
+from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request, Result
 
 __all__ = [
@@ -79,6 +80,19 @@ class StatusController:
         #: group -> when its status was last written, oldest first; only the writes of the
         #: last ``batch_period`` are kept (an older one delays nothing).
         self._written: OrderedDict[str, float] = OrderedDict()
+        #: group -> the resourceVersion our last write gave it, until the watch brings that
+        #: version back (at most one entry per group; a deleted group's goes with it).
+        self._echoes: dict[str, str] = {}
+
+    def is_echo(self, group: Obj) -> bool:
+        """Whether this version of ``group`` is our own last write coming back: it needs
+        no reconcile (the pods it was computed from wake their group if they change)."""
+        meta = group["metadata"]
+        name = meta["name"]
+        if self._echoes.get(name) != meta.get("resourceVersion"):
+            return False
+        del self._echoes[name]
+        return True
 
     def _wait(self, name: str, now: float) -> float:
         """Seconds until ``name`` may be written again (0: now); forgets stale writes."""
@@ -103,6 +117,7 @@ class StatusController:
         except errors.NotFound:
             self.events.flush(request.name)  # gone: tell what is pending, keep nothing
             self._written.pop(request.name, None)
+            self._echoes.pop(request.name, None)
             return None
         pods = self.cache.list(PODS, index=POD_GROUP_INDEX, value=request.name, copy=False)
         status = status_of(group)
@@ -150,6 +165,7 @@ class StatusController:
             self.events.flush(request.name)
             self._written.pop(request.name, None)
             return None
+        self._echoes[request.name] = updated["metadata"]["resourceVersion"]
         if self.batch_period > 0:
             self._written[request.name] = now
             self._written.move_to_end(request.name)
@@ -158,12 +174,12 @@ class StatusController:
 
 
 def setup(mgr: Manager, controller: StatusController, *, workers: int = STATUS_WORKERS) -> None:
-    """Register the status controller: woken by its groups and their pods' comings and
-    goings (status-only pod churn changes nothing it writes); its events go out from a
-    leader-only runnable, as the reconciles do."""
+    """Register the status controller: woken by its groups (not by its own writes coming
+    back) and their pods' comings and goings (status-only pod churn changes nothing it
+    writes); its events go out from a leader-only runnable, as the reconciles do."""
     (
         mgr.controller("group-status")
-        .for_(SDG_KIND)
+        .for_(SDG_KIND, [Funcs(update=lambda _old, new: not controller.is_echo(new))])
         .watches(PODS, EnqueueRequestsFromMapFunc(group_of_pod), [pod_moved])
         .with_options(max_concurrent_reconciles=workers)
         .complete(controller)
