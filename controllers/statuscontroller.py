@@ -94,6 +94,12 @@ class StatusController:
         del self._echoes[name]
         return True
 
+    def _forget(self, name: str) -> None:
+        """The group is gone: tell what is pending, keep nothing of it."""
+        self.events.flush(name)
+        self._written.pop(name, None)
+        self._echoes.pop(name, None)
+
     def _wait(self, name: str, now: float) -> float:
         """Seconds until ``name`` may be written again (0: now); forgets stale writes."""
         written = self._written
@@ -115,9 +121,7 @@ class StatusController:
             # change nothing).
             group = self.cache.get(SDG_KIND, request.name, copy=False)
         except errors.NotFound:
-            self.events.flush(request.name)  # gone: tell what is pending, keep nothing
-            self._written.pop(request.name, None)
-            self._echoes.pop(request.name, None)
+            self._forget(request.name)
             return None
         pods = self.cache.list(PODS, index=POD_GROUP_INDEX, value=request.name, copy=False)
         status = status_of(group)
@@ -162,8 +166,7 @@ class StatusController:
         try:
             updated = await self.client.patch(SDG_KIND, request.name, patch, subresource="status")
         except errors.NotFound:
-            self.events.flush(request.name)
-            self._written.pop(request.name, None)
+            self._forget(request.name)
             return None
         self._echoes[request.name] = updated["metadata"]["resourceVersion"]
         if self.batch_period > 0:
