@@ -2,10 +2,11 @@
 against deletion and are counted for PodsListed) and which run elsewhere or with other
 devices than the group holds (DevicesConflict).
 
-The group scheduler asks this on every reconcile of a bound group, and pod churn makes
-those frequent, so the pods are walked once and the devices a pod was given are compared
-as the annotation text our webhook wrote (the group's devices in the same canonical
-form) before anything is parsed. Pure: plain pods in, facts out.
+The group scheduler asks this on every reconcile of a bound group; a pod event wakes it
+only where the answer may change (``odd_pod``, the count). The pods are walked once and
+the devices a pod was given are compared as the annotation text our webhook wrote (the
+group's devices in the same canonical form) before anything is parsed. Pure: plain pods
+in, facts out.
 """
 
 from __future__ import annotations
@@ -42,25 +43,54 @@ def survey(
     """One pass over the pods of a group bound to ``node`` with ``devices`` (each ID list
     sorted, as ``selected_devices`` gives them). A pod whose given devices cannot be told
     (no annotation, no complete env) is odd only when it runs on another node."""
-    expected = _annotation(tuple((r, tuple(ids)) for r, ids in sorted(devices.items())))
+    expected = _expected(devices)
     active = 0
     odd: list[str] = []
     for pod in pods:
         if not is_active(pod):
             continue
         active += 1
-        where = spec_of(pod).get("nodeName")
-        if not where:
-            continue  # not bound yet: it runs nowhere
-        annotations = meta_of(pod).get("annotations") or {}
-        if annotations.get(DEVICES_ANNOTATION) == expected:
-            if where != node:
-                odd.append(f"{pod_key(pod)} on {where} with {dict(devices)}")
-            continue
-        seen = delivered_devices(pod, resources, env_table)
-        if where != node or (seen is not None and seen != devices):
-            odd.append(f"{pod_key(pod)} on {where} with {seen}")
+        why = _odd(pod, node, devices, expected, resources, env_table)
+        if why is not None:
+            odd.append(why)
     return PodSurvey(active, sorted(odd))
+
+
+def odd_pod(
+    pod: Mapping[str, Any],
+    node: str,
+    devices: Devices,
+    resources: Mapping[str, Any],
+    env_table: Mapping[str, str],
+) -> str | None:
+    """What ``survey`` says of one active pod: "ns/name on node with ..." if it is odd for
+    a group bound to ``node`` with ``devices``, else None (also when not bound yet)."""
+    return _odd(pod, node, devices, _expected(devices), resources, env_table)
+
+
+def _odd(
+    pod: Mapping[str, Any],
+    node: str,
+    devices: Devices,
+    expected: str,
+    resources: Mapping[str, Any],
+    env_table: Mapping[str, str],
+) -> str | None:
+    where = spec_of(pod).get("nodeName")
+    if not where:
+        return None  # not bound yet: it runs nowhere
+    annotations = meta_of(pod).get("annotations") or {}
+    if annotations.get(DEVICES_ANNOTATION) == expected:
+        return None if where == node else f"{pod_key(pod)} on {where} with {dict(devices)}"
+    seen = delivered_devices(pod, resources, env_table)
+    if where != node or (seen is not None and seen != devices):
+        return f"{pod_key(pod)} on {where} with {seen}"
+    return None
+
+
+def _expected(devices: Devices) -> str:
+    """The annotation our webhook writes for ``devices`` (each ID list sorted)."""
+    return _annotation(tuple((r, tuple(ids)) for r, ids in sorted(devices.items())))
 
 
 @lru_cache(maxsize=1024)

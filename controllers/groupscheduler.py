@@ -922,7 +922,7 @@ def setup(
         .watches(CONFIGMAPS, MapTo(recheck_pending), [record_takes_devices])
         # A deleted group's status held its devices until now: Pending groups retry.
         .watches(SDG_KIND, MapTo(lambda _gone: pending_groups(cache)), [only_deletes])
-        .watches(PODS, MapTo(group_reading_pod(cache)), [pod_matters_to_group])
+        .watches(PODS, MapTo(group_reading_pod(cache, table)), [pod_matters_to_group])
         .watches(PODS, MapTo(near_foreign_pod), [foreign_changed(table, holders_ns)])
         .watches(
             PODS,

@@ -3,12 +3,13 @@ requests it concerns. Shared by the controllers' wiring (each beside its reconci
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from api.constants import DEVICES_ANNOTATION, MAX_ALLOCATED_PODS, PHASE_BOUND, SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_group
-from api.v1alpha1 import group_phase, is_bound
+from api.v1alpha1 import group_phase, is_bound, selected_devices
+from controllers.grouppods import odd_pod
 from controllers.inventory import ANNOTATION_PREFIX
 from controllers.ledger.records import record_holdings
 from sdgruntime import errors
@@ -169,23 +170,25 @@ def group_of_pod(pod: Obj) -> list[Request]:
     return [Request(group)] if group else []
 
 
-def group_reading_pod(cache: Cache) -> Callable[[Obj], list[Request]]:
-    """``group_of_pod`` for the group scheduler: an event of a pod with no node yet wakes
-    its group only where the scheduler reads such a pod, so a create costs no reconcile.
+def group_reading_pod(cache: Cache, env_table: Mapping[str, str]) -> Callable[[Obj], list[Request]]:
+    """``group_of_pod`` for the group scheduler: a pod event wakes its group only where
+    the scheduler's answer may change, so a create or a bind costs no reconcile.
 
-    A bound group's reconcile (``survey``) skips unbound pods except to count them, and
-    the count decides only ``PodsListed`` beyond ``MAX_ALLOCATED_PODS``; a Pending group's
-    does not read pods. A terminating group's finalizer waits for every active pod, bound
-    or not, and a group the cache does not hold (or has not synced) is looked at as
-    before. The pod cache is updated before its handlers run, so the count includes the
-    event's own pod."""
+    A bound group's reconcile (``survey``) reads of its pods only which are odd (bound
+    elsewhere or given other devices: DevicesConflict) and how many are active, which
+    decides only ``PodsListed`` beyond ``MAX_ALLOCATED_PODS``. So a pod wakes a bound group
+    when it is odd (on an update, before or after: an odd pod gone clears the conflict) or
+    the count is at the limit. A group that is not Bound reads only its pods that have a
+    node (those left from an earlier binding keep it Pending until they go), so any event
+    of such a pod wakes it. A terminating group's
+    finalizer waits for every active pod, and a group the cache does not hold (or has not
+    synced) or whose devices do not parse is looked at as before. The pod cache is updated
+    before its handlers run, so the count includes the event's own pod."""
 
     def wake(pod: Obj) -> list[Request]:
         group = pod_group(pod)
         if not group:
             return []
-        if spec_of(pod).get("nodeName"):
-            return [Request(group)]
         try:
             obj = cache.get(SDG_KIND, group, copy=False)
         except (errors.NotFound, CacheNotSynced):
@@ -193,10 +196,21 @@ def group_reading_pod(cache: Cache) -> Callable[[Obj], list[Request]]:
         if meta_of(obj).get("deletionTimestamp"):
             return [Request(group)]
         if not is_bound(obj):
-            return []
-        if len(pods_of_group(cache, group)) >= MAX_ALLOCATED_PODS:
+            return [Request(group)] if spec_of(pod).get("nodeName") else []
+        if len(pods_of_group(cache, group)) >= MAX_ALLOCATED_PODS or _disputes(pod, obj):
             return [Request(group)]
         return []
+
+    def _disputes(pod: Obj, group: Obj) -> bool:
+        if not spec_of(pod).get("nodeName") or not is_active(pod):
+            return False
+        try:
+            devices = selected_devices(group)
+        except ValueError:
+            return True  # the reconcile reports the malformed status
+        resources = spec_of(group).get("resources") or {}
+        node = status_of(group)["nodeName"]
+        return odd_pod(pod, node, devices, resources, env_table) is not None
 
     return wake
 

@@ -18,6 +18,7 @@ from controllers.grouppods import survey
 from controllers.watches import group_changed, group_reading_pod, pod_matters_to_group, pod_moved
 from sdgruntime.cache import Cache
 from sdgruntime.envtest import FakeClient
+from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
 from sdgruntime.kinds import PODS, Kind
 from sdgruntime.reconcile import Request
 from tests import factories
@@ -195,9 +196,43 @@ async def test_a_pod_with_no_node_does_not_wake_its_bound_group() -> None:
     bound = factories.group("g", node="n0", devices={GPU: "0,1"})
     unbound = pod("a", node=None, phase="Pending")
     async with groups_and_pods((SDG_KIND, bound), (PODS, unbound)) as cache:
-        wake = group_reading_pod(cache)
+        wake = group_reading_pod(cache, DEFAULT_ENV_TABLE)
         assert wake(unbound) == []
-        assert wake(pod("a")) == [Request("g")]  # bound to a node: surveyed
+        assert wake(pod("a")) == []  # bound to the group's node with its devices
+
+
+@pytest.mark.anyio
+async def test_a_bound_pod_wakes_its_bound_group_only_where_survey_finds_it_odd() -> None:
+    bound = factories.group("g", node="n0", devices={GPU: "0,1"})
+    async with groups_and_pods((SDG_KIND, bound)) as cache:
+        wake = group_reading_pod(cache, DEFAULT_ENV_TABLE)
+        assert wake(pod("same", annotation='{"nvidia.com/gpu": "1,0"}')) == []  # same IDs
+        assert wake(pod("told-by-env", annotation=None, env="0,1")) == []
+        assert wake(pod("untold", annotation=None)) == []  # survey cannot tell either
+        # DevicesConflict: its reconcile must see these (and see them go).
+        assert wake(pod("moved", node="n1")) == [Request("g")]
+        assert wake(pod("other", annotation='{"nvidia.com/gpu":"2,3"}')) == [Request("g")]
+        assert wake(pod("other-env", annotation=None, env="2")) == [Request("g")]
+        assert wake(pod("done", node="n1", phase="Succeeded")) == []  # not active
+
+
+@pytest.mark.anyio
+async def test_an_odd_pod_that_ends_or_goes_wakes_its_group_to_clear_the_conflict() -> None:
+    bound = factories.group("g", node="n0", devices={GPU: "0,1"})
+    odd, ended = pod("x", node="n1"), pod("x", node="n1", phase="Failed")
+    async with groups_and_pods((SDG_KIND, bound)) as cache:
+        handler = MapTo(group_reading_pod(cache, DEFAULT_ENV_TABLE))
+        assert list(handler.update(odd, ended)) == [Request("g")]
+        assert list(handler.delete(odd)) == [Request("g")]
+        assert list(handler.update(pod("a", node=None), pod("a"))) == []  # a plain bind
+
+
+@pytest.mark.anyio
+async def test_a_group_whose_devices_do_not_parse_is_woken_to_report_it() -> None:
+    broken = factories.group("g", node="n0", devices={GPU: "0,1"})
+    broken["status"]["selectedDevices"] = {GPU: "zero"}
+    async with groups_and_pods((SDG_KIND, broken)) as cache:
+        assert group_reading_pod(cache, DEFAULT_ENV_TABLE)(pod("a")) == [Request("g")]
 
 
 @pytest.mark.anyio
@@ -205,10 +240,10 @@ async def test_a_pod_with_no_node_wakes_a_group_that_reads_it() -> None:
     deleting = factories.group("t", node="n0", devices={GPU: "0,1"}, deleting=True)
     pending = factories.group("p")
     async with groups_and_pods((SDG_KIND, deleting), (SDG_KIND, pending)) as cache:
-        wake = group_reading_pod(cache)
+        wake = group_reading_pod(cache, DEFAULT_ENV_TABLE)
         # The finalizer of a deleted group waits for every active pod, bound or not.
         assert wake(pod("a", node=None, phase="Pending", group="t")) == [Request("t")]
-        # A Pending group's scheduling reads no pods.
+        # A Pending group's scheduling reads no pod without a node.
         assert wake(pod("b", node=None, phase="Pending", group="p")) == []
         # A group the cache does not hold is looked at as before (its claims, if any).
         assert wake(pod("c", node=None, phase="Pending", group="gone")) == [Request("gone")]
@@ -216,9 +251,22 @@ async def test_a_pod_with_no_node_wakes_a_group_that_reads_it() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_pod_left_from_an_earlier_binding_wakes_its_pending_group() -> None:
+    # Pods with a node keep a group that is not Bound Pending ("still run from an earlier
+    # binding"); each of their events, the last one going above all, must wake it.
+    pending = factories.group("p")
+    stranded = pod("a", group="p")
+    async with groups_and_pods((SDG_KIND, pending), (PODS, stranded)) as cache:
+        handler = MapTo(group_reading_pod(cache, DEFAULT_ENV_TABLE))
+        assert list(handler.delete(stranded)) == [Request("p")]
+        ended = pod("a", group="p", phase="Succeeded")
+        assert list(handler.update(stranded, ended)) == [Request("p")]
+
+
+@pytest.mark.anyio
 async def test_an_unsynced_group_cache_lets_every_pod_event_through() -> None:
     cache = Cache(as_client(FakeClient()))
-    wake = group_reading_pod(cache)
+    wake = group_reading_pod(cache, DEFAULT_ENV_TABLE)
     assert wake(pod("a", node=None, phase="Pending")) == [Request("g")]
 
 
@@ -231,6 +279,6 @@ async def test_unbound_pods_wake_a_group_whose_pod_list_is_truncated(
     bound = factories.group("g", node="n0", devices={GPU: "0,1"})
     one, two = pod("a", node=None, phase="Pending"), pod("b", node=None, phase="Pending")
     async with groups_and_pods((SDG_KIND, bound), (PODS, one)) as cache:
-        assert group_reading_pod(cache)(one) == []
+        assert group_reading_pod(cache, DEFAULT_ENV_TABLE)(one) == []
     async with groups_and_pods((SDG_KIND, bound), (PODS, one), (PODS, two)) as cache:
-        assert group_reading_pod(cache)(two) == [Request("g")]
+        assert group_reading_pod(cache, DEFAULT_ENV_TABLE)(two) == [Request("g")]
