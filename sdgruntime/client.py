@@ -3,7 +3,7 @@
 Bodies are plain decoded JSON dicts, decoded once. The layers under the verbs are in
 :mod:`sdgruntime.rest`: ``config`` and ``kubeconfig`` (loading and credentials; exec
 plugins run by ``execplugin``, the ``kubernetes`` package only for auth-providers),
-``transport`` (aiohttp, one pool for requests and one for watches), ``retry`` (which
+``transport`` (one pool for requests, ``http1``, and one for watches), ``retry`` (which
 failures are replayed: :func:`should_retry`) and ``watch``. Invariant: 409 Conflict and
 watches are never retried here. The retry policy: docs/contracts.md, "Retries".
 """

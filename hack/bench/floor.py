@@ -191,7 +191,7 @@ class Floor:
             loop.add_signal_handler(sig, stop.set)
         t0 = time.time()
         # one connection more than binds in flight: the watch holds one
-        async with Kube(self.args.kubeconfig, limit=self.args.in_flight + 1) as kube:
+        async with Kube(self.args.kubeconfig, limit=self.args.in_flight + 1, lean=True) as kube:
             self.kube = kube
             path = f"/api/v1/namespaces/{self.ns}/pods"
             items, rv = await kube.list(path)

@@ -134,7 +134,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     # one connection more than writers: the watch holds one
-    async with Kube(args.kubeconfig, limit=args.writers + 1) as kube:
+    async with Kube(args.kubeconfig, limit=args.writers + 1, lean=True) as kube:
         floor = StatusFloor(kube, args.writers)
         path = f"/api/v1/namespaces/{args.namespace}/pods"
         items, rv = await kube.list(path)

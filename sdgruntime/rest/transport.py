@@ -1,11 +1,12 @@
-"""HTTP/1.1 to the API server: aiohttp pools, TLS, timeouts, metrics, typed errors.
+"""HTTP/1.1 to the API server: two pools, TLS, timeouts, metrics, typed errors.
 
-aiohttp (a C response parser, pooled connections checked without a syscall) runs on
-asyncio, so the client needs anyio's asyncio backend (the default), not trio. Two pools
-share one TLS context: a bounded one for requests and an unbounded one for watches, which
-hold a connection for their whole life and must not starve requests. The transport never
-replays a request itself (aiohttp's own replay is off): replays are the caller's retry
-policy (:mod:`sdgruntime.rest.retry`), and every attempt counts in the request metrics.
+Requests go through a bounded pool of our own (:mod:`sdgruntime.rest.http1`: asyncio
+protocols and httptools' C parser, a fraction of aiohttp's cost per request); watches
+through an unbounded aiohttp pool, since each holds a connection for its whole life and
+must not starve requests. Both run on asyncio, so the client needs anyio's asyncio backend
+(the default), not trio, and share one TLS context. The transport never replays a request
+itself (aiohttp's own replay is off too): replays are the caller's retry policy
+(:mod:`sdgruntime.rest.retry`), and every attempt counts in the request metrics.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sdgruntime import errors
 from sdgruntime.jsoncodec import dumps, loads
 from sdgruntime.metrics import REST_CLIENT_LATENCY, REST_CLIENT_REQUESTS
 from sdgruntime.rest.config import ConnectionSettings
+from sdgruntime.rest.http1 import Pool
 from sdgruntime.rest.retry import RequestNotSent
 
 __all__ = [
@@ -150,7 +152,7 @@ def _query(params: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
 
 
 class Transport:
-    """Requests and watch streams to one API server, over two aiohttp pools.
+    """Requests and watch streams to one API server, over two pools.
 
     The pools are opened on first use in the running event loop (a client may be built
     before the loop runs, as the Manager does) and closed by :meth:`aclose`.
@@ -177,8 +179,9 @@ class Transport:
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=timeout, sock_connect=connect_timeout, sock_read=timeout
         )
+        self._timeouts = (timeout, connect_timeout)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._http: aiohttp.ClientSession | None = None
+        self._http: Pool | None = None
         self._watch_http: aiohttp.ClientSession | None = None
         self._closed = False
         self._counters: dict[tuple[str, str], Any] = {}
@@ -201,7 +204,7 @@ class Transport:
             session._retry_connection = False
         return session
 
-    def _sessions(self) -> tuple[aiohttp.ClientSession, aiohttp.ClientSession]:
+    def _sessions(self) -> tuple[Pool, aiohttp.ClientSession]:
         if self._closed:
             raise RuntimeError("the client is closed")
         try:
@@ -214,13 +217,22 @@ class Transport:
             # First use, or a new event loop (the old loop's connections cannot be reused).
             self._forget_sessions()
             self._loop = loop
-            self._http = self._session(self.max_connections, self._timeout)
+            timeout, connect_timeout = self._timeouts
+            self._http = Pool(
+                self._base,
+                self._ssl,
+                self._sni,
+                limit=self.max_connections,
+                pool_timeout=timeout,
+                connect_timeout=connect_timeout,
+                read_timeout=timeout,
+            )
             self._watch_http = self._session(0, self._timeout)  # 0: unbounded
         return self._http, self._watch_http
 
     def _forget_sessions(self) -> None:
         """Drop the pools of a loop that has ended (they cannot be awaited any more)."""
-        old = [s for s in (self._http, self._watch_http) if s is not None]
+        old = [self._watch_http] if self._watch_http is not None else []
         self._http = self._watch_http = None
         if self._loop is None or not self._loop.is_closed():
             return  # never opened, or the loop still runs elsewhere: leave them be
@@ -238,11 +250,12 @@ class Transport:
         if self._loop is not asyncio.get_running_loop():
             self._forget_sessions()  # opened in a loop that has ended (or never opened)
             return
-        sessions = [s for s in (self._http, self._watch_http) if s is not None]
-        self._http = self._watch_http = None
-        with anyio.CancelScope(shield=True):
-            for s in sessions:
-                await s.close()
+        if self._http is not None:
+            self._http.close()
+        watch, self._http, self._watch_http = self._watch_http, None, None
+        if watch is not None:
+            with anyio.CancelScope(shield=True):
+                await watch.close()
 
     # --- metrics ---------------------------------------------------------------------------
 
@@ -274,24 +287,15 @@ class Transport:
         :class:`~sdgruntime.errors.TransportError` (:class:`RequestNotSent` if it never
         left)."""
         http, _ = self._sessions()
+        if method == "HEAD":  # an answer without a body the parser cannot tell
+            raise ValueError("HEAD is not supported: use GET")
+        data = http.request_bytes(method, path, _query(params), headers, content)
         start = time.perf_counter()
         try:
-            async with http.request(
-                method,
-                self._base + path,
-                params=_query(params),
-                data=content,
-                headers=headers,
-                allow_redirects=False,
-                server_hostname=self._sni,
-            ) as resp:
-                body = await resp.read()
-                status, resp_headers = resp.status, resp.headers
-        except aiohttp.InvalidURL:
-            raise
-        except TRANSPORT_ERRORS as exc:
+            status, resp_headers, body = await http.request(data, f"{method} {path}")
+        except errors.TransportError:
             self.count("<error>", method, time.perf_counter() - start)
-            raise transport_error(exc, method, path) from exc
+            raise
         self.count(str(status), method, time.perf_counter() - start)
         return Response(status, resp_headers, body)
 
