@@ -197,7 +197,8 @@ def group_reading_pod(cache: Cache, env_table: Mapping[str, str]) -> Callable[[O
             return [Request(group)]
         if not is_bound(obj):
             return [Request(group)] if spec_of(pod).get("nodeName") else []
-        if len(pods_of_group(cache, group)) >= MAX_ALLOCATED_PODS or _disputes(pod, obj):
+        count = cache.count(PODS, index=POD_GROUP_INDEX, value=group)
+        if count >= MAX_ALLOCATED_PODS or _disputes(pod, obj):
             return [Request(group)]
         return []
 

@@ -121,6 +121,11 @@ class Cache:
             raise errors.NotFound(f'{kind.name} "{name}" not found in the cache{where}', code=404)
         return obj
 
+    def count(self, kind: Kind, *, index: str, value: str) -> int:
+        """How many cached objects index ``index`` files under ``value``; what ``list`` with
+        the same index and value would return, without building the list."""
+        return self._synced(kind).store.index_count(index, value)
+
     def list(
         self,
         kind: Kind,

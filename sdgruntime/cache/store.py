@@ -295,6 +295,14 @@ class Store:
             raise KeyError(f"no index {name!r}") from None
         return list(index.get(value, ()))
 
+    def index_count(self, name: str, value: str) -> int:
+        """How many objects indexer ``name`` files under ``value`` (no list is built)."""
+        try:
+            index = self._indices[name]
+        except KeyError:
+            raise KeyError(f"no index {name!r}") from None
+        return len(index.get(value, ()))
+
     def index_values(self, name: str) -> builtins.list[str]:
         """Every value index ``name`` currently holds."""
         return list(self._indices[name])

@@ -137,6 +137,17 @@ def test_replace_reports_what_vanished_changed_and_appeared() -> None:
     assert names(store.by_index("node", "n2")) == ["changes"]
 
 
+def test_index_count_follows_moves_and_deletes_without_a_list() -> None:
+    store = Store(indexers={"node": field_indexer("spec.nodeName")})
+    for name in ("a", "b", "c"):
+        store.upsert(pod(name, node="n1"))
+    store.upsert(pod("b", rv="2", node="n2"))  # moved
+    store.delete("default/c")
+    assert [store.index_count("node", n) for n in ("n1", "n2", "n3")] == [1, 1, 0]
+    with pytest.raises(KeyError, match="no index 'zone'"):
+        store.index_count("zone", "z1")
+
+
 def test_replace_without_resource_versions_compares_content() -> None:
     store = Store()
     store.upsert({"metadata": {"name": "a"}, "data": {"x": "1"}})
