@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+from functools import lru_cache
 from typing import Final
 
 #: Longer quantity strings are malformed. Kubernetes' canonical form of any quantity it
@@ -21,6 +22,9 @@ from typing import Final
 MAX_QUANTITY_LENGTH: Final = 64
 #: ``1eN`` with ``|N|`` above this is malformed (``1e1000000000`` would be a gigabyte int).
 MAX_EXPONENT: Final = 64
+#: How many distinct quantity strings are remembered parsed (least recently used go first):
+#: a cluster uses a few dozen; strings of at most MAX_QUANTITY_LENGTH keep it small.
+QUANTITY_CACHE_SIZE: Final = 4096
 
 _BINARY: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL: Final = {
@@ -56,6 +60,13 @@ def parse_quantity(text: str | int | float) -> Fraction:
     text = text.strip()
     if len(text) > MAX_QUANTITY_LENGTH:
         raise ValueError(f"quantity longer than {MAX_QUANTITY_LENGTH} characters: {text[:20]!r}...")
+    return _parse_text(text)
+
+
+@lru_cache(maxsize=QUANTITY_CACHE_SIZE)
+def _parse_text(text: str) -> Fraction:
+    """``parse_quantity`` of a short stripped string, remembered: the fit check reads the
+    same few strings (a node's allocatable, the pods' requests) for every pod it places."""
     m = _QUANTITY.fullmatch(text)
     if m is None:
         raise ValueError(f"not a quantity: {text!r}")
