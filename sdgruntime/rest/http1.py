@@ -68,6 +68,7 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.closed = False
         self.idle_since = 0.0  # loop time it was last handed back
+        self._head = False  # the request is a HEAD: its answer has no body
 
     # --- asyncio.Protocol --------------------------------------------------------------
 
@@ -98,6 +99,16 @@ class _Connection(asyncio.Protocol):
         old = self._headers.get(key)
         self._headers[key] = text if old is None else f"{old}, {text}"
 
+    def on_headers_complete(self) -> None:
+        if self._head:
+            # No body follows, whatever Content-Length says; the parser cannot be told, so
+            # the answer ends here and the connection with it.
+            waiter, self._waiter = self._waiter, None
+            self._stop_timer()
+            self.close()
+            if waiter is not None and not waiter.done():
+                waiter.set_result((self._parser.get_status_code(), self._headers, b""))
+
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
         if self._size > MAX_RESPONSE_BYTES:
@@ -126,9 +137,11 @@ class _Connection(asyncio.Protocol):
 
     # --- one request -------------------------------------------------------------------
 
-    def send(self, data: bytes) -> asyncio.Future[Answer]:
-        """Write one request; the future gets its answer or the reason there is none."""
+    def send(self, data: bytes, *, head: bool = False) -> asyncio.Future[Answer]:
+        """Write one request (``head``: a HEAD); the future gets its answer or the reason
+        there is none."""
         assert self._transport is not None and self.idle
+        self._head = head
         self._waiter = waiter = self._loop.create_future()
         self._last_read = self._loop.time()
         self._timer = self._loop.call_at(self._last_read + self._read_timeout, self._check)
@@ -222,13 +235,14 @@ class Pool:
         lines.append("\r\n")
         return "".join(lines).encode("latin-1")
 
-    async def request(self, data: bytes, label: str) -> Answer:
-        """Send one request (from :meth:`request_bytes`) and read its whole answer. No
-        answer raises :class:`~sdgruntime.errors.TransportError`, "``label``: why"."""
+    async def request(self, data: bytes, label: str, *, head: bool = False) -> Answer:
+        """Send one request (from :meth:`request_bytes`; ``head``: it is a HEAD) and read
+        its whole answer. No answer raises :class:`~sdgruntime.errors.TransportError`,
+        "``label``: why"."""
         conn = await self._acquire(label)
         try:
             try:
-                answer = await conn.send(data)
+                answer = await conn.send(data, head=head)
             except _Failed as why:
                 raise errors.TransportError(f"{label}: {why}") from None
         except BaseException:

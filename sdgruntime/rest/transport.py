@@ -287,12 +287,12 @@ class Transport:
         :class:`~sdgruntime.errors.TransportError` (:class:`RequestNotSent` if it never
         left)."""
         http, _ = self._sessions()
-        if method == "HEAD":  # an answer without a body the parser cannot tell
-            raise ValueError("HEAD is not supported: use GET")
         data = http.request_bytes(method, path, _query(params), headers, content)
         start = time.perf_counter()
         try:
-            status, resp_headers, body = await http.request(data, f"{method} {path}")
+            status, resp_headers, body = await http.request(
+                data, f"{method} {path}", head=method == "HEAD"
+            )
         except errors.TransportError:
             self.count("<error>", method, time.perf_counter() - start)
             raise

@@ -275,3 +275,16 @@ async def test_a_closed_pool_refuses_requests_and_wakes_its_waiters() -> None:
         with pytest.raises(RuntimeError, match="closed"):
             await get(pool)
         stuck.cancel()
+
+
+async def test_a_head_answer_has_no_body_and_ends_its_connection() -> None:
+    async def script(line: str) -> bytes:
+        # A HEAD's answer says how long the GET's body would be, and has none.
+        return b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n" if line.startswith("HEAD") else ok()
+
+    async with serving(script) as (pool, peer):
+        data = pool.request_bytes("HEAD", "/api", None, {}, None)
+        status, headers, body = await pool.request(data, "HEAD /api", head=True)
+        assert (status, headers["content-length"], body) == (200, "5", b"")
+        assert (await get(pool))[2] == b"{}"
+        assert peer.connections == 2  # the parser could not be told: a new one
