@@ -164,15 +164,18 @@ class StatusController:
             "status": {**fields, "podCount": count},
         }
         try:
-            updated = await self.client.patch(SDG_KIND, request.name, patch, subresource="status")
+            # Only the new resourceVersion is read back: the answer is metadata alone.
+            written = await self.client.patch(
+                SDG_KIND, request.name, patch, subresource="status", metadata_only=True
+            )
         except errors.NotFound:
             self._forget(request.name)
             return None
-        self._echoes[request.name] = updated["metadata"]["resourceVersion"]
+        self._echoes[request.name] = written["metadata"]["resourceVersion"]
         if self.batch_period > 0:
             self._written[request.name] = now
             self._written.move_to_end(request.name)
-        self.events.record(updated, joined, left)
+        self.events.record({**group, "metadata": written["metadata"]}, joined, left)
         return None
 
 

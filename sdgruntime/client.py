@@ -65,6 +65,8 @@ PATCH_CONTENT_TYPES: Mapping[str, str] = {
 }
 
 _JSON = "application/json"
+#: The Accept of a request whose caller reads only the answer's metadata.
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 _USER_AGENT = "sdgruntime/0.1 (python)"
 
 
@@ -106,8 +108,8 @@ class Client:
         self._refreshes = self.settings.refresh_hook is not None
         self._timeouts = (timeout, connect_timeout)
         self._transport = self._new_transport(max_connections)
-        # one headers dict per content type, rebuilt when the credentials change
-        self._typed_headers: dict[str, dict[str, str]] = {}
+        # one headers dict per (content type, accept), rebuilt when the credentials change
+        self._typed_headers: dict[tuple[str | None, str | None], dict[str, str]] = {}
         self._typed_auth: str | None = self._headers.get("Authorization")
 
     # --- constructors --------------------------------------------------------------------
@@ -187,19 +189,21 @@ class Client:
         """
         await self._credentials.refresh(force=force)
 
-    def _headers_for(self, content_type: str | None) -> dict[str, str]:
-        if content_type is None:
+    def _headers_for(self, content_type: str | None, accept: str | None) -> dict[str, str]:
+        if content_type is None and accept is None:
             return self._headers
         auth = self._headers.get("Authorization")
         if auth != self._typed_auth:
             self._typed_headers.clear()
             self._typed_auth = auth
-        headers = self._typed_headers.get(content_type)
+        headers = self._typed_headers.get((content_type, accept))
         if headers is None:
-            headers = self._typed_headers[content_type] = {
-                **self._headers,
-                "Content-Type": content_type,
-            }
+            headers = dict(self._headers)
+            if content_type is not None:
+                headers["Content-Type"] = content_type
+            if accept is not None:
+                headers["Accept"] = accept
+            self._typed_headers[(content_type, accept)] = headers
         return headers
 
     # --- one request, with its retry policy ------------------------------------------------
@@ -211,6 +215,7 @@ class Client:
         params: Mapping[str, Any] | None,
         content: bytes | None,
         content_type: str | None,
+        accept: str | None = None,
     ) -> Any:
         """One attempt (plus one replay after a 401 if credentials could be refreshed)."""
         for refreshed in (False, True):
@@ -221,7 +226,7 @@ class Client:
                 path,
                 params=params,
                 content=content,
-                headers=self._headers_for(content_type),
+                headers=self._headers_for(content_type, accept),
             )
             if resp.status_code < 300:
                 return decode(resp.content, resp.headers.get("content-type", ""))
@@ -239,10 +244,11 @@ class Client:
         content: bytes | None = None,
         content_type: str | None = None,
         idempotent: bool | None = None,
+        accept: str | None = None,
     ) -> Any:
         """One request with the retry policy of its method (or of ``idempotent``)."""
         try:
-            return await self._once(method, path, params, content, content_type)
+            return await self._once(method, path, params, content, content_type, accept)
         except errors.ApiError as exc:
             # Fast path: the tenacity loop (~25us) is only built once an attempt failed
             # retriably; it then starts by re-raising that failure as its attempt 1.
@@ -254,7 +260,7 @@ class Client:
                 if first is not None:
                     failed, first = first, None
                     raise failed
-                return await self._once(method, path, params, content, content_type)
+                return await self._once(method, path, params, content, content_type, accept)
         raise AssertionError("unreachable")
 
     async def request(
@@ -456,7 +462,9 @@ class Client:
         *,
         dry_run: bool = False,
         field_manager: str | None = None,
+        metadata_only: bool = False,
     ) -> dict[str, Any]:
+        """POST a new object; ``metadata_only`` as for :meth:`patch`."""
         ns = self._namespace(kind, namespace, obj)
         params: dict[str, Any] = {}
         if dry_run:
@@ -464,7 +472,12 @@ class Client:
         if field_manager:
             params["fieldManager"] = field_manager
         return await self._call(
-            "POST", kind.path(ns), params=params or None, content=dumps(obj), content_type=_JSON
+            "POST",
+            kind.path(ns),
+            params=params or None,
+            content=dumps(obj),
+            content_type=_JSON,
+            accept=METADATA_ONLY if metadata_only else None,
         )
 
     async def update(
@@ -494,8 +507,13 @@ class Client:
         subresource: str | None = None,
         field_manager: str | None = None,
         force: bool = False,
+        metadata_only: bool = False,
     ) -> dict[str, Any]:
         """PATCH with the given patch type; ``apply`` is server-side apply (needs a manager).
+
+        ``metadata_only``: the answer is the object's metadata alone (a
+        ``PartialObjectMetadata``), for a caller that reads no more than its
+        resourceVersion: less for the API server to encode and for us to decode.
 
         A ``json`` patch without a ``test`` op is not replayed after a 5xx or a lost
         answer (it may have been applied), only when it was never sent or got a 429.
@@ -522,6 +540,7 @@ class Client:
             content=dumps(body),
             content_type=content_type,
             idempotent=None if patch_type != "json" else has_test_op(body),
+            accept=METADATA_ONLY if metadata_only else None,
         )
 
     async def delete(

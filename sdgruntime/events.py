@@ -412,7 +412,7 @@ class EventRecorder:
         }
         if action:
             event["action"] = action
-        await self.client.create(EVENTS, event, namespace)
+        await self.client.create(EVENTS, event, namespace, metadata_only=True)
         seen.name, seen.namespace = name, namespace
 
 

@@ -121,6 +121,15 @@ def _field_test(selector: str) -> Callable[[MutableObj], bool]:
 # --- patches ------------------------------------------------------------------------------
 
 
+def _partial(obj: Mapping[str, Any]) -> MutableObj:
+    """The API server's answer to ``Accept: ...;as=PartialObjectMetadata``."""
+    return {
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": copy.deepcopy(obj["metadata"]),
+    }
+
+
 def _merge(target: Any, patch: Any) -> Any:
     """RFC 7386: maps merged, ``null`` removes, anything else replaces."""
     if not isinstance(patch, Mapping):
@@ -441,7 +450,13 @@ class FakeClient:
 
     # -- writes --
     async def create(
-        self, kind: Kind, obj: Mapping[str, Any], namespace: str | None = None, **_: Any
+        self,
+        kind: Kind,
+        obj: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        metadata_only: bool = False,
+        **_: Any,
     ) -> MutableObj:
         ns = self._ns(kind, namespace, obj)
         name = (obj.get("metadata") or {}).get("name")
@@ -454,7 +469,8 @@ class FakeClient:
         new = self._new(kind, obj, ns or None)
         if kind.name in self._status:
             new.pop("status", None)  # the server drops status on create of such kinds
-        return self._store(kind, new)
+        stored = self._store(kind, new)
+        return _partial(stored) if metadata_only else stored
 
     async def update(
         self, kind: Kind, obj: Mapping[str, Any], *, subresource: str | None = None
@@ -488,6 +504,7 @@ class FakeClient:
         *,
         patch_type: str = "merge",
         subresource: str | None = None,
+        metadata_only: bool = False,
         **_: Any,
     ) -> MutableObj:
         ns = self._ns(kind, namespace)
@@ -510,7 +527,8 @@ class FakeClient:
             new = _merge(old, body)
         else:
             raise ValueError(f"unknown patch type {patch_type!r}")
-        return self._write(kind, old, new, subresource)
+        written = self._write(kind, old, new, subresource)
+        return _partial(written) if metadata_only else written
 
     async def delete(
         self,

@@ -104,6 +104,11 @@ async def test_writes_the_pod_list_uid_guarded_and_tells_one_event_per_burst() -
     clock.t += 5
     sc.events.flush_due()
     assert rec.events == [("PodsJoined", "pods joined: ns/a, ns/b")]
+    # about the group as written last (the write's answer is its metadata alone)
+    about = rec.recorded[0].object
+    assert about["kind"] == "SharedDeviceGroup" and about["metadata"]["uid"] == "uid-g"
+    stored = server.stored(SDG_KIND, "g")["metadata"]["resourceVersion"]
+    assert about["metadata"]["resourceVersion"] == stored
 
 
 async def test_a_group_recreated_under_the_same_name_is_not_written() -> None:

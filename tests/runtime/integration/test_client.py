@@ -237,6 +237,30 @@ async def test_merge_json_and_strategic_patch(client: Client, namespace: str):
     assert out["metadata"]["labels"] == {"l": "v"}
 
 
+async def test_a_metadata_only_patch_answers_with_the_new_metadata_alone(
+    client: Client, namespace: str, node: dict[str, Any]
+):
+    await client.create(CONFIGMAPS, _cm("m", a="1"), namespace)
+    out = await client.patch(CONFIGMAPS, "m", {"data": {"a": "2"}}, namespace, metadata_only=True)
+    assert out["kind"] == "PartialObjectMetadata" and "data" not in out
+    live = await client.get(CONFIGMAPS, "m", namespace)
+    assert live["data"] == {"a": "2"}
+    assert out["metadata"]["resourceVersion"] == live["metadata"]["resourceVersion"]
+
+    # a status subresource too (what the status controller writes)
+    patch = {"status": {"capacity": {"example.com/dev": "3"}}}
+    out = await client.patch(
+        NODES, node["metadata"]["name"], patch, subresource="status", metadata_only=True
+    )
+    assert out["kind"] == "PartialObjectMetadata" and "status" not in out
+    live = await client.get(NODES, node["metadata"]["name"])
+    assert live["status"]["capacity"]["example.com/dev"] == "3"
+    assert out["metadata"]["resourceVersion"] == live["metadata"]["resourceVersion"]
+    # the next plain request is answered in full again (the Accept is per call)
+    full = await client.patch(CONFIGMAPS, "m", {"data": {"a": "3"}}, namespace)
+    assert full["kind"] == "ConfigMap" and full["data"] == {"a": "3"}
+
+
 async def test_server_side_apply_owns_fields_and_force_takes_them(client: Client, namespace: str):
     # apply creates the object if missing; apiVersion/kind are filled in from the Kind
     out = await client.patch(

@@ -27,14 +27,14 @@ class SlowClient(FakeClient):
     def __init__(self, delay: float) -> None:
         super().__init__()
         self.delay = delay
-        self.created: list[dict[str, Any]] = []
+        self.created: list[dict[str, Any]] = []  # the events as sent
 
     async def create(
         self, kind: Kind, obj: Mapping[str, Any], namespace: str | None = None, **kw: Any
     ) -> dict[str, Any]:
         await anyio.sleep(self.delay)
         made = await super().create(kind, obj, namespace, **kw)
-        self.created.append(made)
+        self.created.append(dict(obj))  # what was written (the answer may be metadata only)
         return made
 
 
@@ -44,7 +44,7 @@ class GatedClient(FakeClient):
     def __init__(self) -> None:
         super().__init__()
         self.creates = 0
-        self.created: list[dict[str, Any]] = []
+        self.created: list[dict[str, Any]] = []  # the events as sent
         self.entered = anyio.Event()
         self.open = anyio.Event()
 
@@ -55,7 +55,7 @@ class GatedClient(FakeClient):
         self.entered.set()
         await self.open.wait()
         made = await super().create(kind, obj, namespace, **kw)
-        self.created.append(made)
+        self.created.append(dict(obj))  # what was written (the answer may be metadata only)
         return made
 
 
