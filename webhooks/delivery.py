@@ -14,6 +14,7 @@ import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Final
 
 from api.constants import (
@@ -251,7 +252,14 @@ class Delivery:
         choice = choose_delivery(node, runtime_classes or {}, self, env_vars, group_name)
         if isinstance(choice, Denial):
             return choice
-        return replace(self, mode=choice.mode), choice
+        return _with_mode(self, choice.mode), choice
+
+
+@lru_cache(maxsize=64)
+def _with_mode(settings: Delivery, mode: str) -> Delivery:
+    """``settings`` naming ``mode``, made (and checked) once: every pod admission asks.
+    Keys are the manager's settings times the modes, a handful."""
+    return replace(settings, mode=mode)
 
 
 # --- which mode, per node ----------------------------------------------------------------------
