@@ -10,6 +10,7 @@ the first sync is not coming. Each case: docs/contracts.md, "Watches that recove
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import random
@@ -23,6 +24,9 @@ from sdgruntime import errors
 from sdgruntime.cache.backoff import Backoff
 from sdgruntime.cache.store import Store, object_key
 from sdgruntime.kinds import Kind, MutableObj
+
+#: Seconds: how stale the watchdog's deadline may get before an event moves it.
+_MAX_DEADLINE_STEP = 1.0
 
 if TYPE_CHECKING:
     from sdgruntime.client import Client
@@ -264,9 +268,17 @@ class Reflector:
                 allow_bookmarks=True,
                 read_timeout=read_timeout,
             )
+            # The loop's clock is anyio's on asyncio, without a backend lookup per event;
+            # the deadline (a timer rescheduled on each set) moves once per ``step`` at
+            # most, so the watchdog fires within ``step`` past the timeout.
+            now = asyncio.get_running_loop().time
+            step = min(_MAX_DEADLINE_STEP, opts.inactivity_timeout / 8)
+            moved = started
             async with contextlib.aclosing(events):
                 async for event in events:
-                    watchdog.deadline = anyio.current_time() + opts.inactivity_timeout
+                    if (t := now()) - moved >= step:
+                        watchdog.deadline = t + opts.inactivity_timeout
+                        moved = t
                     self._delivered = True
                     self._apply(event)
         if watchdog.cancelled_caught:
