@@ -350,6 +350,7 @@ class EventRecorder:
                                 seen.name,
                                 {"count": seen.count, "lastTimestamp": _now()},
                                 seen.namespace,
+                                metadata_only=True,
                             )
                             return
                         except errors.NotFound:
