@@ -1,5 +1,6 @@
-"""The HTTP/1.1 server of webhooks, probes and metrics: ``aiohttp.web``'s low-level server
-with the limits a server reachable from a whole cluster needs.
+"""The HTTP/1.1 server of webhooks, probes and metrics: asyncio protocols and httptools'
+C parser, with the limits a server reachable from a whole cluster needs. (aiohttp.web's
+request path cost the manager a sixth of its busy time in the benchmarks; RESULTS.md.)
 
 :class:`HTTPServer` serves a :class:`Router` until cancelled. Invariant: every input is
 bounded and every refusal says why in a text body: connections in total and per client
@@ -13,10 +14,14 @@ requests in flight ``shutdown_timeout`` seconds. Needs the asyncio backend.
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import functools
 import logging
+import re
 import socket
 import ssl
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -25,8 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 import anyio.abc
-from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+import httptools
 
 from sdgruntime import jsoncodec, metrics
 
@@ -46,6 +50,9 @@ _LINGER_SECONDS = 2.0  # reading the rest of a refused request, so the answer is
 _MAX_REFUSING = 32
 _REFUSAL_LOG_INTERVAL = 10.0  # a flood of refusals is one warning per interval
 _BACKLOG = 511
+MAX_HEADER_FIELDS = 128  # as aiohttp's parser; no real client sends more
+_MAX_PIPELINED = 16  # requests received and waiting behind the one being served
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 @dataclass(slots=True)
@@ -212,8 +219,9 @@ class HTTPServer:
         self._refusal_logged = float("-inf")
         self._context: ssl.SSLContext | None = None
         self._warned_context = False  # the provider returned another context (logged once)
-        self._web: web.Server | None = None
-        self._protocol_kwargs: dict[str, Any] = {}
+        self._connections: set[_Connection] = set()  # served connections, open now
+        self._stopping = False  # shutting down: answers close their connections
+        self._drained: asyncio.Event | None = None  # set when the last connection closes
         self._opened = metrics.HTTP_CONNECTIONS.labels(server=name, protocol="http/1.1")
 
     @property
@@ -258,20 +266,8 @@ class HTTPServer:
         self._active, self._buffered = 0, 0
         self._per_client.clear()
         self._waiting.clear()
-        # handler_cancellation: a client that goes away cancels its handler.
-        self._web = web.Server(self._serve_request, handler_cancellation=True, loop=loop)
-        self._protocol_kwargs = {
-            "loop": loop,
-            # Ours closes idle connections (_Connection); aiohttp's is a later backstop.
-            "keepalive_timeout": self.idle_timeout + self.request_timeout,
-            "access_log": None,
-            # One field (name and value) or the request line may be as long as the whole
-            # head may be; the whole head is checked once parsed (_serve_request).
-            "max_line_size": self.max_header_bytes,
-            "max_field_size": self.max_header_bytes,
-            "lingering_time": _LINGER_SECONDS,
-            "auto_decompress": False,  # bodies are bounded as sent, and served as sent
-        }
+        self._connections.clear()
+        self._stopping = False
         sockets = _bind(self.host, self._requested_port)
         servers: list[asyncio.Server] = []
         try:
@@ -307,10 +303,18 @@ class HTTPServer:
             server.close()
         for sock in sockets[len(servers) :]:  # bound, never served
             sock.close()
-        assert self._web is not None
-        self._web.pre_shutdown()  # idle keep-alive connections close now
-        with anyio.move_on_after(self.shutdown_timeout + 1):
-            await self._web.shutdown(self.shutdown_timeout)
+        self._stopping = True
+        for connection in list(self._connections):
+            connection.stop()  # idle ones close now, busy ones after their answer
+        if self._connections:
+            self._drained = asyncio.Event()
+            with anyio.move_on_after(self.shutdown_timeout):
+                await self._drained.wait()
+            for connection in list(self._connections):
+                connection.abort()  # cancels what still runs
+            with anyio.move_on_after(1):  # connection_lost comes on a later loop turn
+                await self._drained.wait()
+            self._drained = None
         for refusal in list(self._refusing):
             refusal.abort()
 
@@ -331,8 +335,7 @@ class HTTPServer:
                         "listener keeps the first (rotate behind it instead, as CertWatcher does)",
                         self.name,
                     )
-        assert self._web is not None
-        return _Connection(self, self._web, **self._protocol_kwargs)
+        return _Connection(self, asyncio.get_running_loop())
 
     def _admit(self, client: str | None) -> str | None:
         """Serves a connection just made (TLS handshake done) from ``client`` (its
@@ -377,81 +380,8 @@ class HTTPServer:
 
     # --- requests ----------------------------------------------------------------------
 
-    async def _serve_request(self, request: web.BaseRequest) -> web.StreamResponse:
-        """aiohttp's handler: reads the body within the limits, then dispatches."""
-        connection = request.protocol
-        assert isinstance(connection, _Connection)
-        deadline = connection.request_began(request)
-        held = _Held()
-        try:
-            try:
-                req = await self._read_request(request, connection, deadline, held)
-            except _Reject as reject:
-                log.debug("%s rejecting request from %s: %s", self.name, connection.client, reject)
-                answer = _plain(reject.status, reject.message)
-                if reject.status == 408:  # the client stalled: nothing left to linger for
-                    await answer.prepare(request)
-                    await answer.write_eof()
-                    connection.force_close()
-                return answer
-            return _to_web(await self._dispatch(req))
-        finally:
-            self._buffered -= held.bytes
-            connection.request_ended()
-
-    async def _read_request(
-        self,
-        request: web.BaseRequest,
-        connection: _Connection,
-        deadline: float,
-        held: _Held,
-    ) -> Request:
-        raw_headers = request.raw_headers
-        raw_path = request.raw_path
-        # aiohttp bounds each field; bound the whole head as well.
-        size = len(raw_path) + sum(len(k) + len(v) + 4 for k, v in raw_headers)
-        if size > self.max_header_bytes:
-            raise _Reject(431, self._headers_too_large())
-        body = b""
-        if request.can_read_body:
-            length = request.content_length
-            if length is not None and length > self.max_body_bytes:
-                raise _Reject(
-                    413,
-                    f"request body of {length} bytes exceeds the limit of "
-                    f"{self.max_body_bytes} bytes",
-                )
-            if length is not None and not self._fits(length):
-                raise self._busy()
-            if request.version >= (1, 1) and request.headers.get("expect", "").lower() == (
-                "100-continue"
-            ):
-                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            body = await self._read_body(request, deadline, held)
-        fields = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw_headers]
-        return _make_request(request.method, raw_path, fields, body, connection.client)
-
-    async def _read_body(self, request: web.BaseRequest, deadline: float, held: _Held) -> bytes:
-        """The whole body, counted in ``_buffered`` (and ``held``) as it arrives."""
-        chunks = bytearray()
-        content = request.content
-        try:
-            async with asyncio.timeout_at(deadline):
-                while chunk := await content.readany():
-                    chunks += chunk
-                    held.bytes += len(chunk)
-                    self._buffered += len(chunk)
-                    if len(chunks) > self.max_body_bytes:
-                        raise _Reject(
-                            413, f"request body exceeds the limit of {self.max_body_bytes} bytes"
-                        )
-                    if not self._fits(0):
-                        raise self._busy()
-        except TimeoutError:
-            raise _Reject(408, f"request not received within {self.request_timeout:g}s") from None
-        return bytes(chunks)
-
     def _fits(self, more: int) -> bool:
+        """Whether ``more`` body bytes fit in the buffered-bytes budget."""
         limit = self.max_buffered_bytes
         return limit is None or self._buffered + more <= limit
 
@@ -462,8 +392,10 @@ class HTTPServer:
             f"{self.max_buffered_bytes} bytes; retry later",
         )
 
-    def _headers_too_large(self) -> str:
-        return f"request header fields exceed the limit of {self.max_header_bytes} bytes"
+    def _headers_too_large(self) -> _Reject:
+        return _Reject(
+            431, f"request header fields exceed the limit of {self.max_header_bytes} bytes"
+        )
 
     async def _dispatch(self, request: Request) -> Response:
         handler = self.router.resolve(request.path)
@@ -489,61 +421,99 @@ class HTTPServer:
             return Response.text("internal server error\n", 500)
 
 
-class _Held:
-    """Body bytes one request holds in the server's budget."""
-
-    __slots__ = ("bytes",)
-
-    def __init__(self) -> None:
-        self.bytes = 0
+class _Stop(Exception):
+    """Raised in a parser callback: the connection answered already, parse no further."""
 
 
-class _Connection(web.RequestHandler):
-    """aiohttp's HTTP/1.1 protocol with the connection caps, the request-head deadline
-    and idle timeout, and 431/400 answers for heads aiohttp's parser refuses.
+class _Incoming:
+    """A request being received, or received and waiting its turn (pipelined)."""
 
-    One timer per connection: from the first byte of a request until its head is parsed
+    __slots__ = (
+        "body",
+        "complete",
+        "continue_due",
+        "fields",
+        "head_bytes",
+        "held",
+        "keep_alive",
+        "method",
+        "seen",
+        "started",
+        "url",
+    )
+
+    def __init__(self, started: float) -> None:
+        self.started = started  # loop time of its first byte
+        self.url = b""
+        self.fields: list[tuple[str, str]] = []
+        self.head_bytes = 0  # of the head, as parsed so far
+        self.seen = -1  # bytes received while its head was incomplete (-1: head done)
+        self.body: list[bytes] = []
+        self.held = 0  # body bytes counted in the server's budget
+        self.method = ""
+        self.keep_alive = True
+        self.continue_due = False  # "100 Continue" owed once it is the connection's turn
+        self.complete = False
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: httptools' C parser, one handler task at a time, answers
+    written in order, every limit of the module doc.
+
+    One timer per connection: from the first byte of a request until it is fully received
     it is the request deadline (408 when it passes); before a connection's first request
     and between requests the idle timeout (closed silently). A fresh connection waits as
     long as a kept one: HTTP clients (Go's among them) dial spare connections and pool them
     unused, and one closed early fails the next request written on it with EOF. While it
     waits for a request, the server under pressure shortens that to
-    ``pressure_idle_timeout`` since the wait began.
+    ``pressure_idle_timeout`` since the wait began. Requests pipelined behind the one being
+    served are parsed (reading pauses while one waits) and served in order, at most
+    ``_MAX_PIPELINED``; a connection that sent more is closed after those are answered.
     """
 
     __slots__ = (
         "_admitted",
-        "_body",
         "_client_key",
-        "_deadline_timer",
-        "_evloop",
-        "_head_started",
-        "_next_started",
+        "_closing",
+        "_current",
+        "_discarding",
+        "_loop",
         "_owner",
-        "_serving",
+        "_parser",
+        "_paused",
+        "_pending",
+        "_ready",
+        "_task",
+        "_timer",
+        "_transport",
         "_waiting_since",
         "_waiting_until",
         "client",
     )
 
-    def __init__(
-        self, owner: HTTPServer, manager: web.Server, loop: asyncio.AbstractEventLoop, **kwargs: Any
-    ) -> None:
-        super().__init__(manager, loop=loop, **kwargs)
+    def __init__(self, owner: HTTPServer, loop: asyncio.AbstractEventLoop) -> None:
         self._owner = owner
-        self._evloop = loop
+        self._loop = loop
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
         self._admitted = False
-        self._deadline_timer: asyncio.TimerHandle | None = None
-        self._head_started: float | None = None  # first byte of the request being received
-        self._serving = False  # a request is being served
-        self._body: Any = None  # the served request's body stream
-        self._next_started: float | None = None  # first byte of a request sent while serving
+        self._current: _Incoming | None = None  # the request being received
+        self._ready: deque[_Incoming] = deque()  # received, waiting for the handler
+        self._task: asyncio.Task[None] | None = None  # the handler's, while serving
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing = False  # no request after those received is served
+        self._discarding = False  # what arrives is dropped: answered, or lingering
+        self._paused = False
+        self._pending: _Reject | None = None  # the answer owed after those received
         self._waiting_since: float | None = None  # waiting for a request since (loop time)
         self._waiting_until = 0.0  # ... at most until then, without pressure
         self._client_key: str | None = None  # the address the per-client cap counts
         self.client: tuple[str, int] | None = None
 
+    # --- asyncio.Protocol --------------------------------------------------------------
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)  # TCP or TLS
         owner = self._owner
         peer = transport.get_extra_info("peername")
         client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
@@ -552,7 +522,6 @@ class _Connection(web.RequestHandler):
         if refused is not None:
             owner._warn_refused(refused)
             if len(owner._refusing) >= _MAX_REFUSING:
-                assert isinstance(transport, asyncio.Transport)  # TCP or TLS
                 transport.abort()
                 return
             refusal = _Refusal(owner, refused)
@@ -560,55 +529,296 @@ class _Connection(web.RequestHandler):
             refusal.connection_made(transport)
             return
         self._admitted = True
+        self._transport = transport
         self.client, self._client_key = client, key
-        super().connection_made(transport)
+        owner._connections.add(self)
+        if owner._stopping:
+            self._closing = True
+            transport.close()
+            return
         self._wait(owner.idle_timeout)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self._admitted:
             return
         self._admitted = False
+        self._transport = None
         self._cancel_timer()
         self._stop_waiting()
-        self._owner._release(self._client_key)
-        super().connection_lost(exc)
+        owner = self._owner
+        owner._release(self._client_key)
+        owner._connections.discard(self)
+        if self._task is not None:
+            self._task.cancel()  # the client went away: its handler stops
+        for incoming in (self._current, *self._ready):
+            if incoming is not None:
+                self._give_back(incoming)
+        self._current = None
+        self._ready.clear()
+        if not owner._connections and owner._drained is not None:
+            owner._drained.set()
 
     def data_received(self, data: bytes) -> None:
-        if data:
-            if not self._serving:
-                if self._head_started is None:
-                    self._stop_waiting()
-                    self._head_started = self._evloop.time()
-                    self._arm(self._owner.request_timeout)
-            elif self._next_started is None and self._body is not None and self._body.is_eof():
-                self._next_started = self._evloop.time()  # the body is in: the next request
-        super().data_received(data)
-
-    def request_began(self, request: web.BaseRequest) -> float:
-        """The request's head is parsed: returns the deadline for its body."""
-        self._cancel_timer()
-        self._stop_waiting()
-        now = self._evloop.time()
-        started = self._head_started if self._head_started is not None else now
-        self._serving, self._body, self._head_started = True, request.content, None
-        return started + self._owner.request_timeout
-
-    def request_ended(self) -> None:
-        """The handler is done: the connection waits for the next request."""
-        self._serving, self._body = False, None
-        if self.transport is None:
+        if self._discarding:
             return
-        if self._next_started is not None:
-            self._head_started, self._next_started = self._next_started, None
-            self._arm(self._head_started + self._owner.request_timeout - self._evloop.time())
+        current = self._current
+        if current is not None and current.seen >= 0:
+            current.seen += len(data)
+        try:
+            self._parser.feed_data(data)
+        except _Stop:
+            return
+        except httptools.HttpParserCallbackError as err:
+            if isinstance(err.__context__, _Stop):
+                return
+            log.error("%s server: a parser callback failed", self._owner.name, exc_info=err)
+            self._refuse(500, "internal server error")
+            return
+        except httptools.HttpParserUpgrade:
+            # The request asking for another protocol is served; nothing after it is read.
+            self._closing, self._discarding = True, True
+            return
+        except httptools.HttpParserError as err:
+            self._refuse(400, f"bad request: {err}")
+            return
+        current = self._current
+        if current is not None and current.seen == 0:
+            # It began in this chunk and its head is not complete: it holds at most the
+            # bytes after the chunk's last blank line (none, if it began the chunk).
+            current.seen = len(data) - (data.rfind(b"\r\n\r\n") + 4 if b"\r\n\r\n" in data else 0)
+        if current is not None and current.seen > self._owner.max_header_bytes:
+            self._refuse_with(self._owner._headers_too_large())  # a head with no end in sight
+
+    def eof_received(self) -> bool:
+        if self._task is not None or self._ready:
+            self._closing = True  # the client sends no more: answer what came, then close
+            return True
+        return False
+
+    # --- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        now = self._loop.time()
+        self._current = _Incoming(now)
+        self._current.seen = 0
+        if self._task is None and not self._ready:  # it is this request's turn
+            self._stop_waiting()
+            self._arm(self._owner.request_timeout)
+
+    def on_url(self, url: bytes) -> None:
+        current = self._current
+        assert current is not None
+        current.url += url
+        current.head_bytes += len(url)
+        if current.head_bytes > self._owner.max_header_bytes:
+            self._refuse_with(self._owner._headers_too_large())
+            raise _Stop
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        current = self._current
+        assert current is not None
+        current.head_bytes += len(name) + len(value) + 4
+        current.fields.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+        if current.head_bytes > self._owner.max_header_bytes or (
+            len(current.fields) > MAX_HEADER_FIELDS
+        ):
+            self._refuse_with(self._owner._headers_too_large())
+            raise _Stop
+
+    def on_headers_complete(self) -> None:
+        current = self._current
+        assert current is not None
+        owner, parser = self._owner, self._parser
+        current.seen = -1
+        current.method = parser.get_method().decode("ascii", "replace")
+        current.keep_alive = parser.should_keep_alive()
+        length: int | None = None
+        expect = ""
+        for key, value in current.fields:
+            if key == "content-length" and value.strip().isdigit():
+                length = int(value)  # the parser refuses any other (and duplicates)
+            elif key == "expect":
+                expect = value.lower()
+        reject: _Reject | None = None
+        if length is not None and length > owner.max_body_bytes:
+            reject = _Reject(
+                413,
+                f"request body of {length} bytes exceeds the limit of {owner.max_body_bytes} bytes",
+            )
+        elif length is not None and not owner._fits(length):
+            reject = owner._busy()
+        if reject is not None:
+            self._refuse_with(reject)
+            raise _Stop
+        if expect == "100-continue" and parser.get_http_version() != "1.0":
+            current.continue_due = True
+            if self._task is None and not self._ready:
+                self._continue(current)
+
+    def on_body(self, body: bytes) -> None:
+        current = self._current
+        assert current is not None
+        owner = self._owner
+        size = len(body)
+        current.held += size
+        owner._buffered += size
+        current.body.append(body)
+        if current.held > owner.max_body_bytes:
+            self._refuse_with(
+                _Reject(413, f"request body exceeds the limit of {owner.max_body_bytes} bytes")
+            )
+            raise _Stop
+        if not owner._fits(0):
+            self._refuse_with(owner._busy())
+            raise _Stop
+
+    def on_message_complete(self) -> None:
+        current, self._current = self._current, None
+        assert current is not None
+        current.complete = True
+        if self._closing or len(self._ready) >= _MAX_PIPELINED:
+            self._give_back(current)  # not served: the client sees the close and may retry
+            self._closing, self._discarding = True, True
+            raise _Stop
+        self._ready.append(current)
+        last = not current.keep_alive
+        if last:  # nothing after it is served
+            self._closing, self._discarding = True, True
+        if self._task is None:
+            self._cancel_timer()
+            self._next()
+        elif not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()  # one waits its turn: read no further for now
+        if last:
+            raise _Stop
+
+    # --- serving -----------------------------------------------------------------------
+
+    def _next(self) -> None:
+        """Serves the first received request, or waits for one."""
+        transport = self._transport
+        if transport is None:
+            return
+        if self._ready:
+            incoming = self._ready.popleft()
+            try:
+                request = _make_request(
+                    incoming.method,
+                    incoming.url.decode("utf-8", "surrogateescape"),
+                    incoming.fields,
+                    b"".join(incoming.body),
+                    self.client,
+                )
+            except _Reject as reject:
+                self._give_back(incoming)
+                self._ready.clear()
+                self._answer_and_close(reject)
+                return
+            self._task = self._loop.create_task(self._serve(incoming, request))
+            return
+        if self._pending is not None:
+            self._answer_and_close(self._pending)
+            return
+        if self._closing:
+            transport.close()
+            return
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        current = self._current
+        if current is not None:  # it began while the last one was served: its deadline holds
+            if current.continue_due:
+                self._continue(current)
+            self._arm(current.started + self._owner.request_timeout - self._loop.time())
         else:
             self._wait(self._owner.idle_timeout)
+
+    async def _serve(self, incoming: _Incoming, request: Request) -> None:
+        try:
+            response = await self._owner._dispatch(request)
+        finally:
+            self._give_back(incoming)
+        self._task = None
+        transport = self._transport
+        if transport is None:
+            return
+        # The last answer before the connection closes says so.
+        last = self._closing and not self._ready and self._pending is None
+        keep = incoming.keep_alive and not last and not self._owner._stopping
+        try:
+            answer = _encode(response, head=request.method == "HEAD", close=not keep)
+        except ValueError as err:
+            log.error(
+                "%s handler for %s %s: %s", self._owner.name, request.method, request.path, err
+            )
+            answer = _encode(Response.text("internal server error\n", 500), close=True)
+            keep = False
+        transport.write(answer)
+        if not keep:
+            self._closing = True
+            self._ready.clear()  # answered with connection: close; the rest is dropped
+            self._pending = None
+            transport.close()
+            return
+        self._next()
+
+    def _continue(self, incoming: _Incoming) -> None:
+        incoming.continue_due = False
+        if self._transport is not None:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _give_back(self, incoming: _Incoming) -> None:
+        self._owner._buffered -= incoming.held
+        incoming.held = 0
+        incoming.body = []
+
+    # --- refusals ------------------------------------------------------------------------
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._refuse_with(_Reject(status, message))
+
+    def _refuse_with(self, reject: _Reject) -> None:
+        """The request being received cannot be served: it is answered after those before
+        it, then the connection closes."""
+        log.debug("%s rejecting request from %s: %s", self._owner.name, self.client, reject)
+        self._discarding, self._closing = True, True
+        if self._current is not None:
+            self._give_back(self._current)
+            self._current = None
+        if self._task is None and not self._ready:
+            self._answer_and_close(reject)
+        else:
+            self._pending = reject  # answered in its turn: those before it still are
+
+    def _answer_and_close(self, reject: _Reject) -> None:
+        """Answers ``reject`` and closes; what the client still sends is read and dropped
+        for ``_LINGER_SECONDS``, so the answer is not destroyed by a reset (a 408 closes at
+        once: the client stalled)."""
+        transport = self._transport
+        if transport is None:
+            return
+        self._discarding, self._closing = True, True
+        self._cancel_timer()
+        self._stop_waiting()
+        transport.write(_raw_answer(reject.status, reject.message))
+        if reject.status == 408:
+            transport.close()
+            return
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = self._loop.call_later(_LINGER_SECONDS, transport.close)
+
+    # --- timers --------------------------------------------------------------------------
 
     def _wait(self, delay: float) -> None:
         """Waits for a request for ``delay`` seconds, or ``pressure_idle_timeout`` if
         shorter while the server is under pressure (then closes, ``_expired``)."""
         owner = self._owner
-        now = self._evloop.time()
+        now = self._loop.time()
         self._waiting_since, self._waiting_until = now, now + delay
         owner._waiting.add(self)
         if owner.under_pressure:
@@ -624,59 +834,48 @@ class _Connection(web.RequestHandler):
         """The server came under pressure: a connection waiting for a request is closed
         ``pressure_idle_timeout`` after its wait began (at once if that has passed)."""
         since = self._waiting_since
-        if since is None or self.transport is None:
+        if since is None or self._transport is None:
             return
         deadline = min(self._waiting_until, since + self._owner.pressure_idle_timeout)
-        self._arm(deadline - self._evloop.time())
+        self._arm(deadline - self._loop.time())
+
+    def stop(self) -> None:
+        """The server shuts down: a connection that is not serving closes now, one that
+        is closes after its answer."""
+        self._closing = True
+        if self._task is None and not self._ready and self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        """Closes now, cancelling the handler."""
+        if self._transport is not None:
+            self._transport.abort()
 
     def _arm(self, delay: float) -> None:
         self._cancel_timer()
-        self._deadline_timer = self._evloop.call_later(max(delay, 0.0), self._expired)
+        self._timer = self._loop.call_later(max(delay, 0.0), self._expired)
 
     def _cancel_timer(self) -> None:
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-            self._deadline_timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _expired(self) -> None:
-        self._deadline_timer = None
+        self._timer = None
         self._stop_waiting()
-        transport = self.transport
-        if self._serving or transport is None:
+        transport = self._transport
+        if self._task is not None or transport is None:
             return
-        if self._head_started is not None:
+        if self._current is not None:
             owner = self._owner
             log.debug("%s request from %s not received in time", owner.name, self.client)
-            message = f"request not received within {owner.request_timeout:g}s"
-            transport.write(_raw_answer(408, message))
-        self.force_close()
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        """A request aiohttp could not parse (or a failure aiohttp caught): 431 for a
-        head over the caps, else aiohttp's status; logged at debug only, since any client
-        can send garbage."""
-        if request.writer.output_size > 0:  # as aiohttp's: an answer is on its way already
-            raise ConnectionError("response already started")
-        owner = self._owner
-        if isinstance(exc, LineTooLong) or (
-            isinstance(exc, BadHttpMessage) and "Too many headers" in exc.message
-        ):
-            status, text = 431, owner._headers_too_large()
-        elif status == 400:
-            text = f"bad request: {message or exc}"
-        else:
-            text = _phrase(status).lower()
-        if status >= 500:  # not the client's doing
-            log.error("%s request from %s failed", owner.name, self.client, exc_info=exc)
-        else:
-            log.debug("%s request from %s refused (%s): %r", owner.name, self.client, status, exc)
-        return _plain(status, text)
+            self._give_back(self._current)
+            self._current = None
+            self._answer_and_close(
+                _Reject(408, f"request not received within {owner.request_timeout:g}s")
+            )
+            return
+        transport.close()
 
 
 class _Refusal(asyncio.Protocol):
@@ -755,19 +954,6 @@ def _client_key(address: str) -> str:
     return address
 
 
-def _plain(status: int, message: str) -> web.Response:
-    """A text answer after which the connection is closed."""
-    response = web.Response(
-        status=status,
-        text=message + "\n",
-        content_type="text/plain",
-        charset="utf-8",
-        headers={"connection": "close"},  # also on an HTTP/1.0 answer to a garbled head
-    )
-    response.force_close()
-    return response
-
-
 def _raw_answer(status: int, message: str, *, retry_after: bool = False) -> bytes:
     """A whole ``connection: close`` answer as bytes, for a connection with no request."""
     body = (message + "\n").encode()
@@ -788,9 +974,41 @@ def _phrase(status: int) -> str:
         return "Error"
 
 
-def _to_web(response: Response) -> web.Response:
-    headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
-    return web.Response(status=response.status, body=response.body, headers=headers)
+def _encode(response: Response, *, head: bool = False, close: bool = False) -> bytes:
+    """``response`` as bytes: its status line, headers (``content-length``, ``date`` and
+    ``connection`` set here) and body (none for ``head``). ``ValueError`` for a header a
+    response cannot carry (a line break in it, or a name that is not a token)."""
+    parts = [_status_line(response.status)]
+    for name, value in response.headers.items():
+        lower = name.lower()
+        if lower in ("content-length", "connection", "date"):
+            continue
+        if not _TOKEN.fullmatch(name) or "\r" in value or "\n" in value:
+            raise ValueError(f"the response header {name!r} cannot be sent")
+        parts.append(f"{name}: {value}\r\n")
+    body = response.body
+    parts.append(f"content-length: {len(body)}\r\ndate: {_date()}\r\n")
+    if close:
+        parts.append("connection: close\r\n")
+    parts.append("\r\n")
+    encoded = "".join(parts).encode("latin-1")
+    return encoded if head else encoded + body
+
+
+@functools.cache
+def _status_line(status: int) -> str:
+    return f"HTTP/1.1 {status} {_phrase(status)}\r\n"
+
+
+_date_cache: list[Any] = [0, ""]  # [second, its HTTP date]
+
+
+def _date() -> str:
+    """The HTTP date of now, made once per second."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[0], _date_cache[1] = now, email.utils.formatdate(now, usegmt=True)
+    return str(_date_cache[1])
 
 
 def _make_request(
