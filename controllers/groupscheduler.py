@@ -106,6 +106,7 @@ from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
 from sdgruntime.kinds import CONFIGMAPS, NODES, PODS, MutableObj, meta_of, spec_of, status_of
 from sdgruntime.manager import Manager
 from sdgruntime.reconcile import Request, Result
+from sdgruntime.tracing import start_span, tracer_for
 
 log = logging.getLogger(__name__)
 TRACER_NAME = "deviceshare.io/group-scheduler"
@@ -189,7 +190,7 @@ class GroupScheduler:
         holders: Holders | None = None,
         dra: DraPublisher | None = None,
     ) -> None:
-        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
+        self.tracer = tracer_for(tracer_provider, TRACER_NAME)
         self.env_table = env_table
         self.cache = cache
         self.claims = claims
@@ -274,7 +275,7 @@ class GroupScheduler:
         spec = spec_of(group)
         resources = spec.get("resources") or {}
         started = time.perf_counter()
-        with self.tracer.start_as_current_span("schedule group") as span:
+        with start_span(self.tracer, "schedule group") as span:
             span.set_attribute("sdg.group", name)
             existing = self.claims.claim_of(name)
             if existing is not None:

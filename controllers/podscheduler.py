@@ -44,6 +44,7 @@ from sdgruntime.kinds import NODES, PODS, meta_of, spec_of, status_of
 from sdgruntime.manager import Manager
 from sdgruntime.predicate import Funcs
 from sdgruntime.reconcile import Request, Result
+from sdgruntime.tracing import start_span, tracer_for
 
 log = logging.getLogger(__name__)
 TRACER_NAME = "deviceshare.io/pod-scheduler"
@@ -77,7 +78,7 @@ class PodScheduler:
         env_table: Mapping[str, str] = DEFAULT_ENV_TABLE,
     ) -> None:
         self.env_table = env_table
-        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
+        self.tracer = tracer_for(tracer_provider, TRACER_NAME)
         self.client = client
         self.cache = cache
         self.recorder = recorder
@@ -96,7 +97,7 @@ class PodScheduler:
         if not wants_scheduling(pod, self.scheduler_name):
             return None
         started = time.perf_counter()
-        with self.tracer.start_as_current_span("schedule pod") as span:
+        with start_span(self.tracer, "schedule pod") as span:
             key = f"{request.namespace}/{request.name}"
             span.set_attribute("sdg.pod", key)
             group_name = pod_group(pod)

@@ -45,3 +45,27 @@ def test_otel_service_name_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert attrs["service.name"] == "from-env"
     assert attrs["k8s.namespace.name"] == "gpu"
+
+
+def test_start_span_records_with_a_tracer_and_costs_nothing_without() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = tracing.tracer_for(provider, "test")
+    assert tracer is not None
+    with tracing.start_span(tracer, "schedule pod") as span:
+        span.set_attribute("sdg.pod", "ns/p")
+    [finished] = exporter.get_finished_spans()
+    assert finished.name == "schedule pod" and finished.attributes == {"sdg.pod": "ns/p"}
+
+    # Tracing off: the same code runs, on a span that records nothing.
+    assert tracing.tracer_for(None) is None  # no global provider is set in tests
+    with tracing.start_span(None, "schedule pod") as span:
+        span.set_attribute("sdg.pod", "ns/p")
+        assert not span.is_recording()
+    with tracing.start_span(None, "again") as again:  # reusable, also nested
+        assert again is span
