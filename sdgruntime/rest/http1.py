@@ -1,9 +1,12 @@
-"""A lean HTTP/1.1 request pool for the API server: asyncio protocols, httptools' parser.
+"""A lean HTTP/1.1 client for the API server: asyncio protocols, httptools' parser.
 
-Requests (not watches) go through here. Each costs one ``transport.write`` of a request
-built as bytes, one future and one timer. aiohttp's request path (URL objects, a payload
-object, a task per body on Python 3.11, timeout contexts) cost the manager 200-370 us per
-request, 11-24% of its busy time in the benchmarks (hack/bench/RESULTS.md, session 29).
+Requests go through a bounded pool of keep-alive connections. Each costs one
+``transport.write`` of a request built as bytes, one future and one timer. aiohttp's
+request path (URL objects, a payload object, a task per body on Python 3.11, timeout
+contexts) cost the manager 200-370 us per request, 11-24% of its busy time in the
+benchmarks (hack/bench/RESULTS.md, session 29). Watches are streams (:meth:`Pool.stream`):
+each on a connection of its own, outside the pool's bound (a watch holds its connection
+for its whole life and must not starve requests), closed when the stream ends.
 
 Invariants:
 
@@ -14,6 +17,8 @@ Invariants:
   waiter, in order; a caller waits ``pool_timeout`` at most.
 - Nothing is replayed here: a request without an answer raises and the retry policy
   decides. :class:`RequestNotSent` only when no byte left (no connection was had).
+- A stream buffers at most ``STREAM_BUFFER_BYTES`` its reader has not taken: beyond that
+  the connection stops reading (TCP flow control holds the server back).
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ import asyncio
 import ssl
 import zlib
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 import httptools
@@ -31,7 +36,14 @@ import httptools
 from sdgruntime import errors
 from sdgruntime.rest.retry import RequestNotSent
 
-__all__ = ["KEEPALIVE_SECONDS", "MAX_RESPONSE_BYTES", "Answer", "Pool"]
+__all__ = [
+    "KEEPALIVE_SECONDS",
+    "MAX_RESPONSE_BYTES",
+    "STREAM_BUFFER_BYTES",
+    "Answer",
+    "Pool",
+    "Stream",
+]
 
 #: What a path may hold unquoted (RFC 3986 pchar and "/"), "%" too: escapes stay escapes.
 _PATH_SAFE = "/:@!$&'()*+,;=-._~%"
@@ -44,12 +56,18 @@ MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 #: server may close it meanwhile, and a request written into that race gets no answer.
 KEEPALIVE_SECONDS = 15.0
 
+#: What a stream holds that its reader has not taken, at most (then it stops reading).
+STREAM_BUFFER_BYTES = 4 * 1024 * 1024
+
 #: (status, headers with lower-case names, body)
 Answer = tuple[int, dict[str, str], bytes]
 
 
 class _Failed(Exception):
     """Why a connection ended without a complete answer ("Kind: detail")."""
+
+
+_P = TypeVar("_P", bound=asyncio.Protocol)
 
 
 class _Connection(asyncio.Protocol):
@@ -216,8 +234,11 @@ class Pool:
         query: Mapping[str, Any] | None,
         headers: Mapping[str, str],
         content: bytes | None,
+        *,
+        gzip: bool = True,
     ) -> bytes:
-        """The request as it goes on the wire; a header with a line break is refused."""
+        """The request as it goes on the wire; a header with a line break is refused.
+        ``gzip``: the answer may come compressed (not for streams, read as they come)."""
         target = quote(self._prefix + path, safe=_PATH_SAFE)
         if query:
             target += "?" + urlencode(query, doseq=True)
@@ -226,7 +247,8 @@ class Pool:
             if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
                 raise ValueError(f"header {name!r} holds a line break")
             lines.append(f"{name}: {value}\r\n")
-        lines.append("Accept-Encoding: gzip\r\n")
+        if gzip:
+            lines.append("Accept-Encoding: gzip\r\n")
         if content is not None:
             lines.append(f"Content-Length: {len(content)}\r\n\r\n")
             return "".join(lines).encode("latin-1") + content
@@ -302,10 +324,15 @@ class Pool:
     async def _connect(self, label: str) -> _Connection:
         loop = asyncio.get_running_loop()
         read_timeout = self._read_timeout
+        return await self._dial(label, lambda: _Connection(loop, read_timeout))
+
+    async def _dial(self, label: str, factory: Callable[[], _P]) -> _P:
+        """A new connection with ``factory``'s protocol; unsent if none is had in time."""
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(loop, read_timeout),
+                    factory,
                     self._host,
                     self._port,
                     ssl=self._tls,
@@ -343,6 +370,22 @@ class Pool:
         if conn is not None:
             self._idle.append(conn)
 
+    async def stream(self, data: bytes, label: str, read_timeout: float | None) -> Stream:
+        """Send ``data`` (from :meth:`request_bytes`, without gzip) on a new connection and
+        wait for the answer's head: its status and headers are the Stream's, its body is
+        read as it comes. Raises as :meth:`request` does; ``read_timeout`` (``None``:
+        none) bounds every wait for bytes, the head's too."""
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        loop = asyncio.get_running_loop()
+        conn = await self._dial(label, lambda: Stream(loop, label, read_timeout))
+        try:
+            await conn.start(data)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def close(self) -> None:
         """Close the idle connections; those in use close as their request ends."""
         self._closed = True
@@ -352,3 +395,148 @@ class Pool:
         self._idle.clear()
         while self._waiting:
             self._pass_on(None)  # each waiter wakes to find the pool closed
+
+
+class Stream(asyncio.Protocol):
+    """One answer read as it arrives, on a connection of its own (:meth:`Pool.stream`).
+    ``status`` and ``headers`` are known once it is returned; :meth:`read` gives what came
+    since the last call, ``b""`` at the end of the body. Close it when done."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, label: str, timeout: float | None):
+        self._loop = loop
+        self._label = label
+        self._timeout = timeout
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._ended = False  # the body is complete
+        self._failed: _Failed | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._last_read = loop.time()
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._head_done = False
+
+    # --- asyncio.Protocol and httptools callbacks ----------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._fail(_Failed(f"ProtocolError: {err}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        if not self._ended:
+            self._fail(_Failed(f"ServerDisconnected: {exc}" if exc else "ServerDisconnected"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        old = self.headers.get(key)
+        self.headers[key] = text if old is None else f"{old}, {text}"
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self._head_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > STREAM_BUFFER_BYTES and not self._paused:
+            self._paused = True
+            if self._transport is not None:
+                self._transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self._ended = True
+        self._wake()
+        self.close()  # one answer per stream connection
+
+    # --- the reader ----------------------------------------------------------------------
+
+    async def start(self, data: bytes) -> None:
+        """Send the request and wait for the answer's head."""
+        assert self._transport is not None
+        self._transport.write(data)
+        self._last_read = self._loop.time()
+        while not self._head_done:
+            await self._wait()
+        encoding = self.headers.get("content-encoding", "identity")
+        if encoding != "identity":
+            raise errors.TransportError(
+                f"{self._label}: ProtocolError: a {encoding} stream was not asked for"
+            )
+
+    async def read(self) -> bytes:
+        """What arrived since the last call (waiting for some), ``b""`` once it ended.
+        Raises :class:`~sdgruntime.errors.TransportError` if it broke or stayed silent."""
+        while not self._chunks:
+            if self._ended:
+                return b""
+            await self._wait()
+        data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            if self._transport is not None:
+                self._transport.resume_reading()
+        return data
+
+    async def read_all(self, limit: int = MAX_RESPONSE_BYTES) -> bytes:
+        """The rest of the body (an error answer's), cut off above ``limit`` bytes."""
+        parts, size = [], 0
+        while chunk := await self.read():
+            size += len(chunk)
+            if size > limit:
+                raise errors.TransportError(f"{self._label}: answer larger than {limit} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def _wait(self) -> None:
+        """Until the protocol has news; a silence of ``timeout`` seconds fails it."""
+        if self._failed is not None:
+            raise errors.TransportError(f"{self._label}: {self._failed}")
+        self._waiter = self._loop.create_future()
+        try:
+            if self._timeout is None:
+                await self._waiter
+                return
+            due = self._last_read + self._timeout
+            try:
+                async with asyncio.timeout_at(due):
+                    await self._waiter
+            except TimeoutError:
+                waiter = self._waiter
+                if not waiter.cancelled() or self._loop.time() < self._last_read + self._timeout:
+                    return  # news came, or bytes did meanwhile: look again
+                self._fail(_Failed(f"ReadTimeout: nothing read for {self._timeout:g} s"))
+        finally:
+            self._waiter = None
+        if self._failed is not None:
+            raise errors.TransportError(f"{self._label}: {self._failed}")
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _fail(self, why: _Failed) -> None:
+        if self._failed is None:
+            self._failed = why
+        self.close()
+        self._wake()
+
+    def close(self) -> None:
+        """Closes the connection (what is buffered can still be read)."""
+        if self._transport is not None:
+            self._transport.close()

@@ -201,7 +201,9 @@ def test_envtest_finds_its_binaries_from_any_project(fresh_venv: Path, tmp_path:
     assert version.startswith("v1.") and "go was called" not in proc.stderr
 
 
-def test_a_bare_install_pulls_neither_httpx_nor_kubernetes(wheel: Path, tmp_path: Path) -> None:
+def test_a_bare_install_pulls_no_second_http_stack_nor_kubernetes(
+    wheel: Path, tmp_path: Path
+) -> None:
     """``pip install sdgruntime`` (no extras) resolves no second HTTP stack and not the
     kubernetes package: exec plugins and envtest's admin client need neither."""
     report = tmp_path / "report.json"
@@ -219,5 +221,5 @@ def test_a_bare_install_pulls_neither_httpx_nor_kubernetes(wheel: Path, tmp_path
         cwd=tmp_path,
     )
     names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
-    assert "aiohttp" in names  # the report is the whole resolution
-    assert not names & {"httpx", "httpcore", "kubernetes", "requests", "urllib3"}, names
+    assert "pydantic_core" in {n.replace("-", "_") for n in names}  # the whole resolution
+    assert not names & {"aiohttp", "httpx", "httpcore", "kubernetes", "requests", "urllib3"}, names

@@ -16,8 +16,6 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import aiohttp.client_reqrep
 import anyio
 import anyio.abc
 import httpx
@@ -42,7 +40,6 @@ from sdgruntime.client import (
 )
 from sdgruntime.kinds import CONFIGMAPS, NODES
 from sdgruntime.metrics import REST_CLIENT_REQUESTS
-from sdgruntime.rest.transport import transport_error
 
 # --- fixtures: TLS material and kubeconfigs --------------------------------------------
 
@@ -363,24 +360,6 @@ def test_post_retries_only_what_the_server_did_not_handle():
     assert not should_retry("POST", _err(errors.ServerError, 504))
     for err in PERMANENT:
         assert not should_retry("POST", err), err
-
-
-def test_transport_failures_before_sending_are_request_not_sent():
-    key = aiohttp.client_reqrep.ConnectionKey("h", 1, True, True, None, None, None)
-    refused = aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "refused"))
-    pool_or_connect_timeout = aiohttp.ConnectionTimeoutError("Connection timeout to host")
-    for exc in (refused, pool_or_connect_timeout):
-        assert isinstance(transport_error(exc, "POST", "/p"), RequestNotSent)
-    for exc in (
-        aiohttp.SocketTimeoutError("Timeout on reading data from socket"),
-        aiohttp.ServerDisconnectedError(),
-        aiohttp.ClientPayloadError("Response payload is not completed"),
-        aiohttp.ClientOSError(104, "Connection reset by peer"),
-        TimeoutError(),
-    ):
-        err = transport_error(exc, "POST", "/p")
-        assert isinstance(err, errors.TransportError) and not isinstance(err, RequestNotSent)
-    assert "ReadTimeout" in str(transport_error(aiohttp.SocketTimeoutError(), "GET", "/p"))
 
 
 def _wait_after(policy: RetryPolicy, attempt: int, exc: BaseException) -> float:

@@ -288,3 +288,143 @@ async def test_a_head_answer_has_no_body_and_ends_its_connection() -> None:
         assert (status, headers["content-length"], body) == (200, "5", b"")
         assert (await get(pool))[2] == b"{}"
         assert peer.connections == 2  # the parser could not be told: a new one
+
+
+# --- streams (watches) ---------------------------------------------------------------------
+
+#: A streamed answer's steps: bytes to send, seconds to wait, or None to hang up.
+Step = bytes | float | None
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+@asynccontextmanager
+async def streaming(
+    steps: list[Step], **pool_args: float
+) -> AsyncIterator[tuple[Pool, list[bytes]]]:
+    """A pool whose peer answers every request with ``steps``; the heads it got."""
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            heads.append(await reader.readuntil(b"\r\n\r\n"))
+            for step in steps:
+                if step is None:
+                    return
+                if isinstance(step, float):
+                    await asyncio.sleep(step)
+                else:
+                    writer.write(step)
+                    await writer.drain()
+            await reader.read()  # until the client closes
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    args = {"limit": 1, "pool_timeout": 5.0, "connect_timeout": 5.0, "read_timeout": 5.0}
+    args.update(pool_args)
+    pool = Pool(
+        f"http://127.0.0.1:{port}",
+        None,  # type: ignore[arg-type]  # plain HTTP
+        None,
+        limit=int(args["limit"]),
+        pool_timeout=args["pool_timeout"],
+        connect_timeout=args["connect_timeout"],
+        read_timeout=args["read_timeout"],
+    )
+    try:
+        yield pool, heads
+    finally:
+        pool.close()
+        server.close()
+
+
+async def open_watch(pool: Pool, read_timeout: float | None = 5.0) -> http1.Stream:
+    data = pool.request_bytes("GET", "/api/v1/pods", {"watch": "1"}, {}, None, gzip=False)
+    return await pool.stream(data, "WATCH /api/v1/pods", read_timeout)
+
+
+async def test_a_stream_gives_its_body_as_it_comes_and_ends_empty() -> None:
+    steps: list[Step] = [STREAM_HEAD, chunk(b'{"type":"ADDED"}\n'), 0.2, chunk(b"tail\n")]
+    async with streaming([*steps, b"0\r\n\r\n"]) as (pool, heads):
+        stream = await open_watch(pool)
+        try:
+            assert stream.status == 200 and stream.headers["content-type"] == "application/json"
+            assert await stream.read() == b'{"type":"ADDED"}\n'  # before the rest was sent
+            assert await stream.read() == b"tail\n"
+            assert await stream.read() == b""
+            assert await stream.read() == b""  # and stays ended
+        finally:
+            stream.close()
+        assert b"GET /api/v1/pods?watch=1 HTTP/1.1" in heads[0]
+        assert b"gzip" not in heads[0].lower()  # read as it comes: not compressed
+
+
+async def test_a_stream_holds_no_pool_slot() -> None:
+    async with streaming([STREAM_HEAD]) as (pool, _):  # limit=1
+        first, second = await open_watch(pool), await open_watch(pool)
+        first.close()
+        second.close()
+
+
+async def test_a_silent_stream_is_a_read_timeout_but_a_slow_one_is_not() -> None:
+    slow: list[Step] = [STREAM_HEAD]
+    for n in range(5):  # a chunk every 0.1 s, 0.5 s in all: longer than the timeout
+        slow += [chunk(b"%d\n" % n), 0.1]
+    async with streaming([*slow, b"0\r\n\r\n"]) as (pool, _):
+        stream = await open_watch(pool, read_timeout=0.3)
+        got = b""
+        while data := await stream.read():
+            got += data
+        assert got == b"0\n1\n2\n3\n4\n"
+    async with streaming([STREAM_HEAD, chunk(b"one\n")]) as (pool, _):
+        stream = await open_watch(pool, read_timeout=0.3)
+        assert await stream.read() == b"one\n"
+        with pytest.raises(errors.TransportError, match="WATCH /api/v1/pods: ReadTimeout"):
+            await stream.read()
+    async with streaming([]) as (pool, _):  # no head either
+        with pytest.raises(errors.TransportError, match="ReadTimeout"):
+            await open_watch(pool, read_timeout=0.3)
+
+
+async def test_a_stream_cut_off_is_an_error_not_an_end() -> None:
+    async with streaming([STREAM_HEAD, chunk(b"half"), None]) as (pool, _):
+        stream = await open_watch(pool)
+        assert await stream.read() == b"half"
+        with pytest.raises(errors.TransportError, match="ServerDisconnected"):
+            await stream.read()
+
+
+async def test_an_error_answer_to_a_stream_is_read_whole() -> None:
+    gone = b'{"kind":"Status","code":410,"reason":"Expired"}'
+    answer = (
+        b"HTTP/1.1 410 Gone\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(gone), gone)
+    )
+    async with streaming([answer]) as (pool, _):
+        stream = await open_watch(pool)
+        assert stream.status == 410
+        assert await stream.read_all() == gone
+
+
+async def test_a_reader_behind_stops_the_reading_and_loses_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http1, "STREAM_BUFFER_BYTES", 1000)
+    parts = [bytes([65 + n % 26]) * 1000 for n in range(1000)]  # 1 MB, 1 kB a chunk
+    async with streaming([STREAM_HEAD, *map(chunk, parts), b"0\r\n\r\n"]) as (pool, _):
+        stream = await open_watch(pool)
+        await asyncio.sleep(0.3)  # everything is sent; the stream holds at most a read more
+        assert stream._buffered <= 1000 + 256 * 1024, stream._buffered  # asyncio's read size
+        got = b""
+        while data := await stream.read():
+            got += data
+        assert got == b"".join(parts)
