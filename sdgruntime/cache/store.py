@@ -105,16 +105,18 @@ def intern_strings(obj: MutableObj) -> MutableObj:
     copy of its text. Keys are shared already (orjson caches them). Objects of one kind
     repeat most of their short strings (namespaces, labels, images): 10000 slim pods of one
     namespace take about a quarter less memory, at ~6 us per object. Bounded by the
-    object's size: the walk is iterative, not recursive."""
-    stack: list[dict[str, Any] | list[Any]] = [obj]
+    object's size: the walk is iterative, not recursive. Exact type checks suffice: the
+    JSON decoders make plain dicts and lists only (and they are a fifth faster here)."""
+    stack: list[Any] = [obj]
     while stack:
         node = stack.pop()
-        pairs = node.items() if isinstance(node, dict) else enumerate(node)
+        pairs = node.items() if type(node) is dict else enumerate(node)
         for key, value in pairs:
-            if type(value) is str:
+            kind = type(value)
+            if kind is str:
                 if len(value) <= INTERN_MAX_LEN:
-                    node[key] = _intern(value)  # type: ignore[index]
-            elif isinstance(value, dict | list):
+                    node[key] = _intern(value)
+            elif kind is dict or kind is list:
                 stack.append(value)
     return obj
 
