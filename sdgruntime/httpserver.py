@@ -402,6 +402,11 @@ class HTTPServer:
         if handler is None:
             return Response.text("404 page not found\n", 404)
         try:
+            if self.handler_timeout is None:  # the handler bounds itself (the webhooks)
+                response = await handler(request)
+                if not isinstance(response, Response):
+                    raise TypeError(f"handler returned {type(response).__name__}, not Response")
+                return response
             with anyio.move_on_after(self.handler_timeout) as scope:
                 response = await handler(request)
             if scope.cancelled_caught:

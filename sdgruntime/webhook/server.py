@@ -18,6 +18,7 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -168,6 +169,7 @@ class WebhookServer:
     def _route(self, path: str, webhook: Webhook) -> Handler:
         latency = metrics.WEBHOOK_LATENCY.labels(webhook=path)
         in_flight = metrics.WEBHOOK_IN_FLIGHT.labels(webhook=path)
+        by_code: dict[int, Any] = {}  # the request counter per status (a few codes)
 
         async def handle(request: Request) -> Response:
             start = time.perf_counter()
@@ -180,7 +182,12 @@ class WebhookServer:
             finally:
                 in_flight.dec()
                 latency.observe(time.perf_counter() - start)
-                metrics.WEBHOOK_REQUESTS.labels(webhook=path, code=str(status)).inc()
+                counter = by_code.get(status)
+                if counter is None:
+                    counter = by_code[status] = metrics.WEBHOOK_REQUESTS.labels(
+                        webhook=path, code=str(status)
+                    )
+                counter.inc()
 
         return handle
 
