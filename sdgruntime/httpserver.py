@@ -435,7 +435,6 @@ class _Incoming:
 
     __slots__ = (
         "body",
-        "complete",
         "continue_due",
         "fields",
         "head_bytes",
@@ -458,7 +457,6 @@ class _Incoming:
         self.method = ""
         self.keep_alive = True
         self.continue_due = False  # "100 Continue" owed once it is the connection's turn
-        self.complete = False
 
 
 class _Connection(asyncio.Protocol):
@@ -680,7 +678,6 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         current, self._current = self._current, None
         assert current is not None
-        current.complete = True
         if self._closing or len(self._ready) >= _MAX_PIPELINED:
             self._give_back(current)  # not served: the client sees the close and may retry
             self._closing, self._discarding = True, True
@@ -753,7 +750,7 @@ class _Connection(asyncio.Protocol):
         keep = incoming.keep_alive and not last and not self._owner._stopping
         try:
             answer = _encode(response, head=request.method == "HEAD", close=not keep)
-        except ValueError as err:
+        except (ValueError, TypeError) as err:  # a header it cannot carry, a body not bytes
             log.error(
                 "%s handler for %s %s: %s", self._owner.name, request.method, request.path, err
             )

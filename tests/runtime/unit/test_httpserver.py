@@ -598,3 +598,18 @@ async def test_metrics_and_probes_can_share_one_port() -> None:
     async with running(probes) as srv, srv.client() as client:
         assert (await client.get("/healthz")).text == "ok"
         assert "workqueue_depth" in (await client.get("/metrics")).text
+
+
+async def test_a_response_header_with_a_line_break_is_never_sent() -> None:
+    """A handler that echoes input into a header cannot split the answer."""
+
+    async def echoing(request: Request) -> Response:
+        return Response.text("hi", headers={"x-echo": request.query_value("v") or ""})
+
+    server = HTTPServer("127.0.0.1", 0, {"/echoing": echoing})
+    async with running(server) as srv, srv.client() as client:
+        r = await client.get("/echoing", params={"v": "a\r\nx-injected: 1"})
+        assert r.status_code == 500 and "x-injected" not in r.headers
+        assert r.headers["connection"] == "close"
+        r = await client.get("/echoing", params={"v": "fine"})
+        assert r.status_code == 200 and r.headers["x-echo"] == "fine"
