@@ -70,6 +70,14 @@ class _Failed(Exception):
 _P = TypeVar("_P", bound=asyncio.Protocol)
 
 
+def _add_header(headers: dict[str, str], name: bytes, value: bytes) -> None:
+    """One header field into ``headers`` (lower-case names; a repeated one joined)."""
+    key = name.decode("latin-1").lower()
+    text = value.decode("latin-1")
+    old = headers.get(key)
+    headers[key] = text if old is None else f"{old}, {text}"
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; :meth:`send` answers one request at a time."""
 
@@ -112,10 +120,7 @@ class _Connection(asyncio.Protocol):
     # --- httptools callbacks -------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        old = self._headers.get(key)
-        self._headers[key] = text if old is None else f"{old}, {text}"
+        _add_header(self._headers, name, value)
 
     def on_headers_complete(self) -> None:
         if self._head:
@@ -438,10 +443,7 @@ class Stream(asyncio.Protocol):
             self._fail(_Failed(f"ServerDisconnected: {exc}" if exc else "ServerDisconnected"))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        old = self.headers.get(key)
-        self.headers[key] = text if old is None else f"{old}, {text}"
+        _add_header(self.headers, name, value)
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()

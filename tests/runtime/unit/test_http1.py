@@ -66,14 +66,11 @@ class Peer:
             writer.close()
 
 
-@asynccontextmanager
-async def serving(script: Script, **pool_args: float) -> AsyncIterator[tuple[Pool, Peer]]:
-    peer = Peer(script)
-    server = await asyncio.start_server(peer.serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+def plain_pool(port: int, **pool_args: float) -> Pool:
+    """A pool to 127.0.0.1:``port`` over plain HTTP, 5 s for every timeout by default."""
     args = {"limit": 4, "pool_timeout": 5.0, "connect_timeout": 5.0, "read_timeout": 5.0}
     args.update(pool_args)
-    pool = Pool(
+    return Pool(
         f"http://127.0.0.1:{port}",
         None,  # type: ignore[arg-type]  # plain HTTP: no TLS context is used
         None,
@@ -82,6 +79,14 @@ async def serving(script: Script, **pool_args: float) -> AsyncIterator[tuple[Poo
         connect_timeout=args["connect_timeout"],
         read_timeout=args["read_timeout"],
     )
+
+
+@asynccontextmanager
+async def serving(script: Script, **pool_args: float) -> AsyncIterator[tuple[Pool, Peer]]:
+    peer = Peer(script)
+    server = await asyncio.start_server(peer.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = plain_pool(port, **{"limit": 4, **pool_args})
     try:
         yield pool, peer
     finally:
@@ -329,17 +334,7 @@ async def streaming(
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    args = {"limit": 1, "pool_timeout": 5.0, "connect_timeout": 5.0, "read_timeout": 5.0}
-    args.update(pool_args)
-    pool = Pool(
-        f"http://127.0.0.1:{port}",
-        None,  # type: ignore[arg-type]  # plain HTTP
-        None,
-        limit=int(args["limit"]),
-        pool_timeout=args["pool_timeout"],
-        connect_timeout=args["connect_timeout"],
-        read_timeout=args["read_timeout"],
-    )
+    pool = plain_pool(port, **{"limit": 1, **pool_args})
     try:
         yield pool, heads
     finally:
