@@ -138,9 +138,10 @@ class PodMutator:
         cache not synced yet says nothing: the choice falls back to unverified env)."""
         name = self.delivery.runtime_class_name
         try:
-            return {name: self.cache.get(RUNTIMECLASSES, name, copy=False)}
-        except (errors.NotFound, CacheNotSynced):
+            found = self.cache.find(RUNTIMECLASSES, name, copy=False)
+        except CacheNotSynced:
             return {}
+        return {name: found} if found is not None else {}
 
     def forget_group(self, group: Mapping[str, Any]) -> None:
         """The group was deleted: forget that it was warned about (the informer's delete

@@ -115,6 +115,9 @@ async def serve(cert_dir: str, port_file: str) -> None:
                 raise errors.NotFound(name)
             return obj
 
+        def find(self, kind: Any, name: str, namespace: str | None = None, *, copy: bool = True):
+            return None  # no RuntimeClass: the pod mutator's one lookup that may miss
+
     server = WebhookServer("127.0.0.1", 0, cert_dir)
     server.register("/mutate-v1-pod", PodMutator(Cache(), None))  # type: ignore[arg-type]
     async with anyio.create_task_group() as tg:

@@ -54,11 +54,11 @@ class RecordingCache(Cache):
         super().__init__(as_client(client))
         self.gets: list[str] = []
 
-    def get(
+    def find(
         self, kind: Kind, name: str, namespace: str | None = None, *, copy: bool = True
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:  # get reads through find
         self.gets.append(name if kind == SDG_KIND else f"{kind.kind}/{name}")
-        return super().get(kind, name, namespace, copy=copy)
+        return super().find(kind, name, namespace, copy=copy)
 
 
 @asynccontextmanager

@@ -71,11 +71,14 @@ async def test_configmap_creates_updates_and_deletes_are_reconciled(
         """Records what the cache holds for each request (None once deleted)."""
 
         async def reconcile(self, request: Request) -> None:
+            found = mgr.cache.find(CONFIGMAPS, request.name, request.namespace)
             try:
                 obj = mgr.cache.get(CONFIGMAPS, request.name, request.namespace)
             except errors.NotFound:
+                assert found is None  # find says None where get says NotFound
                 seen.append((request.name, None))
                 return
+            assert found == obj
             seen.append((request.name, (obj.get("data") or {}).get("v")))
 
     mgr.controller("cm-mirror").for_(CONFIGMAPS).complete(Mirror())

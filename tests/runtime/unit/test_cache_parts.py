@@ -101,7 +101,12 @@ def test_a_read_before_sync_is_not_a_not_found() -> None:
     from sdgruntime.cache import Cache, CacheNotSynced
 
     cache = Cache(as_client(FakeClient()))  # never run: nothing syncs
-    for read in (lambda: cache.get(PODS, "p", "ns"), lambda: cache.list(SDGS)):
+    reads = (
+        lambda: cache.get(PODS, "p", "ns"),
+        lambda: cache.find(PODS, "p", "ns"),
+        lambda: cache.list(SDGS),
+    )
+    for read in reads:
         with pytest.raises(CacheNotSynced, match="has not synced") as info:
             read()
         assert not isinstance(info.value, errors.NotFound)
