@@ -463,12 +463,15 @@ async def test_metrics_follow_client_go() -> None:
     assert m("workqueue_work_duration_seconds_count") == 1.0
     assert m("workqueue_work_duration_seconds_sum") == 3.0
     assert m("workqueue_depth") == 1.0
+    # b is still in flight: the gauges wait for the owner's periodic refresh ...
+    assert m("workqueue_unfinished_work_seconds") == 4.0
+    q.update_unfinished_work()
     assert m("workqueue_unfinished_work_seconds") == 1.0
     assert m("workqueue_longest_running_processor_seconds") == 1.0
     assert await q.get() == "a"  # re-added at t=1.5, handed out at t=4.5
     assert m("workqueue_queue_duration_seconds_sum") == 8.0
     q.done("a")
-    q.done("b")
+    q.done("b")  # ... but the last one done zeroes them at once
     assert m("workqueue_unfinished_work_seconds") == 0.0
     assert m("workqueue_longest_running_processor_seconds") == 0.0
     assert m("workqueue_depth") == 0.0
