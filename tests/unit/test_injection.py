@@ -1267,3 +1267,38 @@ def test_the_delivered_stamp_names_uuids_and_every_resource() -> None:
         "mode=env env:AMD_VISIBLE_DEVICES=0 env:NVIDIA_VISIBLE_DEVICES=GPU-ddd "
         "off:ASCEND_VISIBLE_DEVICES domain:amd.com domain:huawei.com domain:nvidia.com"
     )
+
+
+def _shapes() -> list[dict[str, Any]]:
+    """Group pods of many shapes: what the pod webhook's reuse of decisions must cover."""
+    with_env = pod(containers=[{"name": "a", "env": [GPUS, {"name": "X", "value": "1"}]}])
+    init = pod(init=[{"name": "i", "restartPolicy": "Always"}], scheduler="default-scheduler")
+    cdi = pod()
+    cdi["metadata"]["annotations"]["cdi-devices.nri.io/pod"] = '["nvidia.com/gpu=all"]'
+    tolerating = pod()
+    tolerating["spec"]["tolerations"] = [NO_SCHEDULE]
+    return [pod(), with_env, init, cdi, tolerating]
+
+
+@pytest.mark.parametrize("mode", ["env", "cdi", "runtimeclass", "auto"])
+@pytest.mark.parametrize("shape", range(len(_shapes())))
+def test_a_patch_depends_on_no_pod_identity_and_no_pod_count(shape: int, mode: str) -> None:
+    """The pod webhook reuses a decision for pods that differ only in name, generateName,
+    UID, creationTimestamp, resourceVersion and managedFields, and for a group whose pod
+    counts changed (``webhooks.podmutator.decision_key``): the patch must not read them."""
+    one, two = _shapes()[shape], _shapes()[shape]
+    two["metadata"].update(
+        name="other",
+        generateName="web-",
+        uid="u-2",
+        creationTimestamp="2026-12-06T00:00:00Z",
+        resourceVersion="7",
+        managedFields=[{"manager": "m", "operation": "Update"}],
+    )
+    counted = factories.group("g", {GPU: 2}, node="n1", devices={GPU: "0,1"}, pods=["ns/a", "ns/b"])
+    counted["status"]["allocatedPodCounts"] = {"ns": 2}
+    delivery = Delivery(mode)
+    first = build_injection(one, group(), delivery=delivery)
+    second = build_injection(two, counted, delivery=delivery)
+    assert isinstance(first, Patch) and isinstance(second, Patch)
+    assert first == second and first.delivery == second.delivery

@@ -376,3 +376,85 @@ async def test_the_missing_names_are_bounded_and_expire(monkeypatch: pytest.Monk
     client.actions.clear()
     await mutator._group(f"g{podmutator.MAX_MISSING}")
     assert gets(client) == [f"g{podmutator.MAX_MISSING}"]  # expired: asked again
+
+
+def template_pod(name: str, uid: str) -> dict[str, Any]:
+    """A pod of one template (a Deployment's, a Job's): only its identity differs."""
+    pod = new_pod()
+    pod["metadata"].update(
+        name=name,
+        uid=uid,
+        creationTimestamp=f"2026-12-06T00:00:0{len(name) % 10}Z",
+        managedFields=[{"manager": "kubectl", "time": uid}],
+    )
+    return pod
+
+
+def devices_in(patch: list[dict[str, Any]] | None) -> str:
+    return str(annotations_of(patch)["deviceshare.io~1devices"])
+
+
+async def test_pods_of_one_template_reuse_one_decision_until_an_input_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second pod of a template is admitted from the first one's decision; a new
+    count of the group's pods keeps it, while a new device, node label or RuntimeClass
+    decides afresh (no pod gets a stale patch)."""
+    decided: list[str] = []
+    real = podmutator.build_injection
+
+    def counting(pod: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        decided.append(pod["metadata"]["name"])
+        return real(pod, *args, **kwargs)
+
+    monkeypatch.setattr(podmutator, "build_injection", counting)
+    node = labelled("n1", None)
+    async with cached((SDG_KIND, BOUND), (NODES, node)) as (cache, server):
+        mutator = PodMutator(cache, as_client(live()))
+
+        async def admit(name: str) -> list[dict[str, Any]]:
+            response = await mutator.mutate(review("CREATE", template_pod(name, name)))
+            assert response.allowed and response.patch
+            return response.patch
+
+        first = await admit("p1")
+        assert await admit("p2") == first
+        assert decided == ["p1"]
+
+        counted = factories.group("g", {GPU: 1}, node="n1", devices={GPU: "0"}, pods=["ns/p1"])
+        await server.update_status(SDG_KIND, counted)
+        await settle()
+        assert await admit("p3") == first
+        assert decided == ["p1"]
+
+        moved = factories.group("g", {GPU: 1}, node="n1", devices={GPU: "3"}, pods=["ns/p1"])
+        await server.update_status(SDG_KIND, moved)
+        await settle()
+        assert devices_in(await admit("p4")) == '{"nvidia.com/gpu":"3"}'
+        assert decided == ["p1", "p4"]
+
+        await server.update(NODES, labelled("n1", "cdi"))
+        await settle()
+        cdi = annotations_of(await admit("p5"))
+        assert cdi["cdi-devices.noderesource.dev~1container.app"] == '["nvidia.com/gpu=3"]'
+        assert decided == ["p1", "p4", "p5"]
+
+
+async def test_denials_are_decided_every_time_and_the_decisions_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(podmutator, "MAX_DECISIONS", 2)
+    groups = [(SDG_KIND, bound(name, f"u-{name}")) for name in ("g", "h", "k")]
+    async with cached(*groups) as (cache, _):
+        mutator = PodMutator(cache, as_client(live()))
+        for name in ("g", "h", "k"):
+            pod = new_pod()
+            pod["metadata"]["annotations"]["deviceshare.io/group"] = name
+            assert (await mutator.mutate(review("CREATE", pod))).allowed
+        assert len(mutator._decisions) == 2
+        bad = new_pod()
+        bad["spec"]["nodeName"] = "elsewhere"
+        for _ in range(2):
+            response = await mutator.mutate(review("CREATE", bad))
+            assert not response.allowed and "spec.nodeName elsewhere" in response.message
+        assert len(mutator._decisions) == 2
