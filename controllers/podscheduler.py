@@ -13,11 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable, Container, Iterator, Mapping
 from typing import Any
 
-import anyio
 from opentelemetry import trace
 
 from api.conditions import find_condition, rfc3339
@@ -83,7 +81,6 @@ class PodScheduler:
         self.cache = cache
         self.recorder = recorder
         self.scheduler_name = scheduler_name
-        self._locks: defaultdict[str, anyio.Lock] = defaultdict(anyio.Lock)
         self._assumed = AssumedPods()
         self._tell = BurstTeller()
 
@@ -110,10 +107,11 @@ class PodScheduler:
                 return await self._unschedulable(pod, stale, span, started)
             span.set_attribute("sdg.candidates", 1)
             node_name = node["metadata"]["name"]
-            async with self._locks[node_name]:
-                reasons = pod_fits_node(pod, node, self._pods_on(node_name))
-                if not reasons:
-                    self._assumed.assume(key, node_name, pod)
+            # No await from the fit check to the assume: no other worker runs between them
+            # (one event loop), so two pods never both take a node's last room.
+            reasons = pod_fits_node(pod, node, self._pods_on(node_name))
+            if not reasons:
+                self._assumed.assume(key, node_name, pod)
             if reasons:
                 span.set_attribute(f"sdg.filter.{node_name}", "; ".join(reasons))
                 msg = f"0/1 nodes are available: group node {node_name}: " + "; ".join(reasons)
