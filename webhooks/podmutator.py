@@ -62,6 +62,9 @@ MAX_MISSING = 4096
 #: Decisions remembered (the least recently used forgotten first): the pods of a Deployment
 #: or Job differ only in their names, so all but the first reuse one patch (~70 us each).
 MAX_DECISIONS = 1024
+#: ... and at most this many bytes of their JSON patches: a pod of thousands of containers
+#: has a patch as large, and a flood of such shapes must not hold 1024 of them.
+MAX_DECISION_BYTES = 4 << 20
 #: What tells two pods of one template apart and never changes the decision (a test holds
 #: ``build_injection`` to that), and the group's pod counts, rewritten as pods come.
 _POD_IDENTITY = frozenset(
@@ -152,9 +155,10 @@ class PodMutator:
         self._warned: OrderedDict[str, None] = OrderedDict()
         #: Group name -> until when a live GET is not repeated for it (it was missing).
         self._missing: OrderedDict[str, float] = OrderedDict()
-        #: ``decision_key`` -> the patch it gave (denials are decided afresh: they are rare
-        #: and name what the pod did).
-        self._decisions: OrderedDict[bytes, Patch] = OrderedDict()
+        #: ``decision_key`` -> the patch it gave and its size in bytes (denials are decided
+        #: afresh: they are rare and name what the pod did); ``_decision_bytes`` their sum.
+        self._decisions: OrderedDict[bytes, tuple[Patch, int]] = OrderedDict()
+        self._decision_bytes = 0
 
     async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = request.object or {}
@@ -191,16 +195,21 @@ class PodMutator:
         return patch_ops(result.operations, warnings=result.warnings)
 
     def _recall(self, key: bytes | None) -> Patch | None:
-        found = self._decisions.get(key) if key is not None else None
-        if found is not None:
-            self._decisions.move_to_end(key)  # type: ignore[arg-type]
-        return found
+        if key is None or (found := self._decisions.get(key)) is None:
+            return None
+        self._decisions.move_to_end(key)
+        return found[0]
 
     def _remember(self, key: bytes | None, patch: Patch) -> Patch:
-        if key is not None:
-            self._decisions[key] = patch
-            while len(self._decisions) > MAX_DECISIONS:
-                self._decisions.popitem(last=False)
+        """Keep ``patch`` under ``key`` within both bounds (the oldest go first); a patch
+        larger than the byte bound alone is not kept."""
+        size = len(dumps(patch.operations)) + sum(map(len, patch.warnings))
+        if key is None or size > MAX_DECISION_BYTES:
+            return patch
+        self._decisions[key] = (patch, size)
+        self._decision_bytes += size
+        while len(self._decisions) > MAX_DECISIONS or self._decision_bytes > MAX_DECISION_BYTES:
+            self._decision_bytes -= self._decisions.popitem(last=False)[1][1]
         return patch
 
     def _runtime_classes(self) -> dict[str, Mapping[str, Any]]:
