@@ -139,6 +139,13 @@ class Settings(BaseModel):
     log_format: Literal["json", "text"] = Field(
         "text", description="text, or json for log pipelines"
     )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description=(
+            "the event loop: uvloop (its TLS and transports are compiled: less CPU per "
+            "webhook review and watch event), asyncio, or auto: uvloop where installed"
+        ),
+    )
     device_env: list[str] = Field(
         default_factory=list,
         description=(

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
@@ -516,7 +516,8 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)  # TCP or TLS
+        # TCP or TLS; uvloop's transports have the interface without the base class
+        transport = cast(asyncio.Transport, transport)
         owner = self._owner
         peer = transport.get_extra_info("peername")
         client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
@@ -892,7 +893,7 @@ class _Refusal(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's: no base class
         self._owner._refusing.add(self)
         self._transport = transport
         transport.write(_raw_answer(503, self._message, retry_after=True))

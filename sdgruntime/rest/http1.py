@@ -28,7 +28,7 @@ import ssl
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode, urlsplit
 
 import httptools
@@ -99,7 +99,7 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's: no base class
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:
@@ -427,7 +427,7 @@ class Stream(asyncio.Protocol):
     # --- asyncio.Protocol and httptools callbacks ----------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's: no base class
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:

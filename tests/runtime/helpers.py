@@ -12,6 +12,7 @@ from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
+import pytest
 
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
@@ -20,6 +21,19 @@ from sdgruntime.kinds import Kind
 
 Obj = dict[str, Any]
 C = TypeVar("C", bound=Cache)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("asyncio", id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    ]
+)
+def both_event_loops(request: pytest.FixtureRequest) -> object:
+    """An ``anyio_backend`` for transport tests: each runs on asyncio's own loop and on
+    uvloop's (the manager's by default), whose transports and TLS are other code. A module
+    takes it with ``from tests.runtime.helpers import both_event_loops as anyio_backend``."""
+    return request.param
 
 
 async def settle() -> None:

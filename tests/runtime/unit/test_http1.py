@@ -16,6 +16,7 @@ from sdgruntime import errors
 from sdgruntime.rest import http1
 from sdgruntime.rest.http1 import Pool
 from sdgruntime.rest.retry import RequestNotSent
+from tests.runtime.helpers import both_event_loops as anyio_backend  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 

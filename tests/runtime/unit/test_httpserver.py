@@ -15,6 +15,7 @@ import pytest
 
 from sdgruntime.httpserver import HTTPServer, Request, Response, Router
 from sdgruntime.probes import MetricsServer, ProbeServer, metrics_handler, parse_addr
+from tests.runtime.helpers import both_event_loops as anyio_backend  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from sdgruntime.httpserver import HTTPServer
 from sdgruntime.manager import Manager, ManagerOptions
+from tests.runtime.helpers import both_event_loops as anyio_backend  # noqa: F401
 from tests.runtime.unit.test_httpserver import RawReader, Serving, _until, make_server, running
 
 pytestmark = pytest.mark.anyio

@@ -39,6 +39,7 @@ from sdgruntime.webhook.admission import ReviewError, parse_review
 from sdgruntime.webhook.certs import fingerprint
 from sdgruntime.webhook.jsonpatch import diff, escape, json_equal
 from tests.runtime.helpers import as_client
+from tests.runtime.helpers import both_event_loops as anyio_backend  # noqa: F401
 
 # --- certificates -------------------------------------------------------------------
 
