@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.util
 import json
 import logging
 import sys
@@ -75,13 +74,18 @@ def use_uvloop(event_loop: str) -> bool:
     """Whether ``--event-loop`` runs the manager on uvloop: the same asyncio code with its
     transports and TLS in C, 7% less manager CPU per pod in S1 (hack/bench/RESULTS.md,
     session 33). ``uvloop`` where it is not installed is an error that says so."""
-    installed = importlib.util.find_spec("uvloop") is not None
-    if event_loop == "uvloop" and not installed:
-        raise SystemExit(
-            "sdg-manager: --event-loop=uvloop, but uvloop is not installed: "
-            "pip install uvloop, or use --event-loop=auto"
-        )
-    return event_loop != "asyncio" and installed
+    if event_loop == "asyncio":
+        return False
+    try:
+        import uvloop  # noqa: F401  (anyio's use_uvloop imports it to make the loop)
+    except ImportError:
+        if event_loop == "uvloop":
+            raise SystemExit(
+                "sdg-manager: --event-loop=uvloop, but uvloop is not installed: "
+                "pip install uvloop, or use --event-loop=auto"
+            ) from None
+        return False
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:

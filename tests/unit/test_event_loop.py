@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 
 import anyio
 import pytest
@@ -25,10 +25,7 @@ def test_asyncio_turns_uvloop_off() -> None:
 def test_without_uvloop_auto_falls_back_and_uvloop_says_what_is_missing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a)
-    )
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop: ImportError
     assert use_uvloop("auto") is False
     with pytest.raises(SystemExit, match="uvloop is not installed: pip install uvloop"):
         use_uvloop("uvloop")
