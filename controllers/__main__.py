@@ -91,6 +91,7 @@ def use_uvloop(event_loop: str) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse(argv)
     setup_logging(settings)
+    uvloop = use_uvloop(settings.event_loop)
     if "auto" in (settings.resource_slices, settings.device_taint_rules):
         kinds = anyio.run(resource_kinds_served, settings)
         update = {}
@@ -109,7 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     provider = setup_tracing("deviceshare-manager")
     sdg = SDG(settings, tracer_provider=provider)
-    uvloop = use_uvloop(settings.event_loop)
     logging.getLogger(__name__).info("event loop: %s", "uvloop" if uvloop else "asyncio")
     tune_gc()
     with contextlib.suppress(KeyboardInterrupt):

@@ -5,6 +5,7 @@ per-process CPU and memory from /proc.
 Used by ``compare.py`` and ``raw_binder.py``; needs the ``bench`` extra (aiohttp). With
 ``lean=True`` (the control runs ``floor.py`` and ``status_floor.py``), requests go through
 sdgruntime's own request pool, the cheapest Python path SDG has, so a floor stays a floor.
+The floors run on uvloop where it is installed (``run_loop``), as the manager does.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import ssl
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,16 @@ import yaml
 from sdgruntime.rest.http1 import Pool
 
 Obj = dict[str, Any]
+
+
+def run_loop(main: Coroutine[Any, Any, dict[str, object]]) -> dict[str, object]:
+    """``asyncio.run(main)`` on uvloop where installed: the manager's default loop
+    (``--event-loop=auto``), so a control run stays a like-for-like floor."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def ssl_context(kubeconfig: str | Path) -> tuple[str, ssl.SSLContext]:

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _kube import ApiError, Kube
+from _kube import ApiError, Kube, run_loop
 
 from sdgruntime.httpserver import HTTPServer, Request, Response
 
@@ -225,7 +225,7 @@ def main() -> int:
     parser.add_argument("--nodes", required=True, type=Path)
     parser.add_argument("--in-flight", type=int, default=32)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(Floor(args).run())), flush=True)
+    print(json.dumps(run_loop(Floor(args).run())), flush=True)
     return 0
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _kube import ApiError, Kube
+from _kube import ApiError, Kube, run_loop
 from aiohttp import web
 
 Obj = dict[str, Any]
@@ -160,7 +160,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, required=True, help="for GET /readyz")
     parser.add_argument("--writers", type=int, default=8)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args))), flush=True)
+    print(json.dumps(run_loop(run(args))), flush=True)
     return 0
 
 
