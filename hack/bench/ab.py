@@ -1,4 +1,5 @@
-"""A/B of SDG's own phases: S3 + S1 and S3b + S4 of ``compare.py``, SDG's manager only.
+"""A/B of SDG's own phases: S3 + S1 and S3b + S4 of ``compare.py``, SDG's manager only
+(``--only s8``: S8's webhook latency, with a manager that serves webhooks and does not lead).
 
 For before/after runs of one change: run it from each tree in turn (``ROOT`` is the tree
 whose manager and bench code run), alternating, on a quiet machine. Prints each phase's
@@ -6,7 +7,7 @@ wall and CPU seconds and the API server's writes; ``--py-spy`` profiles the mana
 and S4, and ``--work-dir`` keeps the raw stacks (``py-spy-s1.txt``, ``py-spy-s4.txt``).
 About 2.5 minutes at full scale on 2 cores.
 
-    python hack/bench/ab.py ROOT OUT.json [--only s1|s4] [--py-spy] [--work-dir DIR]
+    python hack/bench/ab.py ROOT OUT.json [--only s1|s4|s8] [--py-spy] [--work-dir DIR]
 
 Part of the benchmarks, not of SDG.
 """
@@ -20,24 +21,24 @@ import sys
 from typing import Any
 
 
-def phases(only: str | None) -> tuple[bool, bool]:
-    """Whether S1 and S4 run: both, unless ``only`` names one."""
-    if only not in (None, "s1", "s4"):
-        raise ValueError(f"--only takes s1 or s4, not {only!r}")
-    return only in (None, "s1"), only in (None, "s4")
+def phases(only: str | None) -> tuple[bool, bool, bool]:
+    """Whether S1, S4 and S8 run: S1 and S4, unless ``only`` names one phase."""
+    if only not in (None, "s1", "s4", "s8"):
+        raise ValueError(f"--only takes s1, s4 or s8, not {only!r}")
+    return only in (None, "s1"), only in (None, "s4"), only == "s8"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("root", help="the tree to run (its manager and its compare.py)")
     p.add_argument("out", help="the results as JSON")
-    p.add_argument("--only", choices=("s1", "s4"))
+    p.add_argument("--only", choices=("s1", "s4", "s8"))
     p.add_argument("--py-spy", action="store_true")
     p.add_argument("--work-dir")
     p.add_argument("--scale", default="full", choices=("full", "small"))
     p.add_argument("--manager-flag", action="append", default=[])
     a = p.parse_args(argv)
-    run_s1, run_s4 = phases(a.only)
+    run_s1, run_s4, run_s8 = phases(a.only)
     sys.path[:0] = [a.root, f"{a.root}/hack/bench"]
     import compare as c  # the tree's own, from ROOT
 
@@ -47,10 +48,32 @@ def main(argv: list[str] | None = None) -> int:
 
         async def scenarios(self) -> None:
             sc, kube, env = self.scale, self.kube, self.env
-            for ns in ("s1-sdg", "s4-sdg"):
+            for ns in ("s1-sdg", "s4-sdg", "s8-on", "s8-off"):
                 await c.ensure_namespace(kube, ns)
             await c.create_nodes(kube, 0, sc.nodes, self.args.in_flight)
             groups = [f"g-{i:04d}" for i in range(sc.groups)]
+            if run_s8:
+                mgr, _, _ = await env.manager("s3")
+                self.procs.append(mgr)
+                await self.s3_groups(mgr, groups, "S3")
+                await self.stop(mgr)
+                await c.hold_lease(kube, "bench-holds-the-lease", 3600)
+                mgr, port, _ = await env.manager("s8")
+                self.procs.append(mgr)
+                self.out["s8"] = await self.s8(mgr, port, groups)
+                text = await c.manager_metrics(mgr) or ""
+                self.out["s8_metrics"] = [
+                    line
+                    for line in text.splitlines()
+                    if line.startswith(("sdgruntime_http", "controller_runtime_webhook"))
+                ]
+                assert kube.session is not None
+                async with kube.session.get("/metrics") as resp:
+                    text = await resp.text()
+                self.out["s8_apiserver_metrics"] = [
+                    line for line in text.splitlines() if "admission" in line and "pod" in line
+                ]
+                await self.stop(mgr)
             if run_s1:
                 mgr, port, _ = await env.manager("s1")
                 self.procs.append(mgr)
@@ -91,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     for ph in out["phases"]:
         cpu = {k: round(v, 2) for k, v in ph["cpu"].items()}
         print(ph["name"], round(ph["wall"], 1), cpu, ph.get("writes"))
-    for key in ("s1_sdg", "s4_sdg"):
+    for key in ("s1_sdg", "s4_sdg", "s8"):
         if key in out:
             print(key, out[key])
     return 0

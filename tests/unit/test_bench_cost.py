@@ -11,6 +11,7 @@ from hack.bench.compare import (
     cost_parts,
     cost_rows,
     s4_rows,
+    s8_rows,
     webhook_detail,
 )
 
@@ -129,3 +130,24 @@ def test_s4_rows_put_sdg_and_kopf_over_the_status_floor() -> None:
 def test_s4_rows_without_the_floor_are_s4_alone() -> None:
     out = {"s4_sdg": s4(6.0, 4.0), "s4_kopf": s4(12.0, 16.0)}
     assert [r[0] for r in s4_rows(out)] == ["S4"]
+
+
+def s8(on_p99: float, off_p99: float) -> dict[str, Any]:
+    return {
+        "on": {"latency": {"p99": on_p99}, "rate": 200.0},
+        "off": {"latency": {"p99": off_p99}, "rate": 200.0},
+        "rounds": 4,
+    }
+
+
+def test_s8_floor_row_says_how_much_of_the_added_p99_is_sdgs_own() -> None:
+    out = {"s8": s8(0.030, 0.010), "s8_floor": s8(0.024, 0.012)}
+    (row, floor) = s8_rows(out, "2000 creates each")
+    assert row[0] == "S8" and row[2] == "+20.0 ms (p99 30.0 ms)" and row[4] == "4.00x"
+    assert floor[0] == "S8 floor"
+    assert floor[2] == "floor +12.0 ms (p99 24.0 ms); SDG +8.0 ms over the floor"
+    assert floor[3] == "no webhook: p99 12.0 ms" and floor[4] == "2.40x"
+
+
+def test_s8_rows_without_the_floor_are_s8_alone() -> None:
+    assert [r[0] for r in s8_rows({"s8": s8(0.02, 0.01)}, "2000 creates each")] == ["S8"]
