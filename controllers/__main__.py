@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -70,6 +72,29 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
+#: Allocations from this size up get their own mmap, returned to the system when freed
+#: (glibc's starting M_MMAP_THRESHOLD, 128 KiB).
+MMAP_THRESHOLD = 128 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def tune_malloc() -> bool:
+    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD``, as ``MALLOC_MMAP_THRESHOLD_`` in
+    the image does, however the manager is started. Left dynamic, glibc raises it after
+    the first big free (the initial lists), so every connection's 256 KiB TLS buffers and
+    the big watch and list chunks land in the heap and leave holes: 12 MiB more RSS after
+    a cold start with 10000 pods on uvloop, and a slow creep under churn (hack/bench/
+    RESULTS.md, sessions 18 and 34). False where it is not glibc or the environment
+    already sets the threshold (the user's value stands)."""
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
 def use_uvloop(event_loop: str) -> bool:
     """Whether ``--event-loop`` runs the manager on uvloop: the same asyncio code with its
     transports and TLS in C, 7% less manager CPU per pod in S1 (hack/bench/RESULTS.md,
@@ -90,6 +115,7 @@ def use_uvloop(event_loop: str) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse(argv)
+    tune_malloc()
     setup_logging(settings)
     uvloop = use_uvloop(settings.event_loop)
     if "auto" in (settings.resource_slices, settings.device_taint_rules):

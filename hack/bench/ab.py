@@ -1,4 +1,5 @@
-"""A/B of SDG's own phases: S3 + S1 and S3b + S4 of ``compare.py``, SDG's manager only
+"""A/B of SDG's own phases: S3 + S1 and S3b + S4 + S6/S7 of ``compare.py``, SDG's
+manager only
 (``--only s8``: S8's webhook latency, with a manager that serves webhooks and does not lead).
 
 For before/after runs of one change: run it from each tree in turn (``ROOT`` is the tree
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                     spy = c.PySpy(mgr.pid, mgr.log_path.parent / "py-spy-s4.txt")
                 await self.s4(mgr, "s4-sdg", groups + more, "S4: status convergence, SDG", spy)
                 await self.stop(mgr)
+                await self.s6_s7()  # with S4's pods, groups and nodes in place
 
     args = argparse.Namespace(
         scale=a.scale,
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     for ph in out["phases"]:
         cpu = {k: round(v, 2) for k, v in ph["cpu"].items()}
         print(ph["name"], round(ph["wall"], 1), cpu, ph.get("writes"))
-    for key in ("s1_sdg", "s4_sdg", "s8"):
+    for key in ("s1_sdg", "s4_sdg", "s6_sdg", "s6_objects", "s7_sdg", "s8"):
         if key in out:
             print(key, out[key])
     return 0
