@@ -31,9 +31,10 @@ LABEL org.opencontainers.image.title="sdg-manager" \
       org.opencontainers.image.licenses="Apache-2.0"
 # MALLOC_MMAP_THRESHOLD_: a fixed glibc mmap threshold (128 KiB, its default start). Left
 # dynamic, glibc raises it after the first big free, and then every TLS connection's 256 KiB
-# buffer (asyncio's) lands in the heap and leaves a hole when the connection closes: the
-# manager's RSS crept ~0.4 MiB/min under churn with nothing held (hack/bench/RESULTS.md,
-# session 18); fixed, big buffers are mmapped and returned when freed.
+# buffer lands in the heap and leaves a hole when the connection closes: the manager's RSS
+# crept ~0.4 MiB/min under churn with nothing held (hack/bench/RESULTS.md, session 18);
+# fixed, big buffers are mmapped and returned when freed. The manager sets the same itself
+# where this is unset (controllers.__main__.tune_malloc); here it covers the whole image.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     MALLOC_MMAP_THRESHOLD_=131072 \
