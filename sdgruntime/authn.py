@@ -16,7 +16,6 @@ import hashlib
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -25,6 +24,7 @@ from sdgruntime import errors
 from sdgruntime.client import Client
 from sdgruntime.httpserver import Handler, Request, Response
 from sdgruntime.kinds import Kind
+from sdgruntime.lru import LRU
 
 __all__ = [
     "SUBJECTACCESSREVIEWS",
@@ -67,7 +67,7 @@ class TTLCache(Generic[K, V]):
         self.ttl = ttl
         self.max_entries = max_entries
         self._clock = clock
-        self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
+        self._items: LRU[K, tuple[float, V]] = LRU(max_entries)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -79,18 +79,14 @@ class TTLCache(Generic[K, V]):
             return False, None
         expires, value = item
         if self._clock() >= expires:
-            del self._items[key]
+            self._items.pop(key)
             return False, None
-        self._items.move_to_end(key)
         return True, value
 
     def put(self, key: K, value: V) -> None:
         if self.ttl <= 0:
             return
-        self._items[key] = (self._clock() + self.ttl, value)
-        self._items.move_to_end(key)
-        while len(self._items) > self.max_entries:
-            self._items.popitem(last=False)
+        self._items.put(key, (self._clock() + self.ttl, value))
 
 
 class ReviewLimiter:

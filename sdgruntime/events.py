@@ -25,6 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from sdgruntime import errors
 from sdgruntime.kinds import EVENTS
+from sdgruntime.lru import LRU
 
 if TYPE_CHECKING:
     from sdgruntime.client import Client
@@ -116,7 +117,7 @@ class EventRecorder:
         #: identity (UID, else kind/namespace/name) -> its keys in ``_seen`` (for ``forget``)
         self._keys_of: dict[str, list[tuple[str, ...]]] = {}
         #: identities of deleted objects, newest last, at most GONE_KEPT
-        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._gone: LRU[str, None] = LRU(GONE_KEPT)
         # set while run() takes events; None before, while stopping, and after
         self._send: MemoryObjectSendStream[_Pending] | None = None
         self._writing: anyio.CancelScope | None = None  # the writers' scope, while running
@@ -287,10 +288,7 @@ class EventRecorder:
         identity = _identity(_involved(obj))
         for key in self._keys_of.pop(identity, ()):
             self._seen.pop(key, None)
-        self._gone[identity] = None
-        self._gone.move_to_end(identity)
-        while len(self._gone) > GONE_KEPT:
-            self._gone.popitem(last=False)
+        self._gone.put(identity, None)
 
     def __len__(self) -> int:
         """Aggregation keys held."""

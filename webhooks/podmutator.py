@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +34,7 @@ from sdgruntime.client import Client
 from sdgruntime.events import EventRecorder
 from sdgruntime.jsoncodec import dumps
 from sdgruntime.kinds import NODES, RUNTIMECLASSES, meta_of, status_of
+from sdgruntime.lru import LRU
 from sdgruntime.webhook import AdmissionRequest, AdmissionResponse, allowed, denied, patch_ops
 from webhooks.injection import (
     Delivery,
@@ -152,13 +152,12 @@ class PodMutator:
         self.delivery = delivery if delivery is not None else Delivery()
         self.recorder = recorder
         #: UIDs of the groups whose unverified delivery has had its Warning Event.
-        self._warned: OrderedDict[str, None] = OrderedDict()
+        self._warned: LRU[str, None] = LRU(MAX_WARNED_GROUPS)
         #: Group name -> until when a live GET is not repeated for it (it was missing).
-        self._missing: OrderedDict[str, float] = OrderedDict()
-        #: ``decision_key`` -> the patch it gave and its size in bytes (denials are decided
-        #: afresh: they are rare and name what the pod did); ``_decision_bytes`` their sum.
-        self._decisions: OrderedDict[bytes, tuple[Patch, int]] = OrderedDict()
-        self._decision_bytes = 0
+        self._missing: LRU[str, float] = LRU(MAX_MISSING)
+        #: ``decision_key`` -> the patch it gave, weighed by its size in bytes (denials are
+        #: decided afresh: they are rare and name what the pod did).
+        self._decisions: LRU[bytes, Patch] = LRU(MAX_DECISIONS, MAX_DECISION_BYTES)
 
     async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = request.object or {}
@@ -195,21 +194,14 @@ class PodMutator:
         return patch_ops(result.operations, warnings=result.warnings)
 
     def _recall(self, key: bytes | None) -> Patch | None:
-        if key is None or (found := self._decisions.get(key)) is None:
-            return None
-        self._decisions.move_to_end(key)
-        return found[0]
+        return None if key is None else self._decisions.get(key)
 
     def _remember(self, key: bytes | None, patch: Patch) -> Patch:
         """Keep ``patch`` under ``key`` within both bounds (the oldest go first); a patch
         larger than the byte bound alone is not kept."""
-        size = len(dumps(patch.operations)) + sum(map(len, patch.warnings))
-        if key is None or size > MAX_DECISION_BYTES:
-            return patch
-        self._decisions[key] = (patch, size)
-        self._decision_bytes += size
-        while len(self._decisions) > MAX_DECISIONS or self._decision_bytes > MAX_DECISION_BYTES:
-            self._decision_bytes -= self._decisions.popitem(last=False)[1][1]
+        if key is not None:
+            size = len(dumps(patch.operations)) + sum(map(len, patch.warnings))
+            self._decisions.put(key, patch, size)
         return patch
 
     def _runtime_classes(self) -> dict[str, Mapping[str, Any]]:
@@ -225,7 +217,7 @@ class PodMutator:
     def forget_group(self, group: Mapping[str, Any]) -> None:
         """The group was deleted: forget that it was warned about (the informer's delete
         handler calls this; a new group of the same name has a new UID anyway)."""
-        self._warned.pop(_warn_key(group), None)
+        self._warned.pop(_warn_key(group))
 
     def _warn_unverified(self, group: Mapping[str, Any], patch: Patch) -> None:
         """One Warning Event per group whose pods get a delivery nothing confirms."""
@@ -235,9 +227,7 @@ class PodMutator:
         uid = _warn_key(group)
         if uid in self._warned:
             return
-        self._warned[uid] = None
-        while len(self._warned) > MAX_WARNED_GROUPS:
-            self._warned.popitem(last=False)
+        self._warned.put(uid, None)
         self.recorder.emit(
             group,
             "Warning",
@@ -292,13 +282,10 @@ class PodMutator:
         except (errors.NotFound, CacheNotSynced):
             pass  # not cached (yet), or the cache has not synced: ask the API server
         now = time.monotonic()
-        if self._missing.get(name, 0.0) > now:
+        if (self._missing.peek(name) or 0.0) > now:
             return None
         try:
             return await self.client.get(SDG_KIND, name)
         except errors.NotFound:
-            self._missing[name] = now + MISSING_TTL
-            self._missing.move_to_end(name)
-            while len(self._missing) > MAX_MISSING:
-                self._missing.popitem(last=False)
+            self._missing.put(name, now + MISSING_TTL)
             return None

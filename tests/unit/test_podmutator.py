@@ -460,7 +460,7 @@ async def test_denials_are_decided_every_time_and_the_decisions_are_bounded(
         assert len(mutator._decisions) == 2
 
 
-async def test_the_decisions_kept_are_bounded_in_bytes_too(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_decisions_kept_are_bounded_in_bytes_too() -> None:
     """Pods of many containers have patches as large: the kept ones stay within
     MAX_DECISION_BYTES, however many such shapes come."""
     async with cached((SDG_KIND, BOUND)) as (cache, _):
@@ -468,15 +468,16 @@ async def test_the_decisions_kept_are_bounded_in_bytes_too(monkeypatch: pytest.M
         wide = new_pod()
         wide["spec"]["containers"] = [{"name": f"c{i}", "image": "x"} for i in range(40)]
         first = await mutator.mutate(review("CREATE", wide))
-        one = mutator._decision_bytes
+        one = mutator._decisions.weight
         assert first.allowed and one > 2000  # the env of 40 containers
-        monkeypatch.setattr(podmutator, "MAX_DECISION_BYTES", 3 * one)
+        assert mutator._decisions.max_weight == podmutator.MAX_DECISION_BYTES
+        mutator._decisions.max_weight = 3 * one
         for image in ("y", "z", "w", "v"):  # four more shapes of the same size
             for c in wide["spec"]["containers"]:
                 c["image"] = image
             assert (await mutator.mutate(review("CREATE", wide))).patch == first.patch
-        assert len(mutator._decisions) == 3 and mutator._decision_bytes == 3 * one
-        monkeypatch.setattr(podmutator, "MAX_DECISION_BYTES", one - 1)
+        assert len(mutator._decisions) == 3 and mutator._decisions.weight == 3 * one
+        mutator._decisions.max_weight = one - 1
         wide["spec"]["containers"][0]["image"] = "u"
         assert (await mutator.mutate(review("CREATE", wide))).patch == first.patch
         assert len(mutator._decisions) == 3  # too large alone: decided, not kept
