@@ -1,6 +1,6 @@
 """A/B of SDG's own phases: S3 + S1 and S3b + S4 + S6/S7 of ``compare.py``, SDG's
-manager only
-(``--only s8``: S8's webhook latency, with a manager that serves webhooks and does not lead).
+manager only (``--only s8``: S8's webhook latency, with a manager that serves webhooks and
+does not lead, then through the floor's webhook).
 
 For before/after runs of one change: run it from each tree in turn (``ROOT`` is the tree
 whose manager and bench code run), alternating, on a quiet machine. Prints each phase's
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
         async def scenarios(self) -> None:
             sc, kube, env = self.scale, self.kube, self.env
-            for ns in ("s1-sdg", "s4-sdg", "s8-on", "s8-off"):
+            for ns in ("s1-sdg", "s4-sdg", "s8-on", "s8-off", "s8f-on", "s8f-off"):
                 await c.ensure_namespace(kube, ns)
             await c.create_nodes(kube, 0, sc.nodes, self.args.in_flight)
             groups = [f"g-{i:04d}" for i in range(sc.groups)]
@@ -75,6 +75,20 @@ def main(argv: list[str] | None = None) -> int:
                     line for line in text.splitlines() if "admission" in line and "pod" in line
                 ]
                 await self.stop(mgr)
+                # The same rounds through the floor's webhook, with the pods SDG's made
+                items, _ = await kube.list(c.pods_path("s8-on"))
+                templates: dict[str, Any] = {}
+                for pod in items:
+                    templates.setdefault(pod["metadata"]["annotations"][c.GROUP_ANNOTATION], pod)
+                floor, floor_port, _ = await env.floor(
+                    "s8",
+                    "s8f-none",
+                    self.write_json("floor-templates.json", templates),
+                    self.write_json("floor-nodes.json", self.group_nodes),
+                )
+                self.procs.append(floor)
+                self.out["s8_floor"] = await self.s8(floor, floor_port, groups, ns="s8f")
+                await self.stop(floor)
             if run_s1:
                 mgr, port, _ = await env.manager("s1")
                 self.procs.append(mgr)
@@ -116,9 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     for ph in out["phases"]:
         cpu = {k: round(v, 2) for k, v in ph["cpu"].items()}
         print(ph["name"], round(ph["wall"], 1), cpu, ph.get("writes"))
-    for key in ("s1_sdg", "s4_sdg", "s6_sdg", "s6_objects", "s7_sdg", "s8"):
+    for key in ("s1_sdg", "s4_sdg", "s6_sdg", "s6_objects", "s7_sdg", "s8", "s8_floor"):
         if key in out:
             print(key, out[key])
+    for key in ("s8", "s8_floor"):
+        if key in out:
+            on, off = (out[key][m]["latency"]["p99"] * 1000 for m in ("on", "off"))
+            print(f"{key}: added p99 {on - off:+.1f} ms (p99 {on:.1f} / {off:.1f} ms)")
     return 0
 
 
