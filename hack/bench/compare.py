@@ -604,6 +604,15 @@ async def webhook_connections(mgr: Proc) -> float | None:
     return total
 
 
+async def made_pods(kube: Kube, ns: str) -> dict[str, Obj]:
+    """Per group, one of ``ns``'s pods as SDG's webhook made it (the floor's templates)."""
+    items, _ = await kube.list(pods_path(ns))
+    made: dict[str, Obj] = {}
+    for pod in items:
+        made.setdefault(pod["metadata"]["annotations"][GROUP_ANNOTATION], pod)
+    return made
+
+
 async def ensure_namespace(kube: Kube, name: str) -> None:
     with contextlib.suppress(ApiError):
         await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
@@ -958,10 +967,7 @@ class Run:
         s1["webhook_connections"] = None if opened is None or after is None else after - opened
         self.out["s1_sdg"] = s1
         # The pods as SDG's webhook made them: the other schedulers get the same ones.
-        items, _ = await self.kube.list(pods_path("s1-sdg"))
-        self.templates = {}
-        for pod in items:
-            self.templates.setdefault(pod["metadata"]["annotations"][GROUP_ANNOTATION], pod)
+        self.templates = await made_pods(self.kube, "s1-sdg")
 
     def write_json(self, name: str, obj: Any) -> Path:
         path = self.env.work / name
