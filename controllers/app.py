@@ -86,6 +86,8 @@ def manager_options(settings: Settings, **overrides: Any) -> ManagerOptions:
         "leader_election_id": settings.leader_election_id,
         "leader_election_namespace": settings.leader_election_namespace or ns,
         "leader_election_release_on_cancel": True,
+        "event_qps": settings.event_qps,
+        "event_burst": settings.event_burst,
         "cache_by_kind": {
             # The claim records are the only ConfigMaps we read: only those are cached.
             CONFIGMAPS: KindOptions(

@@ -177,6 +177,18 @@ class Settings(BaseModel):
         description="seconds between two status writes of one group (a burst of pods is "
         "written once per period; 0 writes every change at once)",
     )
+    event_qps: float = Field(
+        50.0,
+        gt=0,
+        description="Events written per second by this process, in all (a burst of "
+        "warnings reaches the API server at this rate; the kubelet's --event-qps)",
+    )
+    event_burst: int = Field(
+        100,
+        ge=1,
+        le=10000,
+        description="Events written at once before --event-qps paces them",
+    )
     allocated_pods: Literal["names", "counts"] = Field(
         "names",
         description="names: status.allocatedPods lists the group's pods (namespace/name); "

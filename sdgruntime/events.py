@@ -26,6 +26,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from sdgruntime import errors
 from sdgruntime.kinds import EVENTS
 from sdgruntime.lru import LRU
+from sdgruntime.ratelimiter import BucketRateLimiter
 
 if TYPE_CHECKING:
     from sdgruntime.client import Client
@@ -84,6 +85,10 @@ class EventRecorder:
     ``writers`` Events are in flight at once and ``buffer`` wait (a scheduler binding
     hundreds of pods a second emits one Event per bind; too few writers drop them).
     A waiting Event holds a reference to its (cached) object and its strings: ~1 KB.
+    ``limiter`` (a token bucket, which recorders may share: the manager's is
+    ``event_qps``/``event_burst``) paces the writers, as the kubelet's ``--event-qps``
+    does: a burst of emits reaches the API server at that rate, not as ``writers``
+    concurrent writes beside the requests that matter more. :meth:`event` is not paced.
     When :meth:`run` is cancelled, the queued and in-flight Events get ``drain_timeout``
     seconds to be written (the manager passes its ``graceful_shutdown_timeout``).
 
@@ -104,6 +109,7 @@ class EventRecorder:
         buffer: int = 4096,
         writers: int = 16,
         drain_timeout: float = 30.0,
+        limiter: BucketRateLimiter[Any] | None = None,
     ) -> None:
         self.client = client
         self.component = component
@@ -113,6 +119,7 @@ class EventRecorder:
         self.buffer = buffer
         self.writers = writers
         self.drain_timeout = drain_timeout
+        self.limiter = limiter
         self._seen: OrderedDict[tuple[str, ...], _Seen] = OrderedDict()
         #: identity (UID, else kind/namespace/name) -> its keys in ``_seen`` (for ``forget``)
         self._keys_of: dict[str, list[tuple[str, ...]]] = {}
@@ -249,6 +256,10 @@ class EventRecorder:
         async with receive:
             async for obj, type_, reason, message, action in receive:
                 try:
+                    if self.limiter is not None:  # a token reserved: due this far out
+                        delay = self.limiter.when(None)
+                        if delay > 0:
+                            await anyio.sleep(delay)
                     await self.event(obj, type_, reason, message, action=action)
                 except anyio.get_cancelled_exc_class():
                     self._cut_off += 1  # the POST may have landed; counted as not written

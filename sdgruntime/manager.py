@@ -40,6 +40,7 @@ from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import Kind
 from sdgruntime.leaderelection import LeaderElectionLost, LeaderElector, check_durations
 from sdgruntime.probes import Check, MetricsServer, ProbeServer, parse_addr
+from sdgruntime.ratelimiter import BucketRateLimiter
 from sdgruntime.securemetrics import SecureMetricsServer
 from sdgruntime.webhook import WebhookServer
 from sdgruntime.webhook.server import (
@@ -123,6 +124,10 @@ class ManagerOptions(BaseModel):
     retry_period: float = Field(default=2.0, gt=0)
 
     graceful_shutdown_timeout: float = Field(default=30.0, ge=0)
+    # Events written per second by all of event_recorder()'s recorders, saved up to the
+    # burst (the kubelet's --event-qps/--event-burst); math.inf: unpaced
+    event_qps: float = Field(default=50.0, gt=0)
+    event_burst: int = Field(default=100, ge=1)
     cache_sync_timeout: float = Field(default=120.0, gt=0)
     cache_by_kind: dict[Kind, KindOptions] = Field(default_factory=dict)
     # every controller of this manager may share its name with another (tests, replicas)
@@ -275,6 +280,10 @@ class Manager:
         self._healthz: dict[str, Check] = {"ping": lambda: True}
         self._readyz: dict[str, Check] = {"cache-sync": lambda: self._cache_synced}
         self._recorders: dict[str, EventRecorder] = {}
+        #: One bucket for every recorder: the manager's Event writes per second, in all.
+        self._event_limiter: BucketRateLimiter[Any] = BucketRateLimiter(
+            self.options.event_qps, self.options.event_burst
+        )
         self._probe_server: ProbeServer | None = None
         self._metrics_server: MetricsServer | SecureMetricsServer | None = None
         self._elector: LeaderElector | None = None
@@ -387,6 +396,7 @@ class Manager:
                 name,
                 host=socket.gethostname(),
                 drain_timeout=self.options.graceful_shutdown_timeout,
+                limiter=self._event_limiter,
             )
         return recorder
 

@@ -39,3 +39,12 @@ def test_the_deployment_serves_secure_metrics_and_the_monitor_scrapes_so() -> No
     assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     # A self-signed certificate cannot be verified: say so rather than fail every scrape.
     assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+
+
+def test_event_pace_flags_reach_the_manager_options() -> None:
+    default = manager_options(parse([], environ={}))
+    assert (default.event_qps, default.event_burst) == (50.0, 100)  # the kubelet's
+    options = manager_options(parse(["--event-qps=5", "--event-burst=10"], environ={}))
+    assert (options.event_qps, options.event_burst) == (5.0, 10)
+    env = {"SDG_EVENT_QPS": "7.5"}
+    assert manager_options(parse([], environ=env)).event_qps == 7.5

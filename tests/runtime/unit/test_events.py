@@ -14,6 +14,7 @@ from sdgruntime.envtest import FakeClient
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import Kind
 from sdgruntime.manager import Manager, ManagerOptions
+from sdgruntime.ratelimiter import BucketRateLimiter
 from tests.runtime.helpers import as_client
 
 pytestmark = pytest.mark.anyio
@@ -236,3 +237,64 @@ async def test_one_deadline_bounds_the_managers_stop_including_the_event_drain(
     assert client.creates == recorder.writers == 16
     assert recorder.dropped == 20
     assert caplog.text.count("dropped 20 events at shutdown (4 queued, 16 cut off") == 1
+
+
+class TimedClient(FakeClient):
+    """An API server that notes when each create arrives (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+
+    async def create(
+        self, kind: Kind, obj: Mapping[str, Any], namespace: str | None = None, **kw: Any
+    ) -> dict[str, Any]:
+        self.at.append(anyio.current_time())
+        return await super().create(kind, obj, namespace, **kw)
+
+
+async def emit_burst(recorder: EventRecorder, client: TimedClient, n: int) -> list[float]:
+    """Emits ``n`` distinct events at once; when each was written, from the emit on."""
+    before = len(client.at)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(recorder.run)
+            start = anyio.current_time()
+            for i in range(n):
+                recorder.emit(CM, "Warning", *bound(i))
+            while len(client.at) < before + n:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    return sorted(t - start for t in client.at[before:])
+
+
+async def test_a_burst_of_emits_reaches_the_api_server_at_the_limiters_pace() -> None:
+    """The first pods of many groups on unverified nodes warn at once: the writes go out
+    at ``qps`` after ``burst`` of them, every one written; unpaced, all go at once."""
+    paced = TimedClient()
+    limiter: BucketRateLimiter[Any] = BucketRateLimiter(qps=20, burst=5)
+    recorder = EventRecorder(as_client(paced), "test", writers=16, limiter=limiter)
+    at = await emit_burst(recorder, paced, 15)
+    assert len(at) == 15 and recorder.dropped == 0
+    assert at[4] < 0.1  # the burst
+    for k in range(5, 15):  # then one each 1/qps: the k-th no sooner than (k - 4) / 20 s
+        assert at[k] >= (k - 4) / 20 - 0.01, (k, at)
+    unpaced = TimedClient()
+    assert (await emit_burst(EventRecorder(as_client(unpaced), "test"), unpaced, 15))[-1] < 0.2
+
+
+async def test_the_managers_recorders_share_one_pace() -> None:
+    """``event_qps``/``event_burst`` bound the manager's Event writes in all, whatever
+    component writes them."""
+    client = TimedClient()
+    options = ManagerOptions(
+        metrics_bind_address="0", health_probe_bind_address="0", event_qps=20, event_burst=4
+    )
+    mgr = Manager(as_client(client), options=options)
+    a, b = mgr.event_recorder("a"), mgr.event_recorder("b")
+    assert a.limiter is b.limiter is not None
+    at = await emit_burst(a, client, 4)  # the burst, spent by a
+    assert at[-1] < 0.1
+    # b's 4 wait for the bucket a emptied (at 20/s: 0.2 s, less what refilled since);
+    # with a bucket of its own they would go at once
+    assert (await emit_burst(b, client, 4))[-1] >= 0.12
