@@ -4,8 +4,9 @@ does not lead, then through the floor's webhook).
 
 For before/after runs of one change: run it from each tree in turn (``ROOT`` is the tree
 whose manager and bench code run), alternating, on a quiet machine. Prints each phase's
-wall and CPU seconds and the API server's writes; ``--py-spy`` profiles the manager in S1
-and S4, and ``--work-dir`` keeps the raw stacks (``py-spy-s1.txt``, ``py-spy-s4.txt``).
+wall and CPU seconds and the API server's writes; ``--py-spy`` profiles the manager in S1,
+S4 and S8 (and the floor in S8), and ``--work-dir`` keeps the raw stacks
+(``py-spy-s1.txt``, ``py-spy-s4.txt``, ``py-spy-s8.txt``, ``py-spy-s8-floor.txt``).
 About 2.5 minutes at full scale on 2 cores.
 
     python hack/bench/ab.py ROOT OUT.json [--only s1|s4|s8] [--py-spy] [--work-dir DIR]
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -38,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir")
     p.add_argument("--scale", default="full", choices=("full", "small"))
     p.add_argument("--manager-flag", action="append", default=[])
+    p.add_argument(
+        "--nice", type=int, help="S8: the manager's and the floor's nice value (both alike)"
+    )
     a = p.parse_args(argv)
     run_s1, run_s4, run_s8 = phases(a.only)
     sys.path[:0] = [a.root, f"{a.root}/hack/bench"]
@@ -46,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     class AB(c.Run):
         def s5_placement(self) -> None:  # not measured here
             pass
+
+        def spy(self, proc: Any, phase: str) -> Any:
+            """A py-spy of ``proc`` into ``py-spy-PHASE.txt`` with ``--py-spy``, else None;
+            ``--nice`` sets ``proc``'s nice value first."""
+            if a.nice is not None:
+                os.setpriority(os.PRIO_PROCESS, proc.pid, a.nice)
+            if not self.args.py_spy:
+                return None
+            return c.PySpy(proc.pid, proc.log_path.parent / f"py-spy-{phase}.txt")
 
         async def scenarios(self) -> None:
             sc, kube, env = self.scale, self.kube, self.env
@@ -61,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                 await c.hold_lease(kube, "bench-holds-the-lease", 3600)
                 mgr, port, _ = await env.manager("s8")
                 self.procs.append(mgr)
-                self.out["s8"] = await self.s8(mgr, port, groups)
+                spy = self.spy(mgr, "s8")
+                self.out["s8"] = await self.s8(mgr, port, groups, spy=spy)
                 text = await c.manager_metrics(mgr) or ""
                 self.out["s8_metrics"] = [
                     line
@@ -83,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                     self.write_json("floor-nodes.json", self.group_nodes),
                 )
                 self.procs.append(floor)
-                self.out["s8_floor"] = await self.s8(floor, floor_port, groups, ns="s8f")
+                spy = self.spy(floor, "s8-floor")
+                self.out["s8_floor"] = await self.s8(floor, floor_port, groups, ns="s8f", spy=spy)
                 await self.stop(floor)
             if run_s1:
                 mgr, port, _ = await env.manager("s1")

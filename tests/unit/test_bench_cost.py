@@ -151,3 +151,9 @@ def test_s8_floor_row_says_how_much_of_the_added_p99_is_sdgs_own() -> None:
 
 def test_s8_rows_without_the_floor_are_s8_alone() -> None:
     assert [r[0] for r in s8_rows({"s8": s8(0.02, 0.01)}, "2000 creates each")] == ["S8"]
+
+
+def test_s8_row_lists_each_rounds_p99_so_a_one_round_tail_shows() -> None:
+    out = {"s8": {**s8(0.30, 0.01), "per_round_p99_ms": {"on": [288.5, 41.6], "off": [9, 9]}}}
+    (row,) = s8_rows(out, "2000 creates each")
+    assert row[3].endswith("each round's p99 with it: 288.5 / 41.6 ms")
