@@ -604,6 +604,10 @@ async def webhook_connections(mgr: Proc) -> float | None:
     return total
 
 
+#: S1 measures each contender's CPU-s per second while idle, just before its creates.
+IDLE_SECONDS = 3.0
+
+
 async def settle_writes(kube: Kube, quiet: float = 1.0, limit: float = 60.0) -> float:
     """Waits until the API server has taken no write but Lease renewals for ``quiet``
     seconds, at most ``limit``; the seconds waited. What a contender defers past its last
@@ -959,6 +963,9 @@ class Run:
         bind (``settle_writes``: Events written later still count); ``spy`` is stopped at
         the last bind."""
         seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
+        idle_sw = Stopwatch(pids)  # what each spends while nothing is asked of it
+        await asyncio.sleep(IDLE_SECONDS)
+        idle = {k: v / IDLE_SECONDS for k, v in idle_sw.cpu().items()}
         sw = await self.stopwatch(pids)
         async with Watch(self.kube, pods_path(ns), seen):
             made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
@@ -967,8 +974,11 @@ class Run:
             self.out["profile"] = spy.stop()
         last = max(seen.first.values())
         secs = last - made.t_first
+        at_bind = sw.cpu()
         settled = await settle_writes(self.kube)
-        await self.phase(name, sw, pods=len(pods), created_s=made.create_s)
+        await self.phase(
+            name, sw, pods=len(pods), created_s=made.create_s, cpu_at_last_bind=at_bind
+        )
         return {
             "pods": len(pods),
             "seconds": secs,
@@ -976,6 +986,7 @@ class Run:
             "create_s": made.create_s,
             "after_last_create_s": last - made.t_last,
             "settle_s": settled,
+            "idle_cpu_per_s": idle,
         }
 
     async def s1_sdg(self, mgr: Proc, groups: list[str]) -> None:
@@ -1274,7 +1285,7 @@ def s8_rows(out: dict[str, Any], creates: str) -> list[tuple[str, str, str, str,
             "S8",
             f"pod create p99 at {on['rate']:.0f}/s with SDG's webhook minus without "
             f"({creates}, {out['s8']['rounds']} rounds in turn)",
-            f"+{added:.1f} ms (p99 {on['latency']['p99'] * 1000:.1f} ms)",
+            f"{added:+.1f} ms (p99 {on['latency']['p99'] * 1000:.1f} ms)",
             f"no webhook: p99 {off['latency']['p99'] * 1000:.1f} ms; the goal +5 ms{each}",
             f"{added / 5:.2f}x",
             "< 1.0x (5 ms)",
@@ -1290,7 +1301,7 @@ def s8_rows(out: dict[str, Any], creates: str) -> list[tuple[str, str, str, str,
                 "S8 through the Python floor's pod webhook (`floor.py`: a precomputed "
                 "answer per group on sdgruntime's HTTP server, nothing else), in rounds of "
                 "its own; SDG's added p99 over the floor's",
-                f"floor +{f_added:.1f} ms (p99 {f_on * 1000:.1f} ms); SDG "
+                f"floor {f_added:+.1f} ms (p99 {f_on * 1000:.1f} ms); SDG "
                 f"{added - f_added:+.1f} ms over the floor",
                 f"no webhook: p99 {f_off * 1000:.1f} ms",
                 f"{f_added / 5:.2f}x",
@@ -1528,6 +1539,19 @@ def webhook_detail(s1: dict[str, Any]) -> str:
     )
 
 
+def settle_detail(sdg: dict[str, Any], kube: dict[str, Any]) -> str:
+    """How long S1's writes went on after the last bind (its phase counts them), and the
+    API server's idle CPU before each run, to weigh what that tail adds."""
+    if "settle_s" not in sdg or "settle_s" not in kube:
+        return ""
+    idle = [r.get("idle_cpu_per_s", {}).get("kube-apiserver", 0.0) for r in (sdg, kube)]
+    return (
+        f"; writes went on {sdg['settle_s']:.1f} s / {kube['settle_s']:.1f} s after the last "
+        "bind (paced Events, PodsJoined after 5 s quiet; counted in S9 and S10), the API "
+        f"server idling at {idle[0]:.2f} / {idle[1]:.2f} CPU-s per s just before"
+    )
+
+
 def floor_detail(out: dict[str, Any]) -> str:
     """S1 detail of the floor's run (empty without one)."""
     f = out.get("s1_floor")
@@ -1574,6 +1598,7 @@ def markdown(out: dict[str, Any], command: str) -> str:
         f"the last bind came {s1a['after_last_create_s']:.2f} s / "
         f"{s1b['after_last_create_s']:.2f} s after the last create"
         + webhook_detail(s1a)
+        + settle_detail(s1a, s1b)
         + ". S2: SDG's first bind "
         f"{out['s2_sdg']['release_to_first_s']:.1f} s after the bench released the Lease "
         f"(not counted); the raw binder's POSTs took {out['s2_raw']['posts_s']:.1f} s"

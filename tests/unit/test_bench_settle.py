@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from hack.bench.compare import settle_writes
+from hack.bench.compare import settle_detail, settle_writes
 
 pytestmark = pytest.mark.anyio
 
@@ -47,3 +47,12 @@ async def test_writes_that_never_stop_are_given_up_after_the_limit() -> None:
     kube = Writes([{"events POST": n} for n in range(1000)])
     waited = await settle_writes(kube, quiet=0.3, limit=0.8)  # type: ignore[arg-type]
     assert 0.8 <= waited < 1.3
+
+
+def test_s1_detail_says_how_long_writes_went_on_and_the_idle_cpu() -> None:
+    sdg = {"settle_s": 28.3, "idle_cpu_per_s": {"kube-apiserver": 0.31}}
+    kube = {"settle_s": 1.2, "idle_cpu_per_s": {"kube-apiserver": 0.05}}
+    text = settle_detail(sdg, kube)
+    assert "went on 28.3 s / 1.2 s after the last bind" in text
+    assert "idling at 0.31 / 0.05 CPU-s per s" in text
+    assert settle_detail({}, kube) == ""  # a run from before S1 settled says nothing
