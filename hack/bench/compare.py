@@ -960,9 +960,10 @@ class Run:
         """S1's measure for one contender: ``pods`` created in ``ns`` (``in_flight`` at a
         time) on a watch opened before; first create -> last pod seen with a node. The
         phase ``name`` gets the CPU-s of ``pids`` until the writes settle after the last
-        bind (``settle_writes``: Events written later still count); ``spy`` is stopped at
-        the last bind."""
+        bind (``settle_writes``: Events written later still count; the writes of what came
+        before settle before it starts); ``spy`` is stopped at the last bind."""
         seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
+        await settle_writes(self.kube)  # what came before (S3's paced Events) is not S1's
         idle_sw = Stopwatch(pids)  # what each spends while nothing is asked of it
         await asyncio.sleep(IDLE_SECONDS)
         idle = {k: v / IDLE_SECONDS for k, v in idle_sw.cpu().items()}
