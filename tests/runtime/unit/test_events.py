@@ -245,25 +245,29 @@ class TimedClient(FakeClient):
     def __init__(self) -> None:
         super().__init__()
         self.at: list[float] = []
+        self.want = 0  # ``reached`` is set once this many creates have arrived
+        self.reached = anyio.Event()
 
     async def create(
         self, kind: Kind, obj: Mapping[str, Any], namespace: str | None = None, **kw: Any
     ) -> dict[str, Any]:
         self.at.append(anyio.current_time())
+        if len(self.at) >= self.want:
+            self.reached.set()
         return await super().create(kind, obj, namespace, **kw)
 
 
 async def emit_burst(recorder: EventRecorder, client: TimedClient, n: int) -> list[float]:
     """Emits ``n`` distinct events at once; when each was written, from the emit on."""
     before = len(client.at)
+    client.want, client.reached = before + n, anyio.Event()
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(recorder.run)
             start = anyio.current_time()
             for i in range(n):
                 recorder.emit(CM, "Warning", *bound(i))
-            while len(client.at) < before + n:
-                await anyio.sleep(0.01)
+            await client.reached.wait()
             tg.cancel_scope.cancel()
     return sorted(t - start for t in client.at[before:])
 
