@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from sdgruntime import errors
+from sdgruntime import errors, metrics
 from sdgruntime.kinds import EVENTS
 from sdgruntime.lru import LRU
 from sdgruntime.ratelimiter import BucketRateLimiter
@@ -129,6 +129,8 @@ class EventRecorder:
         self._send: MemoryObjectSendStream[_Pending] | None = None
         self._writing: anyio.CancelScope | None = None  # the writers' scope, while running
         self._dropped = 0
+        self._queued = metrics.EVENTS_QUEUED.labels(component)
+        self._dropped_total = metrics.EVENTS_DROPPED.labels(component)
         self._cut_off = 0  # writes of this run cancelled by its drain deadline or abort()
 
     def emit(
@@ -156,9 +158,12 @@ class EventRecorder:
             send.send_nowait((obj, type_, reason, message, action))
         except anyio.WouldBlock:
             self._drop(reason, "the buffer is full")
+        else:
+            self._queued.inc()
 
     def _drop(self, reason: str, why: str) -> None:
         self._dropped += 1
+        self._dropped_total.inc()
         if self._dropped == 1 or self._dropped % 100 == 0:
             log.warning("dropped event %s (%d so far): %s", reason, self._dropped, why)
 
@@ -225,9 +230,11 @@ class EventRecorder:
             except (anyio.WouldBlock, anyio.EndOfStream):
                 break
             queued += 1
+        self._queued.dec(queued)
         lost = queued + self._cut_off
         if lost:
             self._dropped += lost
+            self._dropped_total.inc(lost)
             log.warning(
                 "event recorder %s: dropped %d events at shutdown (%d queued, %d cut off "
                 "while being written; %d dropped so far): not written before the deadline",
@@ -255,6 +262,7 @@ class EventRecorder:
     async def _write(self, receive: MemoryObjectReceiveStream[_Pending]) -> None:
         async with receive:
             async for obj, type_, reason, message, action in receive:
+                self._queued.dec()
                 try:
                     if self.limiter is not None:  # a token reserved: due this far out
                         delay = self.limiter.when(None)

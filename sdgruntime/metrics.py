@@ -174,6 +174,22 @@ REST_CLIENT_LATENCY = Histogram(
     registry=REGISTRY,
 )
 
+# --- Events -----------------------------------------------------------------------------
+EVENTS_QUEUED = Gauge(
+    "sdgruntime_events_queued",
+    "Events emitted and not yet taken by a writer, by component: a backlog that grows "
+    "while a burst is written at the manager's event_qps",
+    ["component"],
+    registry=REGISTRY,
+)
+EVENTS_DROPPED = Counter(
+    "sdgruntime_events_dropped_total",
+    "Events emitted but never written, by component: the buffer was full, the recorder "
+    "was not running, or they were still queued or in flight when a stop's deadline came",
+    ["component"],
+    registry=REGISTRY,
+)
+
 # --- HTTP servers ---------------------------------------------------------------------
 HTTP_CONNECTIONS = Counter(
     "sdgruntime_http_connections_total",

@@ -14,6 +14,7 @@ from sdgruntime.envtest import FakeClient
 from sdgruntime.events import EventRecorder
 from sdgruntime.kinds import Kind
 from sdgruntime.manager import Manager, ManagerOptions
+from sdgruntime.metrics import REGISTRY
 from sdgruntime.ratelimiter import BucketRateLimiter
 from tests.runtime.helpers import as_client
 
@@ -302,3 +303,36 @@ async def test_the_managers_recorders_share_one_pace() -> None:
     # b's 4 wait for the bucket a emptied (at 20/s: 0.2 s, less what refilled since);
     # with a bucket of its own they would go at once
     assert (await emit_burst(b, client, 4))[-1] >= 0.12
+
+
+def sample(name: str, component: str) -> float:
+    return REGISTRY.get_sample_value(name, {"component": component}) or 0.0
+
+
+async def test_the_backlog_and_the_drops_are_metrics() -> None:
+    """A paced burst shows as queued until the writers take it; what a full buffer
+    refuses, and what a stop leaves unwritten, is counted as dropped."""
+    client = TimedClient()
+    client.want = 6
+    limiter: BucketRateLimiter[Any] = BucketRateLimiter(qps=50, burst=1)
+    recorder = EventRecorder(
+        as_client(client), "metrics-test", buffer=5, writers=1, limiter=limiter
+    )
+    dropped = sample("sdgruntime_events_dropped_total", "metrics-test")
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(recorder.run)
+            for i in range(8):  # one handed to the waiting writer, 5 buffered, 2 refused
+                recorder.emit(CM, "Warning", *bound(i))
+            assert sample("sdgruntime_events_queued", "metrics-test") == 6
+            assert sample("sdgruntime_events_dropped_total", "metrics-test") == dropped + 2
+            await client.reached.wait()
+            assert sample("sdgruntime_events_queued", "metrics-test") == 0
+            gate = GatedClient()  # never answers: what is queued at the stop is lost
+            recorder.client = as_client(gate)
+            for i in range(3):
+                recorder.emit(CM, "Warning", *bound(100 + i))
+            recorder.abort()
+            tg.cancel_scope.cancel()
+    assert sample("sdgruntime_events_queued", "metrics-test") == 0
+    assert sample("sdgruntime_events_dropped_total", "metrics-test") == dropped + 2 + 3
