@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         def s5_placement(self) -> None:  # not measured here
             pass
 
-        def spy(self, proc: Any, phase: str) -> Any:
-            """A py-spy of ``proc`` into ``py-spy-PHASE.txt`` with ``--py-spy``, else None;
-            ``--nice`` sets ``proc``'s nice value first."""
+        def s8_contender(self, proc: Any, phase: str) -> Any:
+            """Readies an S8 contender: its ``--nice`` value, and a py-spy of it into
+            ``py-spy-PHASE.txt`` with ``--py-spy`` (returned, else None)."""
             if a.nice is not None:
                 os.setpriority(os.PRIO_PROCESS, proc.pid, a.nice)
             if not self.args.py_spy:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 await c.hold_lease(kube, "bench-holds-the-lease", 3600)
                 mgr, port, _ = await env.manager("s8")
                 self.procs.append(mgr)
-                spy = self.spy(mgr, "s8")
+                spy = self.s8_contender(mgr, "s8")
                 self.out["s8"] = await self.s8(mgr, port, groups, spy=spy)
                 text = await c.manager_metrics(mgr) or ""
                 self.out["s8_metrics"] = [
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                     self.write_json("floor-nodes.json", self.group_nodes),
                 )
                 self.procs.append(floor)
-                spy = self.spy(floor, "s8-floor")
+                spy = self.s8_contender(floor, "s8-floor")
                 self.out["s8_floor"] = await self.s8(floor, floor_port, groups, ns="s8f", spy=spy)
                 await self.stop(floor)
             if run_s1:
