@@ -332,6 +332,13 @@ class ControlPlane:
         return self._http
 
     def _write_kubeconfig(self, path: Path, pair: KeyPair, user: str = ADMIN_USER) -> Path:
+        credentials = {
+            "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
+            "client-key-data": base64.b64encode(pair.key_pem).decode(),
+        }
+        return self._kubeconfig_file(path, user, credentials)
+
+    def _kubeconfig_file(self, path: Path, user: str, credentials: Mapping[str, str]) -> Path:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -347,10 +354,7 @@ class ControlPlane:
             "users": [
                 {
                     "name": user,
-                    "user": {
-                        "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
-                        "client-key-data": base64.b64encode(pair.key_pem).decode(),
-                    },
+                    "user": dict(credentials),
                 }
             ],
             "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": user}}],
@@ -366,6 +370,42 @@ class ControlPlane:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in user)
         path = self.work_dir / "users" / f"{safe}.kubeconfig"
         return self._write_kubeconfig(path, self.ca.client(user, list(groups)), user)
+
+    def service_account_token(
+        self, namespace: str, name: str, expiration_seconds: int = 3600
+    ) -> str:
+        """A token for ServiceAccount ``namespace/name`` from the TokenRequest API (what a
+        projected token volume gives a pod); the ServiceAccount is created if missing, the
+        namespace must exist."""
+        r = self.http.post(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts",
+            json={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+        )
+        if r.status_code not in (201, 409):
+            raise ControlPlaneError(f"creating ServiceAccount {namespace}/{name}: {r.text}")
+        r = self.http.post(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            json={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": expiration_seconds},
+            },
+        )
+        if r.status_code != 201:
+            raise ControlPlaneError(f"a token for ServiceAccount {namespace}/{name}: {r.text}")
+        return str(r.json()["status"]["token"])
+
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, expiration_seconds: int = 3600
+    ) -> Path:
+        """A kubeconfig with a token of ServiceAccount ``namespace/name``
+        (``service_account_token``): how a pod of the cluster authenticates. The API server
+        caches a token's verdict for 10 s; a client certificate (``user_kubeconfig``) is
+        verified on every request, so the two cost it differently."""
+        token = self.service_account_token(namespace, name, expiration_seconds)
+        user = f"system:serviceaccount:{namespace}:{name}"
+        path = self.work_dir / "users" / f"sa_{namespace}_{name}.kubeconfig"
+        return self._kubeconfig_file(path, user, {"token": token})
 
     def bind_cluster_role(
         self, user: str, cluster_role: str, namespace: str | None = None

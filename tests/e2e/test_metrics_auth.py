@@ -38,26 +38,6 @@ AUTH_ROLE_FILE = ROOT / "config" / "rbac" / "metrics_auth_role.yaml"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 
-def service_account_token(cp: ControlPlane, namespace: str, name: str) -> str:
-    """A ServiceAccount and a token for it from the TokenRequest API (what a projected
-    token volume gives Prometheus in a cluster)."""
-    r = cp.http.post(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts",
-        json={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
-    )
-    assert r.status_code in (201, 409), r.text
-    r = cp.http.post(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-        json={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 600},
-        },
-    )
-    assert r.status_code == 201, r.text
-    return str(r.json()["status"]["token"])
-
-
 def can_get_metrics(user: str) -> dict[str, Any]:
     return {"user": user, "nonResourceAttributes": {"path": "/metrics", "verb": "get"}}
 
@@ -74,7 +54,7 @@ def manager_can(group: str, resource: str) -> dict[str, Any]:
 def tokens(cluster: ControlPlane, namespace: str) -> Iterator[dict[str, str]]:
     """``reader``: a ServiceAccount bound to deviceshare-metrics-reader; ``stranger``: one
     that is not."""
-    out = {who: service_account_token(cluster, namespace, who) for who in ("reader", "stranger")}
+    out = {w: cluster.service_account_token(namespace, w, 600) for w in ("reader", "stranger")}
     binding = f"metrics-reader-{namespace}"
     cluster.apply(
         {

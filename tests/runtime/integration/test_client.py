@@ -500,3 +500,53 @@ async def test_an_exec_plugin_user_is_who_the_api_server_sees(
         )
     info = review["status"]["userInfo"]
     assert info["username"] == "exec-user" and "exec-group" in info["groups"]
+
+
+async def test_service_account_kubeconfig_authenticates_as_the_service_account(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """``service_account_kubeconfig`` holds a TokenRequest token: the client is the
+    ServiceAccount (as a pod would be), with no rights until a binding names it."""
+    path = control_plane.service_account_kubeconfig(namespace, "tokened", 600)
+    assert "token" in yaml.safe_load(path.read_text())["users"][0]["user"]
+    review_kind = Kind(
+        "authentication.k8s.io", "v1", "SelfSubjectReview", "selfsubjectreviews", namespaced=False
+    )
+    async with Client.from_kubeconfig(path) as client:
+        review = await client.create(
+            review_kind, {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        )
+        info = review["status"]["userInfo"]
+        assert info["username"] == f"system:serviceaccount:{namespace}:tokened"
+        assert f"system:serviceaccounts:{namespace}" in info["groups"]
+        with pytest.raises(errors.Forbidden):
+            await client.get(CONFIGMAPS, "x", namespace)
+        control_plane.apply(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": "read-configmaps", "namespace": namespace},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}],
+            }
+        )
+        control_plane.apply(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": "tokened-reads", "namespace": namespace},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": "read-configmaps",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "tokened", "namespace": namespace}],
+            }
+        )
+        with anyio.fail_after(30):
+            while True:  # the authorizer's RBAC cache takes the binding in shortly
+                try:
+                    await client.get(CONFIGMAPS, "x", namespace)
+                except errors.Forbidden:
+                    await anyio.sleep(0.2)
+                except errors.NotFound:
+                    break
