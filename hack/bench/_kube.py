@@ -42,9 +42,11 @@ def run_loop(main: Coroutine[Any, Any, dict[str, object]]) -> dict[str, object]:
     return uvloop.run(main)
 
 
-def ssl_context(kubeconfig: str | Path) -> tuple[str, ssl.SSLContext]:
-    """The server URL and a client-certificate TLS context from a kubeconfig with
-    ``*-data`` fields (what ``sdgruntime.envtest`` writes)."""
+def ssl_context(kubeconfig: str | Path) -> tuple[str, ssl.SSLContext, dict[str, str]]:
+    """The server URL, a TLS context and the headers every request carries, from a
+    kubeconfig with ``*-data`` fields (what ``sdgruntime.envtest`` writes): a client
+    certificate goes in the context, a ServiceAccount's ``token`` in an Authorization
+    header."""
     cfg = yaml.safe_load(Path(kubeconfig).read_text())
     ctx_name = cfg["current-context"]
     context = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
@@ -52,12 +54,14 @@ def ssl_context(kubeconfig: str | Path) -> tuple[str, ssl.SSLContext]:
     user = next(u["user"] for u in cfg["users"] if u["name"] == context["user"])
     ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
     ctx = ssl.create_default_context(cadata=ca)
+    if "token" in user:
+        return cluster["server"], ctx, {"Authorization": f"Bearer {user['token']}"}
     with tempfile.TemporaryDirectory(prefix="sdg-bench-") as tmp:
         cert, key = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
         cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
         key.write_bytes(base64.b64decode(user["client-key-data"]))
         ctx.load_cert_chain(str(cert), str(key))
-    return cluster["server"], ctx
+    return cluster["server"], ctx, {}
 
 
 class ApiError(RuntimeError):
@@ -70,7 +74,7 @@ class Kube:
     """An aiohttp session to the API server: JSON requests, lists and watches."""
 
     def __init__(self, kubeconfig: str | Path, limit: int = 64, *, lean: bool = False) -> None:
-        self.server, self._ssl = ssl_context(kubeconfig)
+        self.server, self._ssl, self._auth = ssl_context(kubeconfig)
         self.limit = limit
         self.session: aiohttp.ClientSession | None = None
         self._pool: Pool | None = None
@@ -90,6 +94,7 @@ class Kube:
         self.session = aiohttp.ClientSession(
             self.server,
             connector=connector,
+            headers=self._auth,
             read_bufsize=1 << 22,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
         )
@@ -115,6 +120,7 @@ class Kube:
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         if self._pool is not None:
+            headers.update(self._auth)
             raw = self._pool.request_bytes(
                 method, path, params, headers, None if data is None else data.encode()
             )
