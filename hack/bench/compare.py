@@ -69,6 +69,7 @@ from _kube import (  # noqa: E402
     memory,
     reset_peak,
 )
+from _pprof import ApiServerProfile  # noqa: E402
 from _report import machine, summary, update_section  # noqa: E402
 
 from sdgruntime.envtest import ControlPlane  # noqa: E402
@@ -624,22 +625,40 @@ async def webhook_connections(mgr: Proc) -> float | None:
 IDLE_SECONDS = 3.0
 
 
+#: What settle_writes watches: every kind the contenders write in S1, but Leases.
+SETTLE_WATCHED = ("/api/v1/events", "/api/v1/pods", "/api/v1/configmaps", SDG_PATH)
+
+
 async def settle_writes(kube: Kube, quiet: float = 1.0, limit: float = 60.0) -> float:
-    """Waits until the API server has taken no write but Lease renewals for ``quiet``
-    seconds, at most ``limit``; the seconds waited. What a contender defers past its last
-    bind (Events its recorder paces, batched status writes) then falls in its phase."""
-    t0 = last_change = time.perf_counter()
-    before: Counter[str] | None = None
-    while True:
-        now = time.perf_counter()
-        counts = Counter(
-            {k: n for k, n in (await kube.writes()).items() if not k.startswith("leases ")}
-        )
-        if counts != before:
-            before, last_change = counts, now
-        if now - last_change >= quiet or now - t0 >= limit:
-            return now - t0
-        await asyncio.sleep(0.2)
+    """Waits until nothing in ``SETTLE_WATCHED`` has changed for ``quiet`` seconds, at
+    most ``limit``; the seconds waited. What a contender defers past its last bind (Events
+    its recorder paces, batched status writes) then falls in its phase. Watches, not the
+    API server's /metrics: polled five times a second, those scrapes were a tenth of its
+    CPU in SDG's S1 phase, and more the longer a contender took to settle."""
+    t0 = time.perf_counter()
+    last = [t0]
+
+    def changed(_type: str, _obj: Obj) -> None:
+        last[0] = time.perf_counter()
+
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for path in SETTLE_WATCHED:
+            head = await kube.request("GET", path, params={"limit": "1"})
+            rv = head["metadata"]["resourceVersion"]
+            tasks.append(asyncio.create_task(kube.watch(path, rv, changed)))
+        while True:
+            now = time.perf_counter()
+            if now - last[0] >= quiet or now - t0 >= limit:
+                return now - t0
+            for task in tasks:
+                if task.done():
+                    task.result()  # a watch that failed says why
+            await asyncio.sleep(0.1)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def made_pods(kube: Kube, ns: str) -> dict[str, Obj]:
@@ -984,6 +1003,8 @@ class Run:
         await asyncio.sleep(IDLE_SECONDS)
         idle = {k: v / IDLE_SECONDS for k, v in idle_sw.cpu().items()}
         sw = await self.stopwatch(pids)
+        assert self.kube.session is not None
+        api = ApiServerProfile(self.kube.session, self.env.work, ns)
         async with Watch(self.kube, pods_path(ns), seen):
             made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
             await seen.wait(900)
@@ -996,6 +1017,10 @@ class Run:
         await self.phase(
             name, sw, pods=len(pods), created_s=made.create_s, cpu_at_last_bind=at_bind
         )
+        api_parts = await api.stop()
+        if api_parts is None:
+            log.warning("%s: no API-server profile (%s)", name, api.error)
+        self.phases[-1]["apiserver_parts"] = api_parts
         return {
             "pods": len(pods),
             "seconds": secs,
@@ -1542,7 +1567,28 @@ def cost_parts(out: dict[str, Any]) -> list[str]:
     for kind in sorted(set().union(*writes), key=lambda k: -sum(w.get(k, 0) for w in writes)):
         cells = [f"{w.get(kind, 0) / n:.2f}" for w, n in zip(writes, pods, strict=True)]
         lines.append(row(kind, cells))
+    api = [apiserver_ms(ph, n) for ph, n in zip(runs, pods, strict=True)]
+    for part in sorted(set().union(*api), key=lambda k: -sum(a.get(k, 0.0) for a in api)):
+        lines.append(row(f"kube-apiserver: {part}", [f"{a.get(part, 0.0):.2f} ms" for a in api]))
+    if any(api):
+        lines += [
+            "",
+            "The kube-apiserver rows split its CPU per pod (the row above) by what its own "
+            "CPU profile (Go's pprof, 100 Hz, the whole phase) was doing: each sample goes "
+            "to the first matching part of `hack/bench/_pprof.py`'s list.",
+        ]
     return lines
+
+
+def apiserver_ms(phase: dict[str, Any], pods: int) -> dict[str, float]:
+    """The API server's CPU ms per pod of ``phase`` by part: its profile's shares of the
+    CPU /proc measured (so the parts add up to S10's figure); {} without a profile."""
+    found = phase.get("apiserver_parts")
+    cpu = phase["cpu"].get("kube-apiserver")
+    total = sum(found.values()) if found else 0.0
+    if not found or cpu is None or total <= 0:
+        return {}
+    return {part: secs / total * cpu / pods * 1e3 for part, secs in found.items()}
 
 
 def webhook_detail(s1: dict[str, Any]) -> str:

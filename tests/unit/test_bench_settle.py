@@ -3,27 +3,37 @@ so what a contender defers past its last bind (paced Events, batched status) cou
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
+import anyio
 import pytest
 
-from hack.bench.compare import settle_detail, settle_writes
+from hack.bench.compare import SETTLE_WATCHED, settle_detail, settle_writes
 
 pytestmark = pytest.mark.anyio
 
 
-class Writes:
-    """An API server whose write counts follow a script, one entry per poll (the last
-    repeats); Lease renewals tick on every poll."""
+class Server:
+    """An API server whose collections change on a script: ``changes[path]`` events, one
+    every ``every`` seconds, on a watch from the version its list gave."""
 
-    def __init__(self, script: list[dict[str, int]]) -> None:
-        self.script = script
-        self.polls = 0
+    def __init__(self, changes: dict[str, int], every: float = 0.2, fail: bool = False) -> None:
+        self.changes, self.every, self.fail = changes, every, fail
+        self.watched: dict[str, str] = {}
 
-    async def writes(self) -> Counter[str]:
-        step = self.script[min(self.polls, len(self.script) - 1)]
-        self.polls += 1
-        return Counter({**step, "leases PUT": self.polls})
+    async def request(self, method: str, path: str, params: dict[str, str]) -> dict[str, Any]:
+        assert (method, params) == ("GET", {"limit": "1"})
+        return {"metadata": {"resourceVersion": "42"}, "items": []}
+
+    async def watch(self, path: str, rv: str, on: Callable[[str, dict[str, Any]], None]) -> None:
+        self.watched[path] = rv
+        if self.fail:
+            raise RuntimeError("410: too old")
+        for _ in range(self.changes.get(path, 0)):
+            await anyio.sleep(self.every)
+            on("MODIFIED", {})
+        await anyio.sleep_forever()
 
 
 @pytest.fixture
@@ -32,21 +42,26 @@ def anyio_backend() -> str:
 
 
 async def test_waits_for_the_events_written_after_the_last_bind() -> None:
-    kube = Writes([{"events POST": n} for n in (10, 20, 30, 40)])
+    kube = Server({"/api/v1/events": 4})
     waited = await settle_writes(kube, quiet=0.3)  # type: ignore[arg-type]
-    assert kube.polls >= 4 + 2  # every change seen, then quiet for 0.3 s at 0.2 s a poll
-    assert waited >= 3 * 0.2 + 0.3
+    assert waited >= 4 * 0.2 + 0.3
+    # every kind a contender writes is watched from the version of now, not replayed
+    assert kube.watched == dict.fromkeys(SETTLE_WATCHED, "42")
 
 
-async def test_lease_renewals_alone_are_quiet() -> None:
-    kube = Writes([{}])
-    assert await settle_writes(kube, quiet=0.3) < 1.0  # type: ignore[arg-type]
+async def test_nothing_written_is_quiet_at_once() -> None:
+    assert await settle_writes(Server({}), quiet=0.3) < 0.6  # type: ignore[arg-type]
 
 
 async def test_writes_that_never_stop_are_given_up_after_the_limit() -> None:
-    kube = Writes([{"events POST": n} for n in range(1000)])
+    kube = Server({SETTLE_WATCHED[-1]: 1000}, every=0.05)
     waited = await settle_writes(kube, quiet=0.3, limit=0.8)  # type: ignore[arg-type]
     assert 0.8 <= waited < 1.3
+
+
+async def test_a_watch_that_fails_is_not_taken_for_quiet() -> None:
+    with pytest.raises(RuntimeError, match="too old"):
+        await settle_writes(Server({}, fail=True), quiet=0.3)  # type: ignore[arg-type]
 
 
 def test_s1_detail_says_how_long_writes_went_on_and_the_idle_cpu() -> None:
