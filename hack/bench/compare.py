@@ -779,6 +779,11 @@ class Run:
         self.phases.append({"name": name, "wall": wall, "cpu": cpu, "writes": writes, **extra})
         log.warning("%s: %.1f s; CPU %s", name, wall, fmt_cpu(cpu))
 
+    def api_profile(self, tag: str) -> ApiServerProfile:
+        """The API server's CPU profile from now on (``stop()`` gives its parts)."""
+        assert self.kube.session is not None
+        return ApiServerProfile(self.kube.session, self.env.work, tag)
+
     def pids(self, **procs: Proc | None) -> dict[str, int]:
         out = {"kube-apiserver": self.cp.pids["kube-apiserver"], "etcd": self.cp.pids["etcd"]}
         out.update({k: p.pid for k, p in procs.items() if p is not None})
@@ -1003,8 +1008,7 @@ class Run:
         await asyncio.sleep(IDLE_SECONDS)
         idle = {k: v / IDLE_SECONDS for k, v in idle_sw.cpu().items()}
         sw = await self.stopwatch(pids)
-        assert self.kube.session is not None
-        api = ApiServerProfile(self.kube.session, self.env.work, ns)
+        api = self.api_profile(ns)
         async with Watch(self.kube, pods_path(ns), seen):
             made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
             await seen.wait(900)
@@ -1163,12 +1167,14 @@ class Run:
         n = len(backlog)
         seen = FirstSeen([p["metadata"]["name"] for p in backlog], has_node)
         sw = await self.stopwatch(self.pids(manager=mgr))
+        api = self.api_profile("s2-sdg")
         async with Watch(self.kube, pods_path("s2-sdg"), seen):
             t_release = time.perf_counter()
             await hold_lease(self.kube, "", 1)
             await seen.wait(900)
         first, last = min(seen.first.values()), max(seen.first.values())
-        await self.phase("S2: backlog bound, SDG", sw, pods=n)
+        await self.phase(S2_SDG, sw, pods=n)
+        self.phases[-1]["apiserver_parts"] = await api.stop()
         self.out["s2_sdg"] = {
             "pods": n,
             "seconds": last - first,
@@ -1205,12 +1211,14 @@ class Run:
                 self.env.env,
             )
             sw = await self.stopwatch(self.pids(**{"raw binder": proc}))
+            api = self.api_profile("s2-raw")
             await seen.wait(900)
             cpu = sw.cpu()
             await asyncio.to_thread(proc.popen.wait, 120)
         report = json.loads(proc.log_path.read_text().strip().splitlines()[-1])
         first, last = min(seen.first.values()), max(seen.first.values())
-        await self.phase("S2: backlog bound, raw binder", sw, cpu, pods=n)
+        await self.phase(S2_RAW, sw, cpu, pods=n)
+        self.phases[-1]["apiserver_parts"] = await api.stop()
         self.out["s2_raw"] = {
             "pods": n,
             "seconds": last - first,
@@ -1476,6 +1484,7 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
 
 S1_SDG, S1_KUBE = "S1: streaming pods, SDG", "S1: streaming pods, kube-scheduler"
 S1_FLOOR = "S1: streaming pods, Python floor"
+S2_SDG, S2_RAW = "S2: backlog bound, SDG", "S2: backlog bound, raw binder"
 S4_FLOOR = "S4: status convergence, status floor"
 
 
@@ -1534,21 +1543,32 @@ def cost_rows(out: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
 
 
 def cost_parts(out: dict[str, Any]) -> list[str]:
-    """S9/S10's parts: CPU-s per pod by component, and API writes per pod by kind, in
-    both runs, so a regression names its cause."""
-    a, b = _phase(out, S1_SDG), _phase(out, S1_KUBE)
-    if a is None or b is None:
+    """S9/S10's parts: CPU-s per pod by component, API writes per pod by kind and the
+    API server's CPU per pod by part, in each run, so a regression names its cause."""
+    runs = [(S1_SDG, "SDG's run"), (S1_KUBE, "kube-scheduler's run"), (S1_FLOOR, "floor's run")]
+    if _phase(out, S1_SDG) is None or _phase(out, S1_KUBE) is None:
         return []
-    runs = [a, b]
-    names = ["SDG's run", "kube-scheduler's run"]
-    f = _phase(out, S1_FLOOR)
-    if f is not None:  # the floor's run as a third column
-        runs.append(f)
-        names.append("floor's run")
+    return parts_table(out, "S9/S10 parts, per pod in S1", runs)
+
+
+def s2_parts(out: dict[str, Any]) -> list[str]:
+    """S2's parts, as S1's: what SDG's backlog drain costs beside the raw binder's."""
+    runs = [(S2_SDG, "SDG's run"), (S2_RAW, "raw binder's run")]
+    if _phase(out, S2_SDG) is None or _phase(out, S2_RAW) is None:
+        return []
+    return parts_table(out, "S2 parts, per pod bound", runs)
+
+
+def parts_table(out: dict[str, Any], title: str, named: list[tuple[str, str]]) -> list[str]:
+    """Per pod in each phase of ``named`` (phase, column) that ran: CPU by component,
+    writes by kind, the API server's CPU by part (``apiserver_ms``)."""
+    found = [(ph, label) for name, label in named if (ph := _phase(out, name)) is not None]
+    runs = [ph for ph, _ in found]
+    names = [label for _, label in found]
     pods = [ph.get("pods") or 1 for ph in runs]
     lines = [
         "",
-        f"S9/S10 parts, per pod in S1 ({' | '.join(names)}):",
+        f"{title} ({' | '.join(names)}):",
         "",
         f"| part | {' | '.join(names)} |",
         "| --- |" + " ---: |" * len(runs),
@@ -1675,6 +1695,7 @@ def markdown(out: dict[str, Any], command: str) -> str:
         "the phase (`/proc/PID/clear_refs`), CPU-s from the first create to convergence."
         + floor_detail(out),
         *cost_parts(out),
+        *s2_parts(out),
         "",
         "CPU seconds per phase (from /proc; `bench` is this script: load generator and watches):",
         "",

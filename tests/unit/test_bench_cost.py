@@ -8,8 +8,11 @@ from hack.bench.compare import (
     S1_FLOOR,
     S1_KUBE,
     S1_SDG,
+    S2_RAW,
+    S2_SDG,
     cost_parts,
     cost_rows,
+    s2_parts,
     s4_rows,
     s8_rows,
     webhook_detail,
@@ -157,3 +160,30 @@ def test_s8_row_lists_each_rounds_p99_so_a_one_round_tail_shows() -> None:
     out = {"s8": {**s8(0.30, 0.01), "per_round_p99_ms": {"on": [288.5, 41.6], "off": [9, 9]}}}
     (row,) = s8_rows(out, "2000 creates each")
     assert row[3].endswith("each round's p99 with it: 288.5 / 41.6 ms")
+
+
+def test_s2_parts_put_sdgs_drain_beside_the_raw_binders() -> None:
+    out = {
+        "phases": [
+            {
+                "name": S2_SDG,
+                "pods": 1000,
+                "cpu": {"kube-apiserver": 3.0, "manager": 1.0},
+                "writes": {"pods/binding POST": 1000, "shareddevicegroups/status PATCH": 100},
+                "apiserver_parts": {"CRD status writes": 1.0, "pods/binding POST": 2.0},
+            },
+            {
+                "name": S2_RAW,
+                "pods": 1000,
+                "cpu": {"kube-apiserver": 2.0, "raw binder": 0.5},
+                "writes": {"pods/binding POST": 1000},
+                "apiserver_parts": {"pods/binding POST": 1.0},
+            },
+        ]
+    }
+    lines = s2_parts(out)
+    assert "S2 parts, per pod bound (SDG's run | raw binder's run):" in lines
+    assert "| shareddevicegroups/status PATCH | 0.10 | 0.00 |" in lines
+    assert "| kube-apiserver: CRD status writes | 1.00 ms | 0.00 ms |" in lines
+    assert "| CPU raw binder | - | 0.50 ms |" in lines
+    assert s2_parts({"phases": out["phases"][:1]}) == []
