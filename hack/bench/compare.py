@@ -6,8 +6,8 @@ turn on that one API server, runs each contender as its own process:
 
 - the SDG manager (``python -m controllers --leader-elect``, its default workers, as
   ``hack/demo.py`` starts it) under its ServiceAccount's RBAC, webhooks called over TLS;
-- kube-scheduler from the cached ``hack/controlplane`` build (admin kubeconfig, client
-  QPS/burst 5000, no leader election);
+- kube-scheduler from the cached ``hack/controlplane`` build (client QPS/burst 5000, no
+  leader election);
 - ``raw_binder.py``: Binding POSTs from one Python process (aiohttp, 32 in flight);
 - ``floor.py``: S1's per-pod API traffic (pod webhook answers, Binding and Event POSTs)
   from one Python process and nothing else, the control run for S9 and, its webhook
@@ -16,10 +16,11 @@ turn on that one API server, runs each contender as its own process:
   merge patches, 8 at a time) and nothing else, the control run for S4;
 - ``kopf_peer.py``: SDG's status controller as an idiomatic kopf operator.
 
-Each is authenticated as it runs in a cluster: kube-scheduler with a client certificate
-(as kubeadm and k3s run it), every Python contender with a ServiceAccount token (as a pod
-does). The API server caches a token's verdict for 10 s and verifies a certificate on
-every request, so this decides part of its CPU per request (S10).
+Each is authenticated as it runs in a cluster: kube-scheduler as ``system:kube-scheduler``
+with a client certificate (kubeadm's scheduler.conf), every Python contender with a
+ServiceAccount token (as a pod does). The API server caches a token's verdict for 10 s
+and verifies a certificate on every request, so this decides part of its CPU per request
+(S10).
 
 It prints S1-S8 (the goals of the "faster than kube-scheduler and kopf" issue), each as
 SDG's value, its yardstick measured in the same run, and the ratio, with the machine and
@@ -251,6 +252,10 @@ class Env:
             cp.service_account_kubeconfig(MANAGER_NS, SA_USER.rsplit(":", 1)[1], TOKEN_SECONDS)
         )
         self.admin_kubeconfig = str(cp.kubeconfig_path)
+        # kubeadm's scheduler.conf: the user system:kube-scheduler, whom the API server's
+        # bootstrap RBAC grants what a scheduler does (the admin would skip RBAC and flow
+        # control, which no scheduler in a cluster does).
+        self.scheduler_kubeconfig = str(cp.user_kubeconfig("system:kube-scheduler"))
         kopf_sa = "kopf-peer"
         self.operator_kubeconfig = str(
             cp.service_account_kubeconfig(MANAGER_NS, kopf_sa, TOKEN_SECONDS)
@@ -293,7 +298,7 @@ class Env:
             "apiVersion: kubescheduler.config.k8s.io/v1\n"
             "kind: KubeSchedulerConfiguration\n"
             "clientConnection:\n"
-            f"  kubeconfig: {self.admin_kubeconfig}\n"
+            f"  kubeconfig: {self.scheduler_kubeconfig}\n"
             "  qps: 5000\n"
             "  burst: 5000\n"
             "leaderElection:\n"
@@ -890,8 +895,8 @@ class Run:
         await delete_pods(kube, "s1-sdg")
         await wait_groups_empty(kube)
         await self.stop(mgr)
-        # kube-scheduler runs as the admin here: in a cluster it is system:kube-scheduler,
-        # whose Bindings SDG's binding webhook skips, so none may call the stopped manager.
+        # kube-scheduler's Bindings (system:kube-scheduler's) are ones SDG's binding webhook
+        # skips, but none may call the stopped manager.
         env.webhooks(None)
 
         # --- S1 with the Python floor: SDG's per-pod API traffic and nothing else -------
@@ -1660,8 +1665,8 @@ def markdown(out: dict[str, Any], command: str) -> str:
         f"Command: `{command}` (scale {out['scale']}); whole run {out['total_s'] / 60:.1f} min "
         f"(control plane start {out['controlplane_start_s']:.1f} s). Creates come from this "
         f"script (aiohttp, admin, {out['in_flight']} in flight) for every contender; "
-        "kube-scheduler and the creates authenticate by client certificate, SDG and the "
-        "Python contenders by ServiceAccount token; nodes "
+        "kube-scheduler (as system:kube-scheduler) and the creates authenticate by client "
+        "certificate, SDG and the Python contenders by ServiceAccount token; nodes "
         "are fake (8 GPUs, `deviceshare.io/mode=shared`), groups one GPU, `spread`; "
         "admission policies (`config/policy`) not installed.",
         "",
