@@ -4,9 +4,11 @@ does not lead, then through the floor's webhook).
 
 For before/after runs of one change: run it from each tree in turn (``ROOT`` is the tree
 whose manager and bench code run), alternating, on a quiet machine. Prints each phase's
-wall and CPU seconds and the API server's writes; ``--py-spy`` profiles the manager in S1,
-S4 and S8 (and the floor in S8), and ``--work-dir`` keeps the raw stacks
-(``py-spy-s1.txt``, ``py-spy-s4.txt``, ``py-spy-s8.txt``, ``py-spy-s8-floor.txt``).
+wall and CPU seconds, the API server's writes and, for S1, its CPU per pod by part (its
+own profile, ``_pprof.py``); ``--py-spy`` profiles the manager in S1, S4 and S8 (and the
+floor in S8), and ``--work-dir`` keeps the raw stacks (``py-spy-s1.txt``,
+``py-spy-s4.txt``, ``py-spy-s8.txt``, ``py-spy-s8-floor.txt``) and the API server's
+profiles (``pprof-*.pb.gz``).
 About 2.5 minutes at full scale on 2 cores.
 
     python hack/bench/ab.py ROOT OUT.json [--only s1|s4|s8] [--py-spy] [--work-dir DIR]
@@ -142,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     for ph in out["phases"]:
         cpu = {k: round(v, 2) for k, v in ph["cpu"].items()}
         print(ph["name"], round(ph["wall"], 1), cpu, ph.get("writes"))
+        parts = c.apiserver_ms(ph, ph.get("pods") or 1)
+        if parts:  # the API server's CPU per pod by part (its own profile)
+            top = sorted(parts.items(), key=lambda kv: -kv[1])
+            print("  kube-apiserver ms/pod:", ", ".join(f"{k} {v:.2f}" for k, v in top))
     for key in ("s1_sdg", "s4_sdg", "s6_sdg", "s6_objects", "s7_sdg", "s8", "s8_floor"):
         if key in out:
             print(key, out[key])
