@@ -491,15 +491,20 @@ async def test_an_exec_plugin_user_is_who_the_api_server_sees(
     }
     path = tmp_path / "exec.kubeconfig"
     path.write_text(yaml.safe_dump(made))
+    async with Client.from_kubeconfig(path) as client:
+        info = await whoami(client)
+    assert info["username"] == "exec-user" and "exec-group" in info["groups"]
+
+
+async def whoami(client: Client) -> dict[str, Any]:
+    """Who the API server takes ``client`` for (a SelfSubjectReview's userInfo)."""
     review_kind = Kind(
         "authentication.k8s.io", "v1", "SelfSubjectReview", "selfsubjectreviews", namespaced=False
     )
-    async with Client.from_kubeconfig(path) as client:
-        review = await client.create(
-            review_kind, {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
-        )
-    info = review["status"]["userInfo"]
-    assert info["username"] == "exec-user" and "exec-group" in info["groups"]
+    review = await client.create(
+        review_kind, {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    )
+    return dict(review["status"]["userInfo"])
 
 
 async def test_service_account_kubeconfig_authenticates_as_the_service_account(
@@ -509,14 +514,8 @@ async def test_service_account_kubeconfig_authenticates_as_the_service_account(
     ServiceAccount (as a pod would be), with no rights until a binding names it."""
     path = control_plane.service_account_kubeconfig(namespace, "tokened", 600)
     assert "token" in yaml.safe_load(path.read_text())["users"][0]["user"]
-    review_kind = Kind(
-        "authentication.k8s.io", "v1", "SelfSubjectReview", "selfsubjectreviews", namespaced=False
-    )
     async with Client.from_kubeconfig(path) as client:
-        review = await client.create(
-            review_kind, {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
-        )
-        info = review["status"]["userInfo"]
+        info = await whoami(client)
         assert info["username"] == f"system:serviceaccount:{namespace}:tokened"
         assert f"system:serviceaccounts:{namespace}" in info["groups"]
         with pytest.raises(errors.Forbidden):
