@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -51,6 +52,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Go scheduler", ("runtime.mcall", "runtime.sysmon", "runtime.mstart", "runtime.schedule")),
 )
 OTHER = "other"
+log = logging.getLogger("compare")
 
 
 def part_of(frames: Iterable[str]) -> str:
@@ -134,6 +136,12 @@ class ApiServerProfile:
             self.files.append(path)
 
     async def stop(self) -> dict[str, float] | None:
+        parts = await self._stop()
+        if parts is None:
+            log.warning("%s: no API-server profile (%s)", self.tag, self.error)
+        return parts
+
+    async def _stop(self) -> dict[str, float] | None:
         self._stopping.set()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._task), CHUNK_SECONDS * 3)

@@ -1026,10 +1026,7 @@ class Run:
         await self.phase(
             name, sw, pods=len(pods), created_s=made.create_s, cpu_at_last_bind=at_bind
         )
-        api_parts = await api.stop()
-        if api_parts is None:
-            log.warning("%s: no API-server profile (%s)", name, api.error)
-        self.phases[-1]["apiserver_parts"] = api_parts
+        self.phases[-1]["apiserver_parts"] = await api.stop()
         return {
             "pods": len(pods),
             "seconds": secs,
