@@ -144,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     for ph in out["phases"]:
         cpu = {k: round(v, 2) for k, v in ph["cpu"].items()}
         print(ph["name"], round(ph["wall"], 1), cpu, ph.get("writes"))
-        parts = c.apiserver_ms(ph, ph.get("pods") or 1)
-        if parts:  # the API server's CPU per pod by part (its own profile)
+        # the API server's CPU per pod by part (its own profile; a ROOT older than
+        # 266b5d6 has none)
+        parts = c.apiserver_ms(ph, ph.get("pods") or 1) if hasattr(c, "apiserver_ms") else {}
+        if parts:
             top = sorted(parts.items(), key=lambda kv: -kv[1])
             print("  kube-apiserver ms/pod:", ", ".join(f"{k} {v:.2f}" for k, v in top))
     for key in ("s1_sdg", "s4_sdg", "s6_sdg", "s6_objects", "s7_sdg", "s8", "s8_floor"):

@@ -953,7 +953,7 @@ class Run:
         more = [f"g-{i:04d}" for i in range(sc.groups, sc.big_groups)]
         await self.s3_groups(mgr, more, "S3b: groups bound at the big fleet (webhooks off)")
         all_groups = groups + more
-        await self.s4(mgr, "s4-sdg", all_groups, "S4: status convergence, SDG")
+        await self.s4(mgr, "s4-sdg", all_groups, S4_SDG)
         await delete_pods(kube, "s4-sdg")
         await wait_groups_empty(kube)
         await self.stop(mgr)
@@ -971,7 +971,7 @@ class Run:
         kopf, _ = await env.kopf()
         self.procs.append(kopf)
         await asyncio.sleep(2)  # its watches are up a moment after the liveness endpoint
-        await self.s4(kopf, "s4-kopf", all_groups, "S4: status convergence, kopf peer")
+        await self.s4(kopf, "s4-kopf", all_groups, S4_KOPF)
         await self.stop(kopf)
 
         # --- S7 and S6: cold starts with the big fleet and its pods existing -------------
@@ -1245,6 +1245,7 @@ class Run:
             )
         peak_reset = reset_peak(proc.pid)
         sw = await self.stopwatch(self.pids(**{proc.name.split(" (")[0]: proc}))
+        api = self.api_profile(ns)
         converged = StatusConverged(expected, sw.cpu)
         async with Watch(self.kube, SDG_PATH, converged):
             made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
@@ -1259,6 +1260,7 @@ class Run:
         who = ns.removeprefix("s4-")
         lag = converged.t - made.t_last
         await self.phase(label, sw, converged.cpu, pods=n, groups=len(groups))
+        self.phases[-1]["apiserver_parts"] = await api.stop()
         self.out[f"s4_{who}"] = {
             "pods": n,
             "groups": len(groups),
@@ -1488,6 +1490,7 @@ S1_SDG, S1_KUBE = "S1: streaming pods, SDG", "S1: streaming pods, kube-scheduler
 S1_FLOOR = "S1: streaming pods, Python floor"
 S2_SDG, S2_RAW = "S2: backlog bound, SDG", "S2: backlog bound, raw binder"
 S4_FLOOR = "S4: status convergence, status floor"
+S4_SDG, S4_KOPF = "S4: status convergence, SDG", "S4: status convergence, kopf peer"
 
 
 def _phase(out: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -1559,6 +1562,14 @@ def s2_parts(out: dict[str, Any]) -> list[str]:
     if _phase(out, S2_SDG) is None or _phase(out, S2_RAW) is None:
         return []
     return parts_table(out, "S2 parts, per pod bound", runs)
+
+
+def s4_parts(out: dict[str, Any]) -> list[str]:
+    """S4's parts, as S1's: SDG's status keeping beside the status floor's and kopf's."""
+    runs = [(S4_SDG, "SDG's run"), (S4_FLOOR, "status floor's run"), (S4_KOPF, "kopf's run")]
+    if _phase(out, S4_SDG) is None:
+        return []
+    return parts_table(out, "S4 parts, per pod", runs)
 
 
 def parts_table(out: dict[str, Any], title: str, named: list[tuple[str, str]]) -> list[str]:
@@ -1698,6 +1709,7 @@ def markdown(out: dict[str, Any], command: str) -> str:
         + floor_detail(out),
         *cost_parts(out),
         *s2_parts(out),
+        *s4_parts(out),
         "",
         "CPU seconds per phase (from /proc; `bench` is this script: load generator and watches):",
         "",

@@ -10,9 +10,13 @@ from hack.bench.compare import (
     S1_SDG,
     S2_RAW,
     S2_SDG,
+    S4_FLOOR,
+    S4_KOPF,
+    S4_SDG,
     cost_parts,
     cost_rows,
     s2_parts,
+    s4_parts,
     s4_rows,
     s8_rows,
     webhook_detail,
@@ -187,3 +191,28 @@ def test_s2_parts_put_sdgs_drain_beside_the_raw_binders() -> None:
     assert "| kube-apiserver: CRD status writes | 1.00 ms | 0.00 ms |" in lines
     assert "| CPU raw binder | - | 0.50 ms |" in lines
     assert s2_parts({"phases": out["phases"][:1]}) == []
+
+
+def test_s4_parts_put_sdgs_status_beside_the_floors_and_kopfs() -> None:
+    def phase(name: str, api: float, who: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "pods": 1000,
+            "cpu": {"kube-apiserver": api, who: 1.0},
+            "apiserver_parts": {
+                "CRD status writes": api / 2,
+                "creates (pods, Events, ...)": api / 2,
+            },
+        }
+
+    out = {
+        "phases": [
+            phase(S4_SDG, 4.0, "sdg-manager"),
+            phase(S4_FLOOR, 5.0, "status floor"),
+            phase(S4_KOPF, 6.0, "kopf peer"),
+        ]
+    }
+    lines = s4_parts(out)
+    assert "S4 parts, per pod (SDG's run | status floor's run | kopf's run):" in lines
+    assert "| kube-apiserver: CRD status writes | 2.00 ms | 2.50 ms | 3.00 ms |" in lines
+    assert s4_parts({"phases": []}) == []
