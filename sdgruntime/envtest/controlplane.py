@@ -16,6 +16,7 @@ import copy
 import ctypes
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -46,7 +47,27 @@ class ControlPlaneError(RuntimeError):
     """The control plane failed to start; the message carries the failing process's log."""
 
 
+_LOWEST_PORT = 10000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a process to bind soon. It is picked below
+    the kernel's ephemeral range where that can be read: a port from the range (what
+    binding port 0 gives) can be taken in between by any outgoing connection, and an API
+    server calling webhooks opens hundreds (a manager then failed with EADDRINUSE)."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for _ in range(64 if low > _LOWEST_PORT + 1000 else 0):
+        port = random.randrange(_LOWEST_PORT, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use, or in TIME_WAIT
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -1,16 +1,19 @@
-"""The test helpers sdgruntime.envtest ships: ``eventually`` (a poll under a deadline) and
-``admission_review`` (the request a webhook gets, for deciding it without a server)."""
+"""The test helpers sdgruntime.envtest ships: ``eventually`` (a poll under a deadline),
+``admission_review`` (the request a webhook gets, for deciding it without a server) and
+``free_port``."""
 
 from __future__ import annotations
 
 import json
+import socket
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from sdgruntime import errors
-from sdgruntime.envtest import admission_review, eventually
+from sdgruntime.envtest import admission_review, controlplane, eventually
 from sdgruntime.kinds import CONFIGMAPS, NODES
 from sdgruntime.webhook import CustomValidator, Denied, WebhookBuilder, WebhookServer
 from sdgruntime.webhook.admission import parse_review
@@ -78,3 +81,21 @@ async def test_a_typed_webhook_decides_an_admission_review() -> None:
     assert denied["response"]["status"]["message"] == "data must not be empty"
     ok = await server.webhooks[path].review(admission_review(CONFIGMAPS, "CREATE", cm("a", k="v")))
     assert ok["response"]["allowed"]
+
+
+def test_free_port_is_bindable_and_outside_the_ephemeral_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outgoing connections take ports from the kernel's ephemeral range: a port handed
+    out from it could be gone before the process it is for binds it."""
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    monkeypatch.setattr(controlplane, "_EPHEMERAL_RANGE", ranges)
+    ports = {controlplane.free_port() for _ in range(20)}
+    assert all(controlplane._LOWEST_PORT <= p < 32768 for p in ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))  # free, as promised
+    # No readable range (not Linux): the kernel's own pick
+    monkeypatch.setattr(controlplane, "_EPHEMERAL_RANGE", tmp_path / "missing")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", controlplane.free_port()))
