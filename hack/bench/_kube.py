@@ -42,7 +42,7 @@ def run_loop(main: Coroutine[Any, Any, dict[str, object]]) -> dict[str, object]:
     return uvloop.run(main)
 
 
-def ssl_context(kubeconfig: str | Path) -> tuple[str, ssl.SSLContext, dict[str, str]]:
+def credentials(kubeconfig: str | Path) -> tuple[str, ssl.SSLContext, dict[str, str]]:
     """The server URL, a TLS context and the headers every request carries, from a
     kubeconfig with ``*-data`` fields (what ``sdgruntime.envtest`` writes): a client
     certificate goes in the context, a ServiceAccount's ``token`` in an Authorization
@@ -74,7 +74,7 @@ class Kube:
     """An aiohttp session to the API server: JSON requests, lists and watches."""
 
     def __init__(self, kubeconfig: str | Path, limit: int = 64, *, lean: bool = False) -> None:
-        self.server, self._ssl, self._auth = ssl_context(kubeconfig)
+        self.server, self._ssl, self._auth = credentials(kubeconfig)
         self.limit = limit
         self.session: aiohttp.ClientSession | None = None
         self._pool: Pool | None = None

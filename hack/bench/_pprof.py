@@ -147,8 +147,11 @@ class ApiServerProfile:
             await asyncio.wait_for(asyncio.shield(self._task), CHUNK_SECONDS * 3)
         self._task.cancel()
         go = shutil.which("go")
-        if go is None or not self.files:
-            self.error = self.error or "go is not on PATH"
+        if not self.files:
+            self.error = self.error or "no profile came back"
+            return None
+        if go is None:
+            self.error = "go is not on PATH (go tool pprof reads the profiles)"
             return None
         text = await asyncio.to_thread(
             subprocess.run,
