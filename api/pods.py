@@ -3,6 +3,7 @@ the manager caches of pods and nodes."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
@@ -96,23 +97,35 @@ def devices_annotation(devices: Mapping[str, list[int]]) -> str:
     )
 
 
+#: Annotation values up to this long are parsed once and remembered (the pods of a group
+#: carry one value; every bind reads it): at most ``1024`` of them, well under 1 MiB.
+_MEMO_ANNOTATION_LEN = 128
+
+
 def parse_devices_annotation(value: Any) -> dict[str, list[int]] | None:
     """``deviceshare.io/devices`` parsed, or None when it is not a JSON object of ID lists."""
     if not isinstance(value, str) or len(value) > 65536:
         return None
+    parsed = _parsed_devices(value) if len(value) <= _MEMO_ANNOTATION_LEN else _parse_devices(value)
+    return None if parsed is None else {res: list(ids) for res, ids in parsed}
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_devices(value: str) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+    return _parse_devices(value)
+
+
+def _parse_devices(value: str) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
     try:
         raw = json.loads(value)
     except ValueError:
         return None
     if not isinstance(raw, dict):
         return None
-    out: dict[str, list[int]] = {}
-    for res, ids in raw.items():
-        try:
-            out[res] = parse_ids(ids)
-        except ValueError:
-            return None
-    return out
+    try:
+        return tuple((res, tuple(parse_ids(ids))) for res, ids in raw.items())
+    except ValueError:
+        return None
 
 
 def delivered_devices(

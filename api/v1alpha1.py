@@ -7,6 +7,7 @@ the bottom, which never raise on a partially filled object.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -157,12 +158,29 @@ def format_ids(ids: Iterable[int]) -> str:
     return ",".join(str(d) for d in out)
 
 
+#: ID lists up to this long (16 GPUs take 37 characters) are parsed once and remembered
+#: (``_parsed_ids``): binds, status writes and admissions read the same few lists again and
+#: again; longer ones are parsed each time, so the memo holds well under 1 MiB.
+_MEMO_IDS_LEN = 64
+
+
 def parse_ids(text: str) -> list[int]:
     """``"0,1" -> [0, 1]`` (sorted). ``""`` is no devices. Raises ValueError when malformed."""
     if not isinstance(text, str):
         raise ValueError(f"device IDs must be a string like '0,1', got {text!r}")
+    if len(text) <= _MEMO_IDS_LEN:
+        return list(_parsed_ids(text))
+    return list(_parse_ids(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_ids(text: str) -> tuple[int, ...]:
+    return _parse_ids(text)
+
+
+def _parse_ids(text: str) -> tuple[int, ...]:
     if not text.strip():
-        return []
+        return ()
     ids: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -171,7 +189,7 @@ def parse_ids(text: str) -> list[int]:
         ids.append(int(part))
     if len(set(ids)) != len(ids):
         raise ValueError(f"malformed device ID list {text!r}: an ID is listed twice")
-    return sorted(ids)
+    return tuple(sorted(ids))
 
 
 # --- dict readers for hot paths -------------------------------------------------------------

@@ -83,6 +83,10 @@ class PodScheduler:
         self.scheduler_name = scheduler_name
         self._assumed = AssumedPods()
         self._tell = BurstTeller()
+        # The metric children, resolved once: reconcile is the hot path.
+        self._m_bound = sdg_metrics.SCHEDULING_ATTEMPTS.labels("pod", "bound")
+        self._m_unschedulable = sdg_metrics.SCHEDULING_ATTEMPTS.labels("pod", "unschedulable")
+        self._m_decision = sdg_metrics.DECISION_LATENCY.labels("pod")
 
     async def reconcile(self, request: Request) -> Result | None:
         try:
@@ -135,8 +139,8 @@ class PodScheduler:
             finally:
                 sdg_metrics.BIND_LATENCY.observe(time.perf_counter() - bind_started)
             span.set_attribute("sdg.result", "bound")
-            sdg_metrics.SCHEDULING_ATTEMPTS.labels("pod", "bound").inc()
-            sdg_metrics.DECISION_LATENCY.labels("pod").observe(time.perf_counter() - started)
+            self._m_bound.inc()
+            self._m_decision.observe(time.perf_counter() - started)
             if self._tell.tell(group_name or ""):
                 self.recorder.emit(
                     pod, "Normal", "Scheduled", f"Successfully assigned {key} to {node_name}"
@@ -215,8 +219,8 @@ class PodScheduler:
     ) -> Result:
         span.set_attribute("sdg.result", "unschedulable")
         span.set_attribute("sdg.reason", message)
-        sdg_metrics.SCHEDULING_ATTEMPTS.labels("pod", "unschedulable").inc()
-        sdg_metrics.DECISION_LATENCY.labels("pod").observe(time.perf_counter() - started)
+        self._m_unschedulable.inc()
+        self._m_decision.observe(time.perf_counter() - started)
         meta = pod["metadata"]
         current = find_condition(status_of(pod).get("conditions"), "PodScheduled")
         if not current or current.get("status") != "False" or current.get("message") != message:

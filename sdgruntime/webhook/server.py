@@ -11,6 +11,7 @@ metrics: docs/webhooks.md, "Failures and HTTP errors".
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -237,6 +238,7 @@ def _status_response(code: int, reason: str, message: str, **headers: str) -> Re
     )
 
 
+@functools.lru_cache(maxsize=32)  # the API server sends one value per webhook: parse it once
 def _go_duration(text: str | None) -> float | None:
     """Seconds in a Go duration such as ``10s`` or ``1m30s``; ``None`` if absent/invalid."""
     if not text:

@@ -168,6 +168,26 @@ def test_format_and_parse_ids() -> None:
 def test_parse_ids_rejects_malformed(bad: str) -> None:
     with pytest.raises(ValueError, match=r"malformed|not an integer"):
         parse_ids(bad)
+    with pytest.raises(ValueError, match=r"malformed|not an integer"):
+        parse_ids(bad)  # parsed lists are remembered; a refusal is not
+
+
+def test_parsed_ids_are_each_callers_own() -> None:
+    """Short lists are remembered parsed, long ones not: either way each caller gets a list
+    of its own, so one that changes it changes nothing the next one reads."""
+    long = ",".join(str(i) for i in range(40))  # past the memo's length
+    for text, want in (("3,1", [1, 3]), (long, list(range(40)))):
+        first = parse_ids(text)
+        first.append(99)
+        assert parse_ids(text) == want
+    annotation = '{"nvidia.com/gpu":"1,0"}'
+    first_devices = parse_devices_annotation(annotation)
+    assert first_devices is not None
+    first_devices["nvidia.com/gpu"].append(7)
+    first_devices["amd.com/gpu"] = [1]
+    assert parse_devices_annotation(annotation) == {"nvidia.com/gpu": [0, 1]}
+    assert parse_devices_annotation('{"nvidia.com/gpu":"1,1"}') is None
+    assert parse_devices_annotation('{"nvidia.com/gpu":"1,1"}') is None
 
 
 @pytest.mark.parametrize("bad", [[-1], [1, 1], [True]])

@@ -158,6 +158,10 @@ async def denies_deep_inside(request: AdmissionRequest) -> AdmissionResponse:
     raise Denied("group g does not exist", code=404, reason="NotFound")
 
 
+async def times_out_itself(request: AdmissionRequest) -> AdmissionResponse:
+    raise TimeoutError("the database did not answer")
+
+
 async def hangs(request: AdmissionRequest) -> AdmissionResponse:
     await anyio.sleep_forever()
     raise AssertionError
@@ -196,6 +200,7 @@ def make_server(volume: SecretVolume, **kwargs: Any) -> WebhookServer:
     server.register("/raises", raises)
     server.register("/denies", denies_deep_inside)
     server.register("/hangs", hangs, timeout=0.2)
+    server.register("/times-out-itself", times_out_itself)
     return server
 
 
@@ -342,6 +347,7 @@ async def test_failing_handlers_deny_with_500_and_timeouts_say_so(
 ) -> None:
     async with running(make_server(cert_dir), ca) as srv:
         crash = (await srv.post("/raises", review())).json()["response"]
+        own_timeout = (await srv.post("/times-out-itself", review())).json()["response"]
         bad_validator = (await srv.post("/patching-validator", review())).json()["response"]
         slow = (await srv.post("/hangs", review())).json()["response"]
         # the API server's announced deadline (?timeout=) shortens ours (10 s by default)
@@ -351,6 +357,11 @@ async def test_failing_handlers_deny_with_500_and_timeouts_say_so(
     assert crash["allowed"] is False
     assert crash["status"]["code"] == 500
     assert crash["status"]["message"] == "internal error: RuntimeError: database on fire"
+    # a TimeoutError of the handler's own is its failure, not the webhook's deadline
+    assert own_timeout["status"]["code"] == 500
+    assert own_timeout["status"]["message"] == (
+        "internal error: TimeoutError: the database did not answer"
+    )
     assert bad_validator["allowed"] is False and bad_validator["status"]["code"] == 500
     assert "may not return a patch" in bad_validator["status"]["message"]
     for timed_out in (slow, announced):
