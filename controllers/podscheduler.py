@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Container, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from opentelemetry import trace
@@ -212,7 +212,7 @@ class PodScheduler:
 
     def _pods_on(self, node: str) -> list[dict[str, Any]]:
         pods = self.cache.list(PODS, index=POD_NODE_INDEX, value=node, copy=False)
-        return pods + self._assumed.on(node, {pod_key(p) for p in pods})
+        return pods + self._assumed.on(node, pods)
 
     async def _unschedulable(
         self, pod: dict[str, Any], message: str, span: trace.Span, started: float
@@ -294,15 +294,16 @@ class AssumedPods:
             if not on_node:
                 del self._by_node[node]
 
-    def on(self, node: str, cached: Container[str]) -> list[dict[str, Any]]:
-        """The assumed pods on ``node`` that are not among the ``cached`` pod keys there;
-        drops the ones the cache shows and the expired ones."""
+    def on(self, node: str, cached: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The assumed pods on ``node`` that are not among the ``cached`` pods there; drops
+        the ones the cache shows and the expired ones."""
         on_node = self._by_node.get(node)
         if not on_node:
-            return []
+            return []  # the usual case: no key set built
+        shown = {pod_key(p) for p in cached}
         now, pods = self._clock(), []
         for key, (pod, when) in list(on_node.items()):
-            if key in cached or now - when > self.ttl:
+            if key in shown or now - when > self.ttl:
                 self.forget(key)
             else:
                 pods.append(pod)

@@ -72,6 +72,23 @@ class Watch:
     predicates: tuple[Predicate, ...] = ()
 
 
+def _all_of(
+    preds: tuple[Predicate, ...],
+) -> tuple[Callable[[Obj], bool], Callable[[Obj, Obj], bool], Callable[[Obj], bool]]:
+    """Whether an event passes every predicate, for create, update and delete. Every event
+    of a kind runs these once per watch: one predicate (the usual case) is called as it
+    is, none costs nothing, and only several make a generator per event."""
+    if not preds:
+        return (lambda _obj: True), (lambda _old, _new: True), (lambda _obj: True)
+    if len(preds) == 1:
+        return preds[0].create, preds[0].update, preds[0].delete
+    return (
+        lambda obj: all(p.create(obj) for p in preds),
+        lambda old, new: all(p.update(old, new) for p in preds),
+        lambda obj: all(p.delete(obj) for p in preds),
+    )
+
+
 class Controller:
     """Runs ``reconciler`` for the requests its watches produce (docs/contracts.md).
 
@@ -179,12 +196,13 @@ class Controller:
     # --- event dispatch (sync, called by the informer) ------------------------------------
 
     def _handlers(self, w: Watch) -> tuple[Callable[..., None], ...]:
-        handler, preds, name = w.handler, w.predicates, self.name
+        handler, name = w.handler, self.name
         add = self._add_from_handler
+        create_ok, update_ok, delete_ok = _all_of(w.predicates)
 
         def on_add(obj: Obj) -> None:
             try:
-                if all(p.create(obj) for p in preds):
+                if create_ok(obj):
                     for request in handler.create(obj):
                         add(request, w, "create")
             except Exception:
@@ -192,7 +210,7 @@ class Controller:
 
         def on_update(old: Obj, new: Obj) -> None:
             try:
-                if all(p.update(old, new) for p in preds):
+                if update_ok(old, new):
                     for request in handler.update(old, new):
                         add(request, w, "update")
             except Exception:
@@ -200,7 +218,7 @@ class Controller:
 
         def on_delete(obj: Obj) -> None:
             try:
-                if all(p.delete(obj) for p in preds):
+                if delete_ok(obj):
                     for request in handler.delete(obj):
                         add(request, w, "delete")
             except Exception:

@@ -17,7 +17,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -40,8 +39,17 @@ EventType = Literal["Normal", "Warning"]
 _MAX_MESSAGE = 1024  # the API's limit for events.k8s.io notes; keeps etcd objects small
 
 
+_stamp: tuple[int, str] = (-1, "")
+
+
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The time now as an Event's timestamps have it (whole seconds, UTC), formatted once
+    per second: every Event write asks for it."""
+    global _stamp
+    second = int(time.time())
+    if second != _stamp[0]:
+        _stamp = (second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second)))
+    return _stamp[1]
 
 
 @dataclass(slots=True)

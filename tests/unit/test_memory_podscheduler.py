@@ -44,7 +44,7 @@ def test_a_deleted_pod_stops_counting_on_its_node_at_once() -> None:
     sched._assumed.assume("ns/p-1", "n1", pod(1))
     sched._assumed.assume("ns/p-2", "n1", pod(2))
     sched.pod_deleted(pod(1))
-    assert sched._assumed.on("n1", set()) == [pod(2)]
+    assert sched._assumed.on("n1", []) == [pod(2)]
 
 
 def test_setup_feeds_the_pod_informers_deletes_to_the_scheduler() -> None:
