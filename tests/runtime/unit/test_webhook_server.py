@@ -752,6 +752,14 @@ def test_an_unreadable_review_is_refused_with_its_reason(body: bytes, reason: st
     assert len(info.value.message) < 200
 
 
+def test_brackets_in_strings_do_not_make_a_review_too_deep() -> None:
+    """The depth bound counts the body's '{' and '[' before it walks the object: brackets
+    inside strings may pass the limit, yet only the real nesting refuses a review."""
+    shallow = {"a": json.loads("[" * 90 + "]" * 90), "note": "[{" * 500}
+    request = parse_review(_with("object", shallow))
+    assert request.object == shallow
+
+
 def test_reviews_as_go_encodes_them_are_readable() -> None:
     """``null`` and absent optional fields (Go's zero values), unknown fields and the
     deepest allowed object pass; ``kind``/``resource`` come out as their three strings."""
