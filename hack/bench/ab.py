@@ -33,6 +33,17 @@ def phases(only: str | None) -> tuple[bool, bool, bool]:
     return only in (None, "s1"), only in (None, "s4"), only == "s8"
 
 
+def per_bench(cpu: dict[str, float]) -> dict[str, float]:
+    """Each process's CPU-s per CPU-s of the bench in the same phase. The bench's work in
+    a phase is fixed (the same creates and watches), so its CPU-s measure how fast the
+    host ran then: on this shared host a whole run can cost ~1.45x more CPU-s in
+    everything but crypto (RESULTS.md, session 37). Compare A/B runs by these ratios too."""
+    bench = cpu.get("bench") or 0.0
+    if bench <= 0:
+        return {}
+    return {k: v / bench for k, v in cpu.items() if k != "bench"}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("root", help="the tree to run (its manager and its compare.py)")
@@ -144,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     for ph in out["phases"]:
         cpu = {k: round(v, 2) for k, v in ph["cpu"].items()}
         print(ph["name"], round(ph["wall"], 1), cpu, ph.get("writes"))
+        ratios = per_bench(ph["cpu"])
+        if ratios:
+            print("  CPU-s per bench CPU-s:", ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
         # the API server's CPU per pod by part (its own profile; a ROOT older than
         # 266b5d6 has none)
         parts = c.apiserver_ms(ph, ph.get("pods") or 1) if hasattr(c, "apiserver_ms") else {}

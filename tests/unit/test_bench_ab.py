@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hack.bench.ab import phases
+from hack.bench.ab import per_bench, phases
 
 
 def test_s1_and_s4_unless_one_phase_is_named() -> None:
@@ -17,3 +17,13 @@ def test_s1_and_s4_unless_one_phase_is_named() -> None:
 def test_an_unknown_phase_is_refused() -> None:
     with pytest.raises(ValueError, match="s1, s4 or s8"):
         phases("s2")
+
+
+def test_cpu_is_also_given_per_cpu_second_of_the_bench() -> None:
+    """The bench's fixed work is the yardstick of how fast the host ran in that phase."""
+    assert per_bench({"manager": 8.0, "kube-apiserver": 30.0, "bench": 2.5}) == {
+        "manager": 3.2,
+        "kube-apiserver": 12.0,
+    }
+    assert per_bench({"manager": 8.0}) == {}
+    assert per_bench({"manager": 8.0, "bench": 0.0}) == {}
