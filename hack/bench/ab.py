@@ -164,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         if parts:
             top = sorted(parts.items(), key=lambda kv: -kv[1])
             print("  kube-apiserver ms/pod:", ", ".join(f"{k} {v:.2f}" for k, v in top))
+        # the manager's, by its py-spy profile (--py-spy; a ROOT older than session 37 has
+        # none)
+        py = c.python_ms(ph, ph.get("pods") or 1) if hasattr(c, "python_ms") else {}
+        if py:
+            top = sorted(py.items(), key=lambda kv: -kv[1])
+            print("  manager ms/pod:", ", ".join(f"{k} {v:.2f}" for k, v in top))
     for key in ("s1_sdg", "s4_sdg", "s6_sdg", "s6_objects", "s7_sdg", "s8", "s8_floor"):
         if key in out:
             print(key, out[key])

@@ -60,6 +60,7 @@ for p in (str(HERE), str(ROOT)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+import _pyspy  # noqa: E402
 import aiohttp  # noqa: E402
 from _kube import (  # noqa: E402
     ApiError,
@@ -1000,13 +1001,21 @@ class Run:
         self.out[key] = {"groups": len(names), "bound_s": secs, "per_s": len(names) / secs}
 
     async def stream(
-        self, name: str, ns: str, pods: list[Obj], pids: dict[str, int], spy: PySpy | None = None
+        self,
+        name: str,
+        ns: str,
+        pods: list[Obj],
+        pids: dict[str, int],
+        spy: PySpy | None = None,
+        profile_key: str = "profile",
     ) -> dict[str, Any]:
         """S1's measure for one contender: ``pods`` created in ``ns`` (``in_flight`` at a
         time) on a watch opened before; first create -> last pod seen with a node. The
         phase ``name`` gets the CPU-s of ``pids`` until the writes settle after the last
         bind (``settle_writes``: Events written later still count; the writes of what came
-        before settle before it starts); ``spy`` is stopped at the last bind."""
+        before settle before it starts); ``spy`` (of the one Python process in ``pids``)
+        is stopped at the last bind, its summary in ``out[profile_key]``, its parts
+        (``_pyspy``) in the phase."""
         seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
         await settle_writes(self.kube)  # what came before (S3's paced Events) is not S1's
         idle_sw = Stopwatch(pids)  # what each spends while nothing is asked of it
@@ -1018,7 +1027,7 @@ class Run:
             made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
             await seen.wait(900)
         if spy is not None:
-            self.out["profile"] = spy.stop()
+            self.out[profile_key] = spy.stop()
         last = max(seen.first.values())
         secs = last - made.t_first
         at_bind = sw.cpu()
@@ -1027,6 +1036,9 @@ class Run:
             name, sw, pods=len(pods), created_s=made.create_s, cpu_at_last_bind=at_bind
         )
         self.phases[-1]["apiserver_parts"] = await api.stop()
+        if spy is not None and spy.out.exists():
+            (who,) = (k for k in pids if k not in ("kube-apiserver", "etcd", "bench"))
+            self.phases[-1]["python_parts"] = {who: _pyspy.stack_parts(spy.out)}
         return {
             "pods": len(pods),
             "seconds": secs,
@@ -1060,7 +1072,12 @@ class Run:
         it; then each pod is checked against its group's template and node."""
         n, ns = self.scale.pods, "s1-floor"
         pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
-        self.out["s1_floor"] = await self.stream(S1_FLOOR, ns, pods, self.pids(floor=floor))
+        spy = None
+        if self.args.py_spy:  # as the manager in its S1, for S9's parts side by side
+            spy = PySpy(floor.pid, floor.log_path.parent / "py-spy-s1-floor.txt")
+        self.out["s1_floor"] = await self.stream(
+            S1_FLOOR, ns, pods, self.pids(floor=floor), spy, profile_key="profile_floor"
+        )
         wrong = 0
         items, _ = await self.kube.list(pods_path(ns))
         for pod in items:
@@ -1603,6 +1620,10 @@ def parts_table(out: dict[str, Any], title: str, named: list[tuple[str, str]]) -
     api = [apiserver_ms(ph, n) for ph, n in zip(runs, pods, strict=True)]
     for part in sorted(set().union(*api), key=lambda k: -sum(a.get(k, 0.0) for a in api)):
         lines.append(row(f"kube-apiserver: {part}", [f"{a.get(part, 0.0):.2f} ms" for a in api]))
+    py = [python_ms(ph, n) for ph, n in zip(runs, pods, strict=True)]
+    for part in sorted(set().union(*py), key=lambda k: -sum(p.get(k, 0.0) for p in py)):
+        cells = [f"{p[part]:.2f} ms" if part in p else "-" for p in py]
+        lines.append(row(f"Python process: {part}", cells))
     if any(api):
         lines += [
             "",
@@ -1610,7 +1631,33 @@ def parts_table(out: dict[str, Any], title: str, named: list[tuple[str, str]]) -
             "CPU profile (Go's pprof, 100 Hz, the whole phase) was doing: each sample goes "
             "to the first matching part of `hack/bench/_pprof.py`'s list.",
         ]
+    if any(py):
+        lines += [
+            "",
+            "The Python process rows split the CPU per pod of the run's Python contender "
+            "(SDG's manager, the floor) by its py-spy profile up to the last bind: each "
+            "sample goes to the first matching part of `hack/bench/_pyspy.py`'s list (the "
+            "floor's binds include their Event POSTs); what it spent after the last bind "
+            "(paced Events, status) is its own row.",
+        ]
     return lines
+
+
+def python_ms(ph: dict[str, Any], pods: int) -> dict[str, float]:
+    """The phase's Python contender's CPU in ms per pod by part (``_pyspy``): its CPU up
+    to the last bind shared out by its py-spy samples, and what came after."""
+    parts = ph.get("python_parts") or {}
+    if len(parts) != 1:
+        return {}
+    ((who, samples),) = parts.items()
+    total = (ph.get("cpu") or {}).get(who)
+    until = (ph.get("cpu_at_last_bind") or {}).get(who, total)
+    if total is None or until is None:
+        return {}
+    out = _pyspy.ms_per_pod(samples, until, pods)
+    if out:
+        out["after the last bind (not profiled)"] = max(total - until, 0.0) * 1e3 / pods
+    return out
 
 
 def apiserver_ms(phase: dict[str, Any], pods: int) -> dict[str, float]:

@@ -1,0 +1,69 @@
+"""A Python contender's CPU by part while a phase runs: py-spy's raw stacks
+(``compare.PySpy``), each sample given to the first part in ``PARTS`` with a frame on its
+stack. S9's parts come from it: SDG's manager beside the floor, so a change in S9 names
+what moved.
+
+Part of the benchmarks, not of SDG.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+#: (part, frames): a sample belongs to the first part with one of its frames on the stack
+#: (substrings of py-spy's ``function (file:line)`` frames). Most specific first: a
+#: Binding POST runs inside a reconcile, a TLS write inside whatever asked for it.
+PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("TLS handshakes", ("SSLObject.do_handshake ",)),
+    ("webhook: the review", ("Webhook.review ", "Floor.mutate ")),
+    ("webhook: HTTP server", ("sdgruntime/httpserver.py",)),
+    # the floor's bind task POSTs the Binding and then its Event
+    ("binds: checks, Binding POSTs", ("PodScheduler.reconcile ", "Floor.bind ")),
+    ("Events", ("sdgruntime/events.py", "controllers/podevents.py")),
+    ("status writes", ("StatusController.reconcile ",)),
+    ("other reconciles", ("Controller._reconcile ",)),
+    (
+        "watches: decode, cache, handlers",
+        ("sdgruntime/cache/", "sdgruntime/rest/watch.py", "Kube.watch ", "Floor.on_pod "),
+    ),
+    ("controller queues and workers", ("sdgruntime/controller.py", "sdgruntime/workqueue.py")),
+    ("TLS reads and writes", ("(ssl.py:",)),
+    ("API client, other requests", ("sdgruntime/client.py", "sdgruntime/rest/", "_kube.py")),
+    # nothing but the loop's own frames: its native work (polling, socket reads and
+    # writes, callbacks) and what py-spy cannot see below it
+    ("event loop (native)", ("asyncio/runners.py", "asyncio/base_events.py")),
+)
+OTHER = "other"
+
+
+def part_of(frames: list[str]) -> str:
+    """The part of a sample whose stack is ``frames`` (root first), by ``PARTS``."""
+    for part, markers in PARTS[:-1]:
+        if any(m in f for f in frames for m in markers):
+            return part
+    loop_part, loop_markers = PARTS[-1]
+    python = [f for f in frames if ".py:" in f]  # (``--native`` adds C frames below)
+    if python and any(m in python[-1] for m in loop_markers):
+        return loop_part
+    return OTHER
+
+
+def stack_parts(path: Path) -> dict[str, int]:
+    """Samples by part in a py-spy raw file (``stack count`` lines, frames ``;``-joined,
+    idle stacks already dropped by py-spy)."""
+    out: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack:
+            out[part_of(stack.split(";"))] += int(count)
+    return dict(out)
+
+
+def ms_per_pod(samples: dict[str, int], cpu_s: float, pods: int) -> dict[str, float]:
+    """``cpu_s`` (the process's CPU-s while py-spy sampled) in ms per pod, shared out by
+    ``samples``."""
+    total = sum(samples.values())
+    if total <= 0 or pods <= 0:
+        return {}
+    return {part: cpu_s * 1e3 / pods * n / total for part, n in samples.items()}
