@@ -29,7 +29,9 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("controller queues and workers", ("sdgruntime/controller.py", "sdgruntime/workqueue.py")),
     ("TLS reads and writes", ("(ssl.py:",)),
-    ("API client, other requests", ("sdgruntime/client.py", "sdgruntime/rest/", "_kube.py")),
+    # requests no part above made, and the client's connections' own callbacks (the
+    # floor's client is _kube.Kube; its module is on every stack of it, by run_loop)
+    ("API client: other requests, reads", ("sdgruntime/client.py", "sdgruntime/rest/", "Kube.")),
     # nothing but the loop's own frames: its native work (polling, socket reads and
     # writes, callbacks) and what py-spy cannot see below it
     ("event loop (native)", ("asyncio/runners.py", "asyncio/base_events.py")),

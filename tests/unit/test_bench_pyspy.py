@@ -46,6 +46,12 @@ def test_a_sample_goes_to_the_most_specific_part_on_its_stack(tmp_path: Path) ->
     assert part_of([RUN, "Floor.bind (hack/bench/floor.py:123)"]) == (
         "binds: checks, Binding POSTs"
     )
+    # the floor's whole life runs under _kube.run_loop: that frame names no part
+    floor_root = ["<module> (floor.py:1)", "main (floor.py:217)", "run_loop (_kube.py:35)"]
+    assert part_of([*floor_root, RUN]) == "event loop (native)"
+    assert part_of([*floor_root, RUN, "Kube.request (_kube.py:109)"]) == (
+        "API client: other requests, reads"
+    )
 
 
 def test_python_parts_share_out_the_cpu_up_to_the_last_bind() -> None:
