@@ -37,6 +37,10 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("event loop (native)", ("asyncio/runners.py", "asyncio/base_events.py")),
 )
 OTHER = "other"
+#: Leaf frames (py-spy ``--native``) of a thread waiting in the event loop's poll: py-spy
+#: counts a thread woken there but not yet on a core as active, so on a busy host these
+#: are run-queue waits, not CPU (47.6% of the manager's S4 samples in session 37).
+WAITING = ("epoll_pwait (", "epoll_wait (")
 
 
 def part_of(frames: list[str]) -> str:
@@ -53,13 +57,19 @@ def part_of(frames: list[str]) -> str:
 
 def stack_parts(path: Path) -> dict[str, int]:
     """Samples by part in a py-spy raw file (``stack count`` lines, frames ``;``-joined,
-    idle stacks already dropped by py-spy)."""
+    idle stacks already dropped by py-spy, those ``waiting`` in the poll dropped here)."""
     out: Counter[str] = Counter()
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if stack:
-            out[part_of(stack.split(";"))] += int(count)
+        frames = stack.split(";")
+        if stack and not waiting(frames):
+            out[part_of(frames)] += int(count)
     return dict(out)
+
+
+def waiting(frames: list[str]) -> bool:
+    """Whether a sample's thread waits in the loop's poll (``WAITING``), not on a core."""
+    return frames[-1].startswith(WAITING)
 
 
 def ms_per_pod(samples: dict[str, int], cpu_s: float, pods: int) -> dict[str, float]:

@@ -686,7 +686,9 @@ async def ensure_namespace(kube: Kube, name: str) -> None:
 
 class PySpy:
     """``py-spy record`` of a process (100 Hz; idle stacks dropped; the process is paused
-    for each sample, so stacks are whole)."""
+    for each sample, so stacks are whole). ``--native``: C frames too, so a thread woken in
+    the event loop's poll but waiting for a core is told from one using it
+    (``_pyspy.WAITING``)."""
 
     def __init__(self, pid: int, out: Path) -> None:
         self.out = out
@@ -695,7 +697,7 @@ class PySpy:
         if Path(exe).is_file():
             self.proc = subprocess.Popen(
                 [
-                    *(exe, "record", "--pid", str(pid), "--rate", "100"),
+                    *(exe, "record", "--pid", str(pid), "--rate", "100", "--native"),
                     *("--function", "--format", "raw", "--output", str(out)),
                 ],
                 stdout=subprocess.DEVNULL,
@@ -733,7 +735,7 @@ def summarize_stacks(path: Path, top: int = 15) -> dict[str, Any]:
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack:
+        if not stack or _pyspy.waiting(stack.split(";")):
             continue
         n = int(count)
         frames = [_short(f) for f in stack.split(";")]

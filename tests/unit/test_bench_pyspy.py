@@ -54,6 +54,15 @@ def test_a_sample_goes_to_the_most_specific_part_on_its_stack(tmp_path: Path) ->
     )
 
 
+def test_a_thread_woken_in_the_loops_poll_is_not_counted(tmp_path: Path) -> None:
+    """py-spy --native counts a thread woken in epoll but not yet on a core as active: on
+    a busy host those samples are run-queue waits, and no part may take them."""
+    raw = tmp_path / "py-spy-s4.txt"
+    poll = "uv__io_poll (core.c:1);epoll_pwait (libc.so.6)"
+    raw.write_text(f"{RUN};{poll} 40\n{RUN};uv__io_poll (core.c:1) 3\n{RUN} 2\n")
+    assert stack_parts(raw) == {"event loop (native)": 5}
+
+
 def test_python_parts_share_out_the_cpu_up_to_the_last_bind() -> None:
     phase = {
         "cpu": {"manager": 5.0},
