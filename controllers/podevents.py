@@ -33,6 +33,8 @@ EVENT_QUIET: Final = 5.0
 #: ... but no later than this many seconds after its first unreported change, so a group
 #: that never rests still reports.
 EVENT_LONGEST: Final = 30.0
+#: The runner tells what is due at most this often: an event comes up to this late.
+EVENT_TICK: Final = 0.25
 
 
 @dataclass(slots=True)
@@ -170,15 +172,20 @@ class PodEvents:
 
     async def run(self) -> None:
         """Emit pending events when due, until cancelled; then emit what is left (the
-        recorder writes it if it still runs: leadership lost, shutdown)."""
+        recorder writes it if it still runs: leadership lost, shutdown). Wakes at most
+        once per ``EVENT_TICK`` (or ``quiet``, if shorter) and tells every group due by
+        then: a burst over many groups has as many dues as writes, and a wake per due was
+        most of what the events cost the manager in S4."""
+        tick = min(EVENT_TICK, self.quiet)
         try:
             while True:
                 wait = self.flush_due()
                 if wait is None:
                     await self._wake.wait()
                 else:
-                    await anyio.sleep(wait)
-                self._wake = anyio.Event()
+                    await anyio.sleep(max(wait, tick))
+                if self._wake.is_set():
+                    self._wake = anyio.Event()
         finally:
             self.flush_all()
 

@@ -184,6 +184,35 @@ async def test_run_tells_when_due_and_what_is_left_when_stopped() -> None:
     assert len(ev) == 0
 
 
+@pytest.mark.anyio
+async def test_one_wake_tells_every_group_due_by_then() -> None:
+    """A burst over many groups has a due per group: the runner tells them in a few wakes
+    (at most one per EVENT_TICK), not one wake per group, and loses none."""
+    rec = Recorder()
+    ev = PodEvents(rec, quiet=0.3)
+    wakes = 0
+    flush_due = ev.flush_due
+
+    def counted() -> float | None:
+        nonlocal wakes
+        wakes += 1
+        return flush_due()
+
+    ev.flush_due = counted  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ev.run)
+        for i in range(50):  # dues 2 ms apart
+            ev.record(group(f"g{i}", f"u{i}"), [f"ns/p{i}"], [])
+            await anyio.sleep(0.002)
+        with anyio.fail_after(5):
+            while len(rec.events) < 50:
+                rec.emitted = anyio.Event()
+                await rec.emitted.wait()
+        tg.cancel_scope.cancel()
+    assert sorted(e[0] for e in rec.events) == sorted(f"u{i}" for i in range(50))
+    assert wakes <= 12  # before: a wake per group (51)
+
+
 def teller(quiet: float = 5.0, longest: float = 30.0) -> tuple[BurstTeller, Clock]:
     clock = Clock()
     return BurstTeller(quiet=quiet, longest=longest, clock=clock), clock
