@@ -21,11 +21,15 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the floor's bind task POSTs the Binding and then its Event
     ("binds: checks, Binding POSTs", ("PodScheduler.reconcile ", "Floor.bind ")),
     ("Events", ("sdgruntime/events.py", "controllers/podevents.py")),
-    ("status writes", ("StatusController.reconcile ",)),
+    # S4's contenders: SDG's status controller, the status floor's writer
+    ("status writes", ("StatusController.reconcile ", "StatusFloor.write ")),
     ("other reconciles", ("Controller._reconcile ",)),
     (
         "watches: decode, cache, handlers",
-        ("sdgruntime/cache/", "sdgruntime/rest/watch.py", "Kube.watch ", "Floor.on_pod "),
+        (
+            *("sdgruntime/cache/", "sdgruntime/rest/watch.py", "Kube.watch "),
+            *("Floor.on_pod ", "StatusFloor.on_pod "),
+        ),
     ),
     ("controller queues and workers", ("sdgruntime/controller.py", "sdgruntime/workqueue.py")),
     ("TLS reads and writes", ("(ssl.py:",)),
@@ -41,6 +45,16 @@ OTHER = "other"
 #: counts a thread woken there but not yet on a core as active, so on a busy host these
 #: are run-queue waits, not CPU (47.6% of the manager's S4 samples in session 37).
 WAITING = ("epoll_pwait (", "epoll_wait (")
+#: Python frames that only block, as the deepest Python frame of a stack: with
+#: ``--native`` py-spy counts a pool thread waiting for work as active when it cannot
+#: name the libc frame it sleeps in (kopf's handler threads; so kopf is not profiled).
+BLOCKING = (
+    "_worker (concurrent/futures/thread.py:",  # a pool thread waiting on its work queue
+    "Condition.wait (threading.py:",
+    "Event.wait (threading.py:",
+    "Thread.join (threading.py:",
+    "select (selectors.py:",
+)
 
 
 def part_of(frames: list[str]) -> str:
@@ -68,8 +82,14 @@ def stack_parts(path: Path) -> dict[str, int]:
 
 
 def waiting(frames: list[str]) -> bool:
-    """Whether a sample's thread waits in the loop's poll (``WAITING``), not on a core."""
-    return frames[-1].startswith(WAITING)
+    """Whether a sample's thread waits (in the loop's poll, ``WAITING``, or in a Python
+    frame that only blocks, ``BLOCKING``) rather than runs."""
+    if frames[-1].startswith(WAITING):
+        return True
+    python = [f for f in frames if ".py:" in f]
+    if not python or ".py:" in frames[-1]:
+        return False  # a Python frame itself is the leaf: it runs
+    return python[-1].startswith(BLOCKING)
 
 
 def ms_per_pod(samples: dict[str, int], cpu_s: float, pods: int) -> dict[str, float]:

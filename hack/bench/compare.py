@@ -792,6 +792,13 @@ class Run:
         assert self.kube.session is not None
         return ApiServerProfile(self.kube.session, self.env.work, tag)
 
+    def spy(self, proc: Proc, phase: str) -> PySpy | None:
+        """A py-spy of ``proc`` into ``py-spy-PHASE.txt`` beside its log, unless
+        ``--no-py-spy``."""
+        if not self.args.py_spy:
+            return None
+        return PySpy(proc.pid, proc.log_path.parent / f"py-spy-{phase}.txt")
+
     def pids(self, **procs: Proc | None) -> dict[str, int]:
         out = {"kube-apiserver": self.cp.pids["kube-apiserver"], "etcd": self.cp.pids["etcd"]}
         out.update({k: p.pid for k, p in procs.items() if p is not None})
@@ -956,7 +963,7 @@ class Run:
         more = [f"g-{i:04d}" for i in range(sc.groups, sc.big_groups)]
         await self.s3_groups(mgr, more, "S3b: groups bound at the big fleet (webhooks off)")
         all_groups = groups + more
-        await self.s4(mgr, "s4-sdg", all_groups, S4_SDG)
+        await self.s4(mgr, "s4-sdg", all_groups, S4_SDG, self.spy(mgr, "s4"))
         await delete_pods(kube, "s4-sdg")
         await wait_groups_empty(kube)
         await self.stop(mgr)
@@ -964,7 +971,7 @@ class Run:
         # --- S4 with the status floor: the status writes and nothing else ----------------
         floor, _ = await env.status_floor("s4-floor")
         self.procs.append(floor)
-        await self.s4(floor, "s4-floor", all_groups, S4_FLOOR)
+        await self.s4(floor, "s4-floor", all_groups, S4_FLOOR, self.spy(floor, "s4-floor"))
         await delete_pods(kube, "s4-floor")
         await wait_groups_empty(kube)
         await self.stop(floor)
@@ -974,7 +981,7 @@ class Run:
         kopf, _ = await env.kopf()
         self.procs.append(kopf)
         await asyncio.sleep(2)  # its watches are up a moment after the liveness endpoint
-        await self.s4(kopf, "s4-kopf", all_groups, S4_KOPF)
+        await self.s4(kopf, "s4-kopf", all_groups, S4_KOPF)  # no py-spy: see _pyspy.BLOCKING
         await self.stop(kopf)
 
         # --- S7 and S6: cold starts with the big fleet and its pods existing -------------
@@ -1054,7 +1061,7 @@ class Run:
     async def s1_sdg(self, mgr: Proc, groups: list[str]) -> None:
         n = self.scale.pods
         pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
-        spy = PySpy(mgr.pid, mgr.log_path.parent / "py-spy-s1.txt") if self.args.py_spy else None
+        spy = self.spy(mgr, "s1")
         self.out["profile"] = None
         opened = await webhook_connections(mgr)
         s1 = await self.stream(S1_SDG, "s1-sdg", pods, self.pids(manager=mgr), spy)
@@ -1074,9 +1081,7 @@ class Run:
         it; then each pod is checked against its group's template and node."""
         n, ns = self.scale.pods, "s1-floor"
         pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
-        spy = None
-        if self.args.py_spy:  # as the manager in its S1, for S9's parts side by side
-            spy = PySpy(floor.pid, floor.log_path.parent / "py-spy-s1-floor.txt")
+        spy = self.spy(floor, "s1-floor")  # as the manager's in its S1: S9's parts side by side
         self.out["s1_floor"] = await self.stream(
             S1_FLOOR, ns, pods, self.pids(floor=floor), spy, profile_key="profile_floor"
         )
@@ -1251,8 +1256,8 @@ class Run:
     async def s4(
         self, proc: Proc, ns: str, groups: list[str], label: str, spy: PySpy | None = None
     ) -> None:
-        """S4 for one contender; ``spy`` (its profile, ``out["profile_s4"]``) is stopped
-        at convergence."""
+        """S4 for one contender; ``spy`` (its profile: summed up in ``out["profile_s4"]``
+        for SDG's, by part in the phase) is stopped at convergence."""
         sc = self.scale
         per_group = sc.big_pods // len(groups)
         n = per_group * len(groups)
@@ -1263,7 +1268,8 @@ class Run:
                 f"{ns}/{p['metadata']['name']}"
             )
         peak_reset = reset_peak(proc.pid)
-        sw = await self.stopwatch(self.pids(**{proc.name.split(" (")[0]: proc}))
+        proc_key = proc.name.split(" (")[0]
+        sw = await self.stopwatch(self.pids(**{proc_key: proc}))
         api = self.api_profile(ns)
         converged = StatusConverged(expected, sw.cpu)
         async with Watch(self.kube, SDG_PATH, converged):
@@ -1273,13 +1279,17 @@ class Run:
             except RuntimeError as exc:
                 raise RuntimeError(f"{label}: {exc}") from None
         if spy is not None:
-            self.out["profile_s4"] = spy.stop()
+            summary = spy.stop()
+            if ns == "s4-sdg":
+                self.out["profile_s4"] = summary
         assert converged.t is not None and converged.cpu is not None
         mem = memory(proc.pid)
         who = ns.removeprefix("s4-")
         lag = converged.t - made.t_last
         await self.phase(label, sw, converged.cpu, pods=n, groups=len(groups))
         self.phases[-1]["apiserver_parts"] = await api.stop()
+        if spy is not None and spy.out.exists():
+            self.phases[-1]["python_parts"] = {proc_key: _pyspy.stack_parts(spy.out)}
         self.out[f"s4_{who}"] = {
             "pods": n,
             "groups": len(groups),

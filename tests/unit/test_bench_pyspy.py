@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hack.bench._pyspy import OTHER, part_of, stack_parts
+from hack.bench._pyspy import OTHER, part_of, stack_parts, waiting
 from hack.bench.compare import S1_FLOOR, S1_KUBE, S1_SDG, cost_parts, python_ms
 
 RUN = "run (asyncio/runners.py:86)"
@@ -61,6 +61,10 @@ def test_a_thread_woken_in_the_loops_poll_is_not_counted(tmp_path: Path) -> None
     poll = "uv__io_poll (core.c:1);epoll_pwait (libc.so.6)"
     raw.write_text(f"{RUN};{poll} 40\n{RUN};uv__io_poll (core.c:1) 3\n{RUN} 2\n")
     assert stack_parts(raw) == {"event loop (native)": 5}
+    # a pool thread waiting for work, in a libc frame py-spy cannot name, is not running
+    pool = "run (threading.py:971);_worker (concurrent/futures/thread.py:69)"
+    assert waiting([*pool.split(";"), "0x7fcf3d8a3f16 (libc.so.6)"])
+    assert not waiting(pool.split(";"))  # its own Python frame is the leaf: it runs
 
 
 def test_python_parts_share_out_the_cpu_up_to_the_last_bind() -> None:
