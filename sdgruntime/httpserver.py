@@ -33,6 +33,7 @@ import anyio.abc
 import httptools
 
 from sdgruntime import jsoncodec, metrics
+from sdgruntime._readbuffer import BufferedReads
 
 log = logging.getLogger(__name__)
 
@@ -459,7 +460,7 @@ class _Incoming:
         self.continue_due = False  # "100 Continue" owed once it is the connection's turn
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(BufferedReads):
     """One client connection: httptools' C parser, one handler task at a time, answers
     written in order, every limit of the module doc.
 
@@ -562,7 +563,7 @@ class _Connection(asyncio.Protocol):
         if not owner._connections and owner._drained is not None:
             owner._drained.set()
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: memoryview) -> None:
         if self._discarding:
             return
         current = self._current
@@ -589,7 +590,10 @@ class _Connection(asyncio.Protocol):
         if current is not None and current.seen == 0:
             # It began in this chunk and its head is not complete: it holds at most the
             # bytes after the chunk's last blank line (none, if it began the chunk).
-            current.seen = len(data) - (data.rfind(b"\r\n\r\n") + 4 if b"\r\n\r\n" in data else 0)
+            chunk = bytes(data)  # (a memoryview has no rfind; this branch is rare)
+            current.seen = len(chunk) - (
+                chunk.rfind(b"\r\n\r\n") + 4 if b"\r\n\r\n" in chunk else 0
+            )
         if current is not None and current.seen > self._owner.max_header_bytes:
             self._refuse_with(self._owner._headers_too_large())  # a head with no end in sight
 
@@ -881,7 +885,7 @@ class _Connection(asyncio.Protocol):
         transport.close()
 
 
-class _Refusal(asyncio.Protocol):
+class _Refusal(BufferedReads):
     """Answers a connection over a cap with 503 and closes it: the answer goes out at
     once, what the client sends is read and discarded until it closes or for
     ``_LINGER_SECONDS``, so the answer is not destroyed by a reset."""
@@ -901,7 +905,7 @@ class _Refusal(asyncio.Protocol):
             transport.write_eof()
         self._timer = asyncio.get_running_loop().call_later(_LINGER_SECONDS, self.abort)
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: memoryview) -> None:
         pass  # the request is not read: it is answered already
 
     def eof_received(self) -> bool:

@@ -34,6 +34,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import httptools
 
 from sdgruntime import errors
+from sdgruntime._readbuffer import BufferedReads
 from sdgruntime.rest.retry import RequestNotSent
 
 __all__ = [
@@ -67,7 +68,7 @@ class _Failed(Exception):
     """Why a connection ended without a complete answer ("Kind: detail")."""
 
 
-_P = TypeVar("_P", bound=asyncio.Protocol)
+_P = TypeVar("_P", bound=asyncio.BaseProtocol)
 
 
 def _add_header(headers: dict[str, str], name: bytes, value: bytes) -> None:
@@ -78,7 +79,7 @@ def _add_header(headers: dict[str, str], name: bytes, value: bytes) -> None:
     headers[key] = text if old is None else f"{old}, {text}"
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(BufferedReads):
     """One keep-alive connection; :meth:`send` answers one request at a time."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
@@ -102,7 +103,7 @@ class _Connection(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)  # uvloop's: no base class
         self._transport = transport
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: memoryview) -> None:
         if self._waiter is None:
             self.close()  # bytes nobody asked for: the stream is out of step
             return
@@ -402,7 +403,7 @@ class Pool:
             self._pass_on(None)  # each waiter wakes to find the pool closed
 
 
-class Stream(asyncio.Protocol):
+class Stream(BufferedReads):
     """One answer read as it arrives, on a connection of its own (:meth:`Pool.stream`).
     ``status`` and ``headers`` are known once it is returned; :meth:`read` gives what came
     since the last call, ``b""`` at the end of the body. Close it when done."""
@@ -430,7 +431,7 @@ class Stream(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)  # uvloop's: no base class
         self._transport = transport
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: memoryview) -> None:
         self._last_read = self._loop.time()
         try:
             self._parser.feed_data(data)
