@@ -288,6 +288,28 @@ async def test_a_burst_of_emits_reaches_the_api_server_at_the_limiters_pace() ->
     assert (await emit_burst(EventRecorder(as_client(unpaced), "test"), unpaced, 15))[-1] < 0.2
 
 
+async def test_paced_writes_due_within_a_tick_go_out_together() -> None:
+    """A process woken once per tick writes every Event due by then (a write after an idle
+    gap costs several written in a run), never one before its token; one by one without."""
+
+    def instants(at: list[float]) -> int:
+        return len({round(t, 2) for t in at})
+
+    ticked = TimedClient()
+    limiter: BucketRateLimiter[Any] = BucketRateLimiter(qps=20, burst=5)
+    recorder = EventRecorder(as_client(ticked), "test", limiter=limiter, pace_tick=0.25)
+    at = await emit_burst(recorder, ticked, 15)
+    assert len(at) == 15 and at[4] < 0.1  # the burst
+    for k in range(5, 15):  # due at 0.05 .. 0.5 s: never sooner
+        assert at[k] >= (k - 4) / 20 - 0.01, (k, at)
+    assert at[-1] < 0.5 + 0.25 + 0.1  # at most a tick later
+    assert instants(at[5:]) <= 3  # the ten paced writes woke the writers at most 3 times
+    one_by_one = TimedClient()
+    limiter = BucketRateLimiter(qps=20, burst=5)
+    recorder = EventRecorder(as_client(one_by_one), "test", limiter=limiter, pace_tick=0)
+    assert instants((await emit_burst(recorder, one_by_one, 15))[5:]) >= 8
+
+
 async def test_the_managers_recorders_share_one_pace() -> None:
     """``event_qps``/``event_burst`` bound the manager's Event writes in all, whatever
     component writes them."""
