@@ -38,8 +38,10 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pods/binding POST", ("(*BindingREST).Create", "CreateNamedResource.createHandler")),
     ("CRD status writes", ("customresource.(*StatusREST).Update",)),
     ("CRD writes", ("apiextensions-apiserver/pkg/registry/customresource",)),
-    ("creates (pods, Events, ...)", ("handlers.CreateResource.createHandler",)),
-    ("updates and patches", ("handlers.UpdateResource", "handlers.PatchResource")),
+    # the handlers' closures, named after their caller where inlined (the CRD handler's
+    # status PATCH is ``(*crdHandler).serveStatus.PatchResource.func3``)
+    ("creates (pods, Events, ...)", ("CreateResource.createHandler",)),
+    ("updates and patches", ("UpdateResource.", "PatchResource.")),
     ("watch streams", ("(*WatchServer).HandleHTTP", "handlers.serveWatch")),
     ("watch cache", ("storage/cacher.",)),
     ("etcd watch", ("etcd3.(*watchChan)",)),

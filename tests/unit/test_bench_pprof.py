@@ -58,6 +58,10 @@ def test_a_sample_goes_to_the_most_specific_part_on_its_stack() -> None:
     scrape = ["compress/flate.(*compressor).deflate", "promhttp.HandlerForTransactional.func1"]
     assert part_of([*scrape, "(*timeoutHandler).ServeHTTP.func1"]) == "bench: /metrics scrapes"
     assert part_of(["main.main"]) == OTHER
+    # a CRD's status PATCH, outside its storage's Update: the patch handler's, not a filter's
+    crd_patch = "k8s.io/apiextensions-apiserver/pkg/apiserver.(*crdHandler).serveStatus"
+    handler = [f"{crd_patch}.PatchResource.func3", "(*timeoutHandler).ServeHTTP.func1"]
+    assert part_of(["handlers.asPartialObjectMetadata", *handler]) == "updates and patches"
 
 
 def test_parts_add_up_to_the_cpu_proc_measured() -> None:
