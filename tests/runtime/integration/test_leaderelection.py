@@ -234,6 +234,8 @@ async def test_only_the_leader_manager_reconciles_and_the_standby_takes_over(
     extra: dict[str, Any] = {"leader_election_release_on_cancel": release}
     if release:  # a long lease: only a release lets the standby in within the guard
         extra |= {"lease_duration": 60.0, "renew_deadline": 10.0}
+    else:  # room for a slow renew on a loaded machine: the new leader must keep its lease
+        extra |= {"lease_duration": 6.0, "renew_deadline": 4.0}
     a = make_manager(kubeconfig, namespace, lease, "a", log, **extra)
     b = make_manager(kubeconfig, namespace, lease, "b", log, **extra)
     a_scope, a_done = anyio.CancelScope(), anyio.Event()
