@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
@@ -15,7 +16,7 @@ from api.constants import (
 )
 from api.envvars import device_env_vars, env_var_for
 from api.v1alpha1 import format_ids, parse_ids
-from sdgruntime.cache.store import intern_strings
+from sdgruntime.cache.store import INTERN_MAX_LEN, intern_strings
 from sdgruntime.kinds import meta_of, spec_of, status_of
 
 #: Cache index: pods by the group their annotation names.
@@ -292,8 +293,9 @@ def pod_transform(env_vars: Iterable[str]) -> Callable[[dict[str, Any]], dict[st
 def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
     """The cache transform for pods with SDG's default device variables: only the fields
     SDG reads (a third to a tenth of a real pod's size, bounded whatever its env and
-    annotations), their short strings shared (``intern_strings``). Malformed parts are
-    kept as they are, for readers to judge."""
+    annotations), their short strings shared (``intern_strings``) but for the pod's own
+    name, UID and resourceVersion (``_UNIQUE_METADATA``). Malformed parts are kept as they
+    are, for readers to judge."""
     return _slim_pod(pod, _DEFAULT_ENV_VARS)
 
 
@@ -326,7 +328,30 @@ def _slim_pod(pod: dict[str, Any], env_vars: frozenset[str]) -> dict[str, Any]:
             out["status"] = slim
         else:
             out["status"] = status
-    return intern_strings(out)
+    _intern_but(out, _METADATA)
+    if type(out.get("metadata")) is dict:
+        _intern_but(out["metadata"], _UNIQUE_METADATA)
+    return out
+
+
+#: Metadata values no other pod shares: interning them shares nothing and costs the
+#: interpreter's string table an insert and a delete for every event of every pod (the
+#: watches' largest part after decoding, RESULTS.md session 39).
+_UNIQUE_METADATA = frozenset(("name", "uid", "resourceVersion", "deletionTimestamp"))
+_METADATA = frozenset(("metadata",))
+
+
+def _intern_but(obj: dict[str, Any], skip: frozenset[str]) -> None:
+    """``intern_strings`` over ``obj``'s values but those under the keys in ``skip``."""
+    for key, value in obj.items():
+        if key in skip:
+            continue
+        kind = type(value)
+        if kind is str:
+            if len(value) <= INTERN_MAX_LEN:
+                obj[key] = sys.intern(value)
+        elif kind is dict or kind is list:
+            intern_strings(value)
 
 
 # A node's status is mostly what SDG never reads: its image list alone is often 10-50 KB.

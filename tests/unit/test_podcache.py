@@ -296,6 +296,24 @@ def test_the_cached_copy_is_a_fraction_of_a_real_pod() -> None:
     assert "image" not in slim["spec"]["containers"][0]
 
 
+def test_pods_of_one_template_share_their_repeated_strings() -> None:
+    """Thousands of cached pods of one template hold one copy of what they repeat (the
+    namespace, node, group, env), which is most of the manager's memory per pod (S6)."""
+    a, b = (json.loads(json.dumps(PODS[0])) for _ in range(2))  # separate strings
+    b["metadata"].update(name="member-2", uid="uid-member-2", resourceVersion="43")
+    one, two = cached_pod(a), cached_pod(b)
+    assert one["metadata"]["namespace"] is two["metadata"]["namespace"]
+    annotations = one["metadata"]["annotations"], two["metadata"]["annotations"]
+    assert annotations[0]["deviceshare.io/group"] is annotations[1]["deviceshare.io/group"]
+    assert one["spec"]["nodeName"] is two["spec"]["nodeName"]
+    envs = [p["spec"]["containers"][0]["env"][0]["value"] for p in (one, two)]
+    assert envs[0] is envs[1]
+    assert one["status"]["phase"] is two["status"]["phase"]
+    for key in ("name", "uid", "resourceVersion"):  # each pod's own, kept exactly
+        assert one["metadata"][key] == PODS[0]["metadata"][key]
+        assert two["metadata"][key] == b["metadata"][key]
+
+
 def test_env_from_and_claims_are_kept_bounded_and_err_towards_counting() -> None:
     """Only what foreign detection reads; a pod with thousands of envFrom entries or
     claims costs a bounded copy, and whatever is cut can only add to what is counted."""
