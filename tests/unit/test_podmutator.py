@@ -444,6 +444,7 @@ async def test_denials_are_decided_every_time_and_the_decisions_are_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(podmutator, "MAX_DECISIONS", 2)
+    monkeypatch.setattr(podmutator, "MAX_GROUP_PARTS", 2)
     groups = [(SDG_KIND, bound(name, f"u-{name}")) for name in ("g", "h", "k")]
     async with cached(*groups) as (cache, _):
         mutator = PodMutator(cache, as_client(live()))
@@ -451,7 +452,7 @@ async def test_denials_are_decided_every_time_and_the_decisions_are_bounded(
             pod = new_pod()
             pod["metadata"]["annotations"]["deviceshare.io/group"] = name
             assert (await mutator.mutate(review("CREATE", pod))).allowed
-        assert len(mutator._decisions) == 2
+        assert len(mutator._decisions) == 2 and len(mutator._group_parts) == 2
         bad = new_pod()
         bad["spec"]["nodeName"] = "elsewhere"
         for _ in range(2):
