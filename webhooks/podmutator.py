@@ -62,12 +62,12 @@ MAX_MISSING = 4096
 #: Decisions remembered (the least recently used forgotten first): the pods of a Deployment
 #: or Job differ only in their names, so all but the first reuse one patch (~70 us each).
 MAX_DECISIONS = 1024
-#: Groups' ``group_part`` remembered by (UID, resourceVersion), the least recently used
-#: forgotten first: a group is re-encoded only when it changes, not on every review.
-MAX_GROUP_PARTS = 1024
 #: ... and at most this many bytes of their JSON patches: a pod of thousands of containers
 #: has a patch as large, and a flood of such shapes must not hold 1024 of them.
 MAX_DECISION_BYTES = 4 << 20
+#: Groups' ``group_part`` remembered by UID, name and resourceVersion, the least recently
+#: used forgotten first: a group is re-encoded when it changes, not on every review.
+MAX_GROUP_PARTS = 1024
 #: What tells two pods of one template apart and never changes the decision (a test holds
 #: ``build_injection`` to that), and the group's pod counts, rewritten as pods come.
 _POD_IDENTITY = frozenset(
