@@ -18,10 +18,11 @@ import json
 import logging
 import math
 import traceback
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import orjson
 
@@ -77,20 +78,28 @@ class AdmissionRequest:
 
     @classmethod
     def from_dict(cls, request: Mapping[str, Any]) -> AdmissionRequest:
+        """The request of a decoded ``request`` (checked by no one: see ``parse_review``);
+        ``raw`` is a shallow copy of it."""
+        return cls._of(dict(request))
+
+    @classmethod
+    def _of(cls, raw: dict[str, Any]) -> AdmissionRequest:
+        """The request of ``raw``, kept as ``raw`` (the caller gives it up)."""
+        get = raw.get
         return cls(
-            uid=request["uid"],
-            operation=request.get("operation") or "",
-            kind=request.get("kind") or {},
-            resource=request.get("resource") or {},
-            sub_resource=request.get("subResource") or "",
-            name=request.get("name") or "",
-            namespace=request.get("namespace") or "",
-            user_info=request.get("userInfo") or {},
-            object=request.get("object"),
-            old_object=request.get("oldObject"),
-            dry_run=bool(request.get("dryRun")),
-            options=request.get("options"),
-            raw=dict(request),
+            raw["uid"],
+            get("operation") or "",
+            get("kind") or {},
+            get("resource") or {},
+            get("subResource") or "",
+            get("name") or "",
+            get("namespace") or "",
+            get("userInfo") or {},
+            get("object"),
+            get("oldObject"),
+            bool(get("dryRun")),
+            get("options"),
+            raw,
         )
 
     def copy_object(self) -> dict[str, Any]:
@@ -280,18 +289,12 @@ class Webhook:
         return response.to_review(request.uid)
 
     async def _decide(self, request: AdmissionRequest, deadline: float) -> AdmissionResponse:
-        # asyncio's own timeout, not anyio's scope: this runs per review, and anyio's
-        # bookkeeping was ~2% of the manager's CPU (the server runs on asyncio anyway).
-        timeout = asyncio.timeout(deadline)
         try:
             try:
-                async with timeout:
-                    response = await self.handler(request)
+                response = await _within(self.handler(request), deadline)
             except READ_ERRORS as exc:
                 raise ObjectUnreadable(exc) from None
-            except TimeoutError:
-                if not timeout.expired():
-                    raise  # the handler's own, not the deadline
+            except _Overran:
                 log.warning(
                     "webhook %s: timed out after %.3gs on %s",
                     self.name,
@@ -326,6 +329,58 @@ class Webhook:
         if not response.allowed:
             log.debug("webhook %s: denied %s: %s", self.name, _describe(request), response.message)
         return response
+
+
+class _Overran(Exception):
+    """The handler was still waiting when its deadline passed."""
+
+
+async def _within(handler: Awaitable[AdmissionResponse], seconds: float) -> AdmissionResponse:
+    """``await handler``, cancelled after ``seconds`` (then ``_Overran``).
+
+    The handler's first step runs here and now: one that decides without waiting (a
+    cached read, most reviews) needs no timer, and nothing could have interrupted it
+    anyway. One that waits gets the deadline, counted from its start, for the rest, under
+    asyncio's own timeout (anyio's scope per review was ~2% of the manager's CPU).
+    Invariant: the handler ends here, by its answer, its exception or cancellation."""
+    if not isinstance(handler, Coroutine):
+        handler = _awaited(handler)
+    loop = asyncio.get_running_loop()
+    due = loop.time() + seconds
+    try:
+        waits_on = handler.send(None)
+    except StopIteration as done:
+        return cast(AdmissionResponse, done.value)
+    timeout = asyncio.timeout_at(due)
+    try:
+        async with timeout:
+            return await _resumed(handler, waits_on)
+    except TimeoutError:
+        if timeout.expired():
+            raise _Overran from None
+        raise  # the handler's own, not the deadline
+    finally:
+        handler.close()  # a no-op once it has ended; if it has not, it ends here
+
+
+@types.coroutine
+def _resumed(coro: Coroutine[Any, Any, Any], waits_on: Any) -> Generator[Any, Any, Any]:
+    """Awaits the rest of ``coro``, which was started by hand and yielded ``waits_on``: the
+    task's wake-up or exception goes to it as if it had been awaited from the start."""
+    while True:
+        try:
+            yield waits_on
+        except BaseException as exc:  # cancellation, as the task throws it
+            try:
+                waits_on = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
+            continue
+        return (yield from coro)  # the task resumes with send(None), as ``yield from`` does
+
+
+async def _awaited(awaitable: Awaitable[AdmissionResponse]) -> AdmissionResponse:
+    return await awaitable
 
 
 def parse_review(body: bytes, *, max_depth: int = MAX_DEPTH) -> AdmissionRequest:
@@ -363,7 +418,7 @@ def parse_review(body: bytes, *, max_depth: int = MAX_DEPTH) -> AdmissionRequest
         raise ReviewError(400, "AdmissionReview has no request")
     if not isinstance(request, dict):
         raise ReviewError(400, f"AdmissionReview request is a {_type(request)}, not an object")
-    return AdmissionRequest.from_dict(_checked(request))
+    return AdmissionRequest._of(_checked(request))
 
 
 def _slow_loads(body: bytes, max_depth: int) -> Any:
@@ -382,45 +437,56 @@ def _slow_loads(body: bytes, max_depth: int) -> Any:
 
 _GVK = ("group", "version", "kind")
 _GVR = ("group", "version", "resource")
+#: The GroupVersionKind/Resource fields: name, their three fields, required.
+_TYPES = (
+    ("kind", _GVK, True),
+    ("resource", _GVR, True),
+    ("requestKind", _GVK, False),
+    ("requestResource", _GVR, False),
+)
 _STRINGS = ("subResource", "requestSubResource", "name", "namespace")
 _OBJECTS = ("object", "oldObject", "options")
 
 
 def _checked(request: dict[str, Any]) -> dict[str, Any]:
-    """``request`` with its envelope fields checked, ``kind``/``resource`` normalised to
-    their three strings; raises ``ReviewError(400)``."""
+    """``request`` (decoded JSON: exact types) with its envelope fields checked, and
+    ``kind``/``resource`` normalised in place to their three strings; raises
+    ``ReviewError(400)``. Runs once per review: checks inline, no copies."""
     uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
+    if type(uid) is not str or not uid:
         raise _bad("uid", "a non-empty string", uid)
-    checked = dict(request)
-    for key, fields, required in (
-        ("kind", _GVK, True),
-        ("resource", _GVR, True),
-        ("requestKind", _GVK, False),
-        ("requestResource", _GVR, False),
-    ):
+    for key, fields, required in _TYPES:
         value = request.get(key)
         if value is None and not required:
             continue
-        if not isinstance(value, dict):
+        if type(value) is not dict:
             raise _bad(key, f"an object of {'/'.join(fields)}", value)
+        first, second, third = fields
+        a, b, c = value.get(first), value.get(second), value.get(third)
+        if type(a) is str and type(b) is str and type(c) is str:  # as the API server sends
+            if len(value) != 3:
+                request[key] = {first: a, second: b, third: c}
+            continue
         for name in fields:
             if not _null_or(value.get(name), str):
                 raise _bad(f"{key}.{name}", "a string", value[name])
-        checked[key] = {name: value.get(name) or "" for name in fields}
+        request[key] = {name: value.get(name) or "" for name in fields}
     operation = request.get("operation")
     if operation not in OPERATIONS:
         raise _bad("operation", f"one of {', '.join(OPERATIONS)}", operation)
     for key in _STRINGS:
-        if not _null_or(request.get(key), str):
-            raise _bad(key, "a string", request[key])
+        value = request.get(key)
+        if value is not None and type(value) is not str:
+            raise _bad(key, "a string", value)
     for key in _OBJECTS:
-        if not _null_or(request.get(key), dict):
-            raise _bad(key, "an object or null", request[key])
-    if not _null_or(request.get("dryRun"), bool):
-        raise _bad("dryRun", "a bool", request["dryRun"])
+        value = request.get(key)
+        if value is not None and type(value) is not dict:
+            raise _bad(key, "an object or null", value)
+    dry_run = request.get("dryRun")
+    if dry_run is not None and type(dry_run) is not bool:
+        raise _bad("dryRun", "a bool", dry_run)
     _check_user_info(request.get("userInfo"))
-    return checked
+    return request
 
 
 def _check_user_info(user: Any) -> None:

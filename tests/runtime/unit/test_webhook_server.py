@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pytest
 from anyio.streams.tls import TLSAttribute
@@ -29,6 +30,7 @@ from sdgruntime.webhook import (
     AdmissionResponse,
     CertWatcher,
     Denied,
+    Webhook,
     WebhookServer,
     allowed,
     denied,
@@ -368,6 +370,48 @@ async def test_failing_handlers_deny_with_500_and_timeouts_say_so(
         assert timed_out["allowed"] is False
         assert timed_out["status"]["code"] == 504
         assert "timed out" in timed_out["status"]["message"]
+
+
+@pytest.mark.anyio
+async def test_handlers_that_wait_are_answered_or_stopped_like_any_other() -> None:
+    """A handler that decides at once runs with no timer; one that waits gets the deadline
+    for the rest: it answers, fails by its own timeout (500), overruns (504), or is
+    cancelled with its request (it sees the cancellation where it waits)."""
+    body = json.dumps(review()).encode()
+    seen: list[str] = []
+
+    async def waits_then_answers(request: AdmissionRequest) -> AdmissionResponse:
+        for _ in range(3):
+            await anyio.lowlevel.checkpoint()
+        await anyio.sleep(0.01)
+        return allowed(f"decided on {request.name} after waiting")
+
+    async def waits_then_times_out_itself(request: AdmissionRequest) -> AdmissionResponse:
+        await anyio.lowlevel.checkpoint()
+        raise TimeoutError("the database did not answer")
+
+    async def waits_forever(request: AdmissionRequest) -> AdmissionResponse:
+        try:
+            await anyio.sleep_forever()  # its first wait
+        except BaseException as exc:
+            seen.append(type(exc).__name__)
+            raise
+        raise AssertionError
+
+    waited = (await Webhook(waits_then_answers).review(body))["response"]
+    assert waited["allowed"] is True
+    assert waited["status"]["message"] == "decided on p after waiting"
+    own = (await Webhook(waits_then_times_out_itself).review(body))["response"]
+    assert own["status"]["code"] == 500
+    assert own["status"]["message"] == "internal error: TimeoutError: the database did not answer"
+    overran = (await Webhook(waits_forever, timeout=0.05).review(body))["response"]
+    assert overran["status"]["code"] == 504
+    assert seen == ["CancelledError"]  # the deadline's cancellation reached the handler
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(Webhook(waits_forever).review, body)
+        await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()  # the client went away
+    assert seen == ["CancelledError", "CancelledError"]
 
 
 @pytest.mark.anyio
