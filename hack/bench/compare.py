@@ -627,6 +627,31 @@ async def webhook_connections(mgr: Proc) -> float | None:
     return total
 
 
+async def webhook_calls(kube: Kube) -> tuple[float, float]:
+    """The API server's mutating webhook calls on CREATE so far, as it timed them from
+    dispatch to the patch applied (``apiserver_admission_webhook_admission_duration_seconds``,
+    type admit): (seconds, calls)."""
+    assert kube.session is not None
+    async with kube.session.get("/metrics") as resp:
+        text = await resp.text()
+    secs = calls = 0.0
+    for line in text.splitlines():
+        if line.startswith("apiserver_admission_webhook_admission_duration_seconds_") and (
+            'operation="CREATE"' in line and 'type="admit"' in line
+        ):
+            if line.startswith("apiserver_admission_webhook_admission_duration_seconds_sum"):
+                secs += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("apiserver_admission_webhook_admission_duration_seconds_count"):
+                calls += float(line.rsplit(" ", 1)[1])
+    return secs, calls
+
+
+def per_call_ms(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """Mean ms per webhook call between two ``webhook_calls`` readings (None: no call)."""
+    calls = after[1] - before[1]
+    return (after[0] - before[0]) / calls * 1e3 if calls > 0 else None
+
+
 #: S1 measures each contender's CPU-s per second while idle, just before its creates.
 IDLE_SECONDS = 3.0
 
@@ -1032,8 +1057,10 @@ class Run:
         idle = {k: v / IDLE_SECONDS for k, v in idle_sw.cpu().items()}
         sw = await self.stopwatch(pids)
         api = self.api_profile(ns)
+        calls_before = await webhook_calls(self.kube)
         async with Watch(self.kube, pods_path(ns), seen):
             made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
+            calls = await webhook_calls(self.kube)
             await seen.wait(900)
         if spy is not None:
             self.out[profile_key] = spy.stop()
@@ -1056,6 +1083,7 @@ class Run:
             "after_last_create_s": last - made.t_last,
             "settle_s": settled,
             "idle_cpu_per_s": idle,
+            "webhook_call_ms": per_call_ms(calls_before, calls),
         }
 
     async def s1_sdg(self, mgr: Proc, groups: list[str]) -> None:
@@ -1688,9 +1716,11 @@ def webhook_detail(s1: dict[str, Any]) -> str:
     opened = s1.get("webhook_connections")
     if opened is None:
         return ""
+    call = s1.get("webhook_call_ms")
     return (
         f"; SDG's webhook accepted {opened:.0f} connections for {s1['pods']} reviews "
         f"({opened / s1['pods']:.2f} per review, each a TLS handshake on both sides)"
+        + (f", each call {call:.1f} ms on average as the API server timed it" if call else "")
     )
 
 
@@ -1718,7 +1748,13 @@ def floor_detail(out: dict[str, Any]) -> str:
         f" S1 with the Python floor: {f['per_s']:.0f} pods/s, creates {f['create_s']:.1f} s, "
         f"last bind {f['after_last_create_s']:.2f} s after the last create; it answered "
         f"{rep.get('reviews', '?')} reviews, POSTed {rep.get('binds', '?')} Bindings and "
-        f"{rep.get('events', '?')} Events{', errors ' + str(errors) if errors else ''}."
+        f"{rep.get('events', '?')} Events{', errors ' + str(errors) if errors else ''}"
+        + (
+            f"; its webhook calls took {f['webhook_call_ms']:.1f} ms on average"
+            if f.get("webhook_call_ms")
+            else ""
+        )
+        + "."
     )
 
 

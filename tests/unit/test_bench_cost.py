@@ -15,6 +15,7 @@ from hack.bench.compare import (
     S4_SDG,
     cost_parts,
     cost_rows,
+    per_call_ms,
     s2_parts,
     s4_parts,
     s4_rows,
@@ -119,6 +120,14 @@ def test_s1_detail_says_how_often_the_webhook_was_dialed() -> None:
     detail = webhook_detail({"pods": 5000, "webhook_connections": 1700.0})
     assert "accepted 1700 connections for 5000 reviews (0.34 per review" in detail
     assert webhook_detail({"pods": 5000, "webhook_connections": None}) == ""
+    # and how long the API server's calls took, where it timed them
+    timed = webhook_detail({"pods": 5000, "webhook_connections": 900.0, "webhook_call_ms": 123.4})
+    assert "each call 123.4 ms on average as the API server timed it" in timed
+
+
+def test_webhook_call_time_is_the_mean_over_the_phase_only() -> None:
+    assert per_call_ms((10.0, 100.0), (16.0, 150.0)) == 120.0  # 6 s over 50 calls
+    assert per_call_ms((10.0, 100.0), (10.0, 100.0)) is None  # kube-scheduler's: no calls
 
 
 def s4(lag: float, cpu: float) -> dict[str, Any]:
