@@ -652,6 +652,19 @@ def per_call_ms(before: tuple[float, float], after: tuple[float, float]) -> floa
     return (after[0] - before[0]) / calls * 1e3 if calls > 0 else None
 
 
+async def floor_connections(port: int) -> float | None:
+    """Connections the floor's webhook server has accepted so far (``GET /connections``);
+    None if unreadable."""
+    try:
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False)) as http,
+            http.get(f"https://127.0.0.1:{port}/connections") as r,
+        ):
+            return float(await r.text()) if r.status == 200 else None
+    except (aiohttp.ClientError, ValueError):
+        return None
+
+
 #: S1 measures each contender's CPU-s per second while idle, just before its creates.
 IDLE_SECONDS = 3.0
 
@@ -944,7 +957,7 @@ class Run:
         self.procs.append(floor)
         env.webhooks(port)
         await wait_webhook(kube, "s1-floor", groups[0], on=True)
-        await self.s1_floor(floor, groups)
+        await self.s1_floor(floor, groups, port)
         # S8's control run: the same paced creates through the floor's webhook answers
         self.out["s8_floor"] = await self.s8(floor, port, groups, ns="s8f")
         await self.stop(floor)
@@ -1104,15 +1117,19 @@ class Run:
         path.write_text(json.dumps(obj))
         return path
 
-    async def s1_floor(self, floor: Proc, groups: list[str]) -> None:
+    async def s1_floor(self, floor: Proc, groups: list[str], port: int) -> None:
         """S1's pods, created as in ``s1_sdg``, through the floor's webhook and bound by
         it; then each pod is checked against its group's template and node."""
         n, ns = self.scale.pods, "s1-floor"
         pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
         spy = self.spy(floor, "s1-floor")  # as the manager's in its S1: S9's parts side by side
-        self.out["s1_floor"] = await self.stream(
+        opened = await floor_connections(port)
+        s1 = await self.stream(
             S1_FLOOR, ns, pods, self.pids(floor=floor), spy, profile_key="profile_floor"
         )
+        after = await floor_connections(port)
+        s1["webhook_connections"] = None if opened is None or after is None else after - opened
+        self.out["s1_floor"] = s1
         wrong = 0
         items, _ = await self.kube.list(pods_path(ns))
         for pod in items:
@@ -1752,6 +1769,11 @@ def floor_detail(out: dict[str, Any]) -> str:
         + (
             f"; its webhook calls took {f['webhook_call_ms']:.1f} ms on average"
             if f.get("webhook_call_ms")
+            else ""
+        )
+        + (
+            f"; its server accepted {f['webhook_connections']:.0f} connections in S1"
+            if f.get("webhook_connections") is not None
             else ""
         )
         + "."

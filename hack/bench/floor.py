@@ -6,13 +6,15 @@ JSONPatch precomputed per group from the pod as SDG's webhook made it; watch the
 namespace's pods; for each one that names ``deviceshare-scheduler`` and has no node, once,
 POST its Binding to its group's node and then a ``Scheduled`` Event. No cache, no checks,
 no status writes, no retries. ``GET /readyz`` answers 200 once the watch is open; on
-SIGTERM a JSON summary line is printed (reviews answered, binds, events, errors).
+SIGTERM a JSON summary line is printed (reviews answered, binds, events, connections
+accepted, errors).
 
     python hack/bench/floor.py --kubeconfig K --cert-dir D --port P --namespace NS \\
         --templates templates.json --nodes nodes.json [--in-flight 32]
 
 ``templates.json``: group -> the pod as SDG's webhook made it; ``nodes.json``: group ->
 node. Any other webhook path gets 404 (SDG's other webhooks are failurePolicy Ignore).
+``GET /connections`` answers how many connections the server has accepted so far.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import contextlib
 import datetime as dt
 import json
 import signal
-import ssl
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _kube import ApiError, Kube, run_loop
 
 from sdgruntime.httpserver import HTTPServer, Request, Response
+from sdgruntime.metrics import REGISTRY
+from sdgruntime.webhook.certs import server_context
 
 Obj = dict[str, Any]
 GROUP_ANNOTATION = "deviceshare.io/group"
@@ -103,6 +106,10 @@ class Floor:
 
     async def readyz(self, request: Request) -> Response:
         return Response.text("ok" if self.ready else "", 200 if self.ready else 503)
+
+    async def connections(self, request: Request) -> Response:
+        """How many connections the server has accepted so far (each a TLS handshake)."""
+        return Response.text(f"{accepted():.0f}\n")
 
     # --- the binder ----------------------------------------------------------------------
 
@@ -177,13 +184,17 @@ class Floor:
     # --- the process ---------------------------------------------------------------------
 
     async def run(self) -> dict[str, object]:
-        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         cert_dir = Path(self.args.cert_dir)
-        tls.load_cert_chain(str(cert_dir / "tls.crt"), str(cert_dir / "tls.key"))
-        # SDG's own HTTP server, the cheapest Python path SDG has, as for the requests.
-        routes = {"/mutate-v1-pod": self.mutate, "/readyz": self.readyz}
+        # SDG's own HTTP server and TLS settings (no session tickets), the cheapest Python
+        # path SDG has, as for the requests.
+        tls = server_context(cert_dir / "tls.crt", cert_dir / "tls.key")
+        routes = {
+            "/mutate-v1-pod": self.mutate,
+            "/readyz": self.readyz,
+            "/connections": self.connections,
+        }
         server = HTTPServer(
-            self.args.host, self.args.port, routes, ssl_context_provider=lambda: tls
+            self.args.host, self.args.port, routes, ssl_context_provider=lambda: tls, name="floor"
         )
         serving = asyncio.create_task(server.serve())
         stop = asyncio.Event()
@@ -211,7 +222,20 @@ class Floor:
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await serving
-        return {"start": t0, "end": time.time(), **self.counts, "errors": self.errors}
+        return {
+            "start": t0,
+            "end": time.time(),
+            **self.counts,
+            "connections": accepted(),
+            "errors": self.errors,
+        }
+
+
+def accepted() -> float:
+    """Connections the floor's server accepted: each a TLS handshake on both sides, as
+    ``sdgruntime_http_connections_total`` counts SDG's."""
+    labels = {"server": "floor", "protocol": "http/1.1"}
+    return REGISTRY.get_sample_value("sdgruntime_http_connections_total", labels) or 0.0
 
 
 def main() -> int:

@@ -15,6 +15,7 @@ from hack.bench.compare import (
     S4_SDG,
     cost_parts,
     cost_rows,
+    floor_detail,
     per_call_ms,
     s2_parts,
     s4_parts,
@@ -123,6 +124,15 @@ def test_s1_detail_says_how_often_the_webhook_was_dialed() -> None:
     # and how long the API server's calls took, where it timed them
     timed = webhook_detail({"pods": 5000, "webhook_connections": 900.0, "webhook_call_ms": 123.4})
     assert "each call 123.4 ms on average as the API server timed it" in timed
+
+
+def test_floor_detail_says_how_long_its_calls_took_and_how_often_it_was_dialed() -> None:
+    floor = {"per_s": 146.0, "create_s": 22.1, "after_last_create_s": 12.2, "report": {}}
+    assert "accepted" not in floor_detail({"s1_floor": floor})
+    floor |= {"webhook_call_ms": 184.8, "webhook_connections": 1200.0}
+    detail = floor_detail({"s1_floor": floor})
+    assert "its webhook calls took 184.8 ms on average" in detail
+    assert "its server accepted 1200 connections in S1" in detail
 
 
 def test_webhook_call_time_is_the_mean_over_the_phase_only() -> None:
