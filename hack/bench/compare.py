@@ -634,15 +634,15 @@ async def webhook_calls(kube: Kube) -> tuple[float, float]:
     assert kube.session is not None
     async with kube.session.get("/metrics") as resp:
         text = await resp.text()
+    metric = "apiserver_admission_webhook_admission_duration_seconds"
     secs = calls = 0.0
     for line in text.splitlines():
-        if line.startswith("apiserver_admission_webhook_admission_duration_seconds_") and (
-            'operation="CREATE"' in line and 'type="admit"' in line
-        ):
-            if line.startswith("apiserver_admission_webhook_admission_duration_seconds_sum"):
-                secs += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("apiserver_admission_webhook_admission_duration_seconds_count"):
-                calls += float(line.rsplit(" ", 1)[1])
+        if 'operation="CREATE"' not in line or 'type="admit"' not in line:
+            continue
+        if line.startswith(f"{metric}_sum"):
+            secs += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(f"{metric}_count"):
+            calls += float(line.rsplit(" ", 1)[1])
     return secs, calls
 
 
