@@ -10,7 +10,9 @@ kube-scheduler's wording so users recognise them, plus the numbers that explain 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from api.constants import FILTERING_TAINT_EFFECTS
@@ -169,6 +171,68 @@ def _ports_conflict(a: tuple[str, str, int], b: tuple[str, str, int]) -> bool:
     return a[1] in _WILDCARD_IPS or b[1] in _WILDCARD_IPS or a[1] == b[1]
 
 
+# --- what a node's pods use ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """What one active pod takes of its node: its requests in scheduler units (non-zero
+    ones only) and its host ports."""
+
+    units: tuple[tuple[str, int], ...] = ()
+    ports: tuple[tuple[str, str, int], ...] = ()
+
+
+def share_of(pod: Obj) -> Share:
+    """``pod``'s ``Share`` (``pod_requests`` and ``host_ports``)."""
+    units = tuple((name, u) for name, u in pod_requests(pod).items() if u)
+    return Share(units, tuple(host_ports(pod)))
+
+
+@dataclass(slots=True)
+class NodeUsage:
+    """What a node's active pods take together, as kube-scheduler's NodeInfo sums it:
+    how many, their requests by resource, their host ports (a fit check reads these, never
+    the pods)."""
+
+    pods: int = 0
+    units: dict[str, int] = field(default_factory=dict)
+    ports: Counter[tuple[str, str, int]] = field(default_factory=Counter)
+
+    def add(self, share: Share, sign: int = 1) -> None:
+        """Count ``share`` in (``sign`` 1) or out (-1); totals that reach 0 go."""
+        self.pods += sign
+        units = self.units
+        for name, u in share.units:
+            total = units.get(name, 0) + sign * u
+            if total:
+                units[name] = total
+            else:
+                del units[name]
+        ports = self.ports
+        for port in share.ports:
+            total = ports[port] + sign
+            if total > 0:
+                ports[port] = total
+            else:
+                del ports[port]
+
+    def without(self, share: Share) -> NodeUsage:
+        """A copy with ``share`` counted out."""
+        out = NodeUsage(self.pods, dict(self.units), Counter(self.ports))
+        out.add(share, -1)
+        return out
+
+
+def usage_of(pods: Iterable[Obj], but: Obj | None = None) -> NodeUsage:
+    """What ``pods`` take together: the active ones other than ``but``."""
+    usage = NodeUsage()
+    for p in pods:
+        if is_active(p) and (but is None or not _same_pod(p, but)):
+            usage.add(share_of(p))
+    return usage
+
+
 # --- the fit check ----------------------------------------------------------------------
 
 
@@ -184,6 +248,12 @@ def pod_fits_node(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[str]
 
     ``pods_on_node`` may include terminal pods (ignored) and the pod itself (ignored).
     """
+    return pod_fits(pod, node, usage_of(pods_on_node, but=pod))
+
+
+def pod_fits(pod: Obj, node: Obj, usage: NodeUsage, share: Share | None = None) -> list[str] | None:
+    """None if ``pod`` (whose ``share_of`` is ``share``, when known) can run on ``node``
+    beside what its other pods take (``usage``); else every reason."""
     spec = spec_of(pod)
     node_spec = spec_of(node)
     tolerations = spec.get("tolerations") or []
@@ -212,13 +282,13 @@ def pod_fits_node(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[str]
     elif not matches_required_affinity(pod, node):
         reasons.append("node(s) didn't match Pod's node affinity/selector (required node affinity)")
 
-    others = [p for p in pods_on_node if is_active(p) and not _same_pod(p, pod)]
-    reasons.extend(_resource_reasons(pod, node, others))
+    if share is None:
+        share = share_of(pod)
+    reasons.extend(_resource_reasons(share, node, usage))
 
-    wanted = host_ports(pod)
-    if wanted:
-        used = [hp for p in others for hp in host_ports(p)]
-        busy = sorted({w for w in wanted if any(_ports_conflict(w, u) for u in used)})
+    if share.ports:
+        used = usage.ports
+        busy = sorted({w for w in share.ports if any(_ports_conflict(w, u) for u in used)})
         if busy:
             listed = ", ".join(f"{port}/{proto}" for proto, _ip, port in busy)
             reasons.append(f"node(s) didn't have free ports for the requested pod ports ({listed})")
@@ -226,24 +296,16 @@ def pod_fits_node(pod: Obj, node: Obj, pods_on_node: Iterable[Obj]) -> list[str]
     return reasons or None
 
 
-def _resource_reasons(pod: Obj, node: Obj, others: list[Obj]) -> list[str]:
+def _resource_reasons(share: Share, node: Obj, usage: NodeUsage) -> list[str]:
     allocatable = status_of(node).get("allocatable") or {}
     reasons: list[str] = []
     max_pods = to_units(parse_quantity(allocatable.get("pods", 0)), "pods")
-    if len(others) + 1 > max_pods:
-        reasons.append(f"Too many pods (node allows {max_pods}, {len(others)} already running)")
-    wanted = pod_requests(pod)
-    if not any(wanted.values()):
-        return reasons
-    used: dict[str, int] = {}
-    for p in others:
-        for name, units in pod_requests(p).items():
-            used[name] = used.get(name, 0) + units
-    for name in sorted(wanted):
-        want = wanted[name]
+    if usage.pods + 1 > max_pods:
+        reasons.append(f"Too many pods (node allows {max_pods}, {usage.pods} already running)")
+    for name, want in sorted(share.units):
         if want <= 0:
             continue
-        have = to_units(parse_quantity(allocatable.get(name, 0)), name) - used.get(name, 0)
+        have = to_units(parse_quantity(allocatable.get(name, 0)), name) - usage.units.get(name, 0)
         if want > have:
             reasons.append(
                 f"Insufficient {name} (requested {format_units(want, name)}, "

@@ -2,10 +2,11 @@
 
 There is no search: a group's pods go where the group is. What a standalone scheduler
 still owes is the node's own checks (cordon, taints, nodeSelector/affinity, CPU/memory/
-pods, host ports), done in memory against the pod cache plus the pods this process has
-bound but the cache has not shown yet ("assumed", as kube-scheduler does). The check and
-the assumption happen under a per-node lock; the Binding POST happens outside it, so binds
-to one node pipeline with bounded concurrency (the controller's worker count).
+pods, host ports), done in memory against what the node's pods take (``NodeBook``: the
+pod cache's plus the pods this process has bound but the cache has not shown yet,
+"assumed", as kube-scheduler does). The check and the assumption run with no await
+between them; the Binding POST comes after, so binds to one node pipeline with bounded
+concurrency (the controller's worker count).
 """
 
 from __future__ import annotations
@@ -13,19 +14,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from opentelemetry import trace
 
 from api.conditions import find_condition, rfc3339
 from api.constants import DEFAULT_ENV_TABLE, SCHEDULER_NAME, SDG_KIND
-from api.pods import POD_NODE_INDEX, delivered_devices, is_finished, pod_group, pod_key
+from api.pods import delivered_devices, is_finished, pod_group
 from api.v1alpha1 import is_bound, selected_devices
 from controllers import metrics as sdg_metrics
 from controllers.groupstatus import conflict_of
+from controllers.nodebook import NodeBook
 from controllers.podevents import BurstTeller
-from controllers.podfit import pod_fits_node
+from controllers.podfit import pod_fits, share_of
 from controllers.watches import (
     group_changed,
     groups_bound_on,
@@ -46,9 +48,6 @@ from sdgruntime.tracing import start_span, tracer_for
 
 log = logging.getLogger(__name__)
 TRACER_NAME = "deviceshare.io/pod-scheduler"
-
-#: An assumed pod is dropped after this long even if the cache never showed it bound.
-ASSUME_TTL = 30.0
 
 
 def wants_scheduling(pod: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> bool:
@@ -81,7 +80,12 @@ class PodScheduler:
         self.cache = cache
         self.recorder = recorder
         self.scheduler_name = scheduler_name
-        self._assumed = AssumedPods()
+        #: What each node's pods take: the cache's (fed by its pod informer from here
+        #: on) and the ones this process is binding.
+        self.book = NodeBook()
+        cache.informer(PODS).add_handler(
+            self.book.pod_added, self.book.pod_updated, self.book.pod_deleted
+        )
         self._tell = BurstTeller()
         # The metric children, resolved once: reconcile is the hot path.
         self._m_bound = sdg_metrics.SCHEDULING_ATTEMPTS.labels("pod", "bound")
@@ -90,10 +94,9 @@ class PodScheduler:
 
     async def reconcile(self, request: Request) -> Result | None:
         try:
-            # Read-only from here on (the assumed copy included): no deep copy per attempt.
+            # Read-only from here on: no deep copy per attempt.
             pod = self.cache.get(PODS, request.name, request.namespace, copy=False)
         except errors.NotFound:
-            self._assumed.forget(f"{request.namespace}/{request.name}")
             return None
         if not wants_scheduling(pod, self.scheduler_name):
             return None
@@ -113,9 +116,10 @@ class PodScheduler:
             node_name = node["metadata"]["name"]
             # No await from the fit check to the assume: no other worker runs between them
             # (one event loop), so two pods never both take a node's last room.
-            reasons = pod_fits_node(pod, node, self._pods_on(node_name))
+            share = share_of(pod)
+            reasons = pod_fits(pod, node, self.book.usage(node_name, but=key), share)
             if not reasons:
-                self._assumed.assume(key, node_name, pod)
+                self.book.assume(key, node_name, share)
             if reasons:
                 span.set_attribute(f"sdg.filter.{node_name}", "; ".join(reasons))
                 msg = f"0/1 nodes are available: group node {node_name}: " + "; ".join(reasons)
@@ -134,7 +138,7 @@ class PodScheduler:
                 span.set_attribute("sdg.result", "already-bound")
                 return None
             except BaseException:
-                self._assumed.forget(key)
+                self.book.forget(key)
                 raise
             finally:
                 sdg_metrics.BIND_LATENCY.observe(time.perf_counter() - bind_started)
@@ -146,12 +150,6 @@ class PodScheduler:
                     pod, "Normal", "Scheduled", f"Successfully assigned {key} to {node_name}"
                 )
         return None
-
-    def pod_deleted(self, pod: Mapping[str, Any]) -> None:
-        """The pod is gone (the informer's delete): it is no longer assumed anywhere. Its
-        reconcile is not queued for a delete, so this is what frees the entry at once
-        instead of after ``ASSUME_TTL`` (the entry holds the whole cached pod)."""
-        self._assumed.forget(pod_key(pod))
 
     def _group_node(self, group_name: str | None) -> tuple[str, dict[str, Any] | None]:
         if not group_name:
@@ -210,10 +208,6 @@ class PodScheduler:
             )
         return ""
 
-    def _pods_on(self, node: str) -> list[dict[str, Any]]:
-        pods = self.cache.list(PODS, index=POD_NODE_INDEX, value=node, copy=False)
-        return pods + self._assumed.on(node, pods)
-
     async def _unschedulable(
         self, pod: dict[str, Any], message: str, span: trace.Span, started: float
     ) -> Result:
@@ -253,63 +247,6 @@ class PodScheduler:
         return Result(requeue=True)
 
 
-class AssumedPods:
-    """Pods this process bound to a node that the pod cache may not show there yet.
-
-    Kept per node, so a fit check costs O(pods on that node), not O(all assumed pods).
-    An entry goes when the cache shows the pod on its node, when the pod is gone, or
-    ``ttl`` seconds after it was assumed (a bind the cache never confirmed)."""
-
-    def __init__(
-        self, ttl: float = ASSUME_TTL, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.ttl = ttl
-        self._clock = clock
-        self._node_of: dict[str, str] = {}  # pod key -> node
-        # node -> pod key -> (pod, when assumed)
-        self._by_node: dict[str, dict[str, tuple[dict[str, Any], float]]] = {}
-        self._swept = clock()
-
-    def __len__(self) -> int:
-        return len(self._node_of)
-
-    def assume(self, key: str, node: str, pod: dict[str, Any]) -> None:
-        now = self._clock()
-        if now - self._swept > self.ttl:  # amortised: nodes no bind looks at again
-            self._swept = now
-            for stale in [k for k, n in self._node_of.items() if self._expired(n, k, now)]:
-                self.forget(stale)
-        self.forget(key)
-        self._node_of[key] = node
-        self._by_node.setdefault(node, {})[key] = (pod, now)
-
-    def _expired(self, node: str, key: str, now: float) -> bool:
-        return now - self._by_node[node][key][1] > self.ttl
-
-    def forget(self, key: str) -> None:
-        node = self._node_of.pop(key, None)
-        if node is not None:
-            on_node = self._by_node[node]
-            del on_node[key]
-            if not on_node:
-                del self._by_node[node]
-
-    def on(self, node: str, cached: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """The assumed pods on ``node`` that are not among the ``cached`` pods there; drops
-        the ones the cache shows and the expired ones."""
-        on_node = self._by_node.get(node)
-        if not on_node:
-            return []  # the usual case: no key set built
-        shown = {pod_key(p) for p in cached}
-        now, pods = self._clock(), []
-        for key, (pod, when) in list(on_node.items()):
-            if key in shown or now - when > self.ttl:
-                self.forget(key)
-            else:
-                pods.append(pod)
-        return pods
-
-
 def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:
     """Register the pod scheduler: its own pods, and what can let a pending one fit."""
     cache, name = mgr.cache, scheduler.scheduler_name
@@ -336,7 +273,6 @@ def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:
             for group in groups_bound_to(node):
                 yield from pending_pods_of(group)
 
-    cache.informer(PODS).add_handler(on_delete=scheduler.pod_deleted)
     ours = Funcs(
         create=lambda p: wants_scheduling(p, name),
         update=lambda _old, new: wants_scheduling(new, name),

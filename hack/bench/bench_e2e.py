@@ -261,7 +261,7 @@ def install_probes() -> Probes:
     probes.coro(Ledger, "write", "group: claim record write")
     probes.coro(gs.GroupScheduler, "_bind_status", "group: status PUT (+ Scheduled event)")
     probes.coro(EventRecorder, "event", "any: Event write (inline, awaited)")
-    probes.sync(ps, "pod_fits_node", "pod: fit check in memory")
+    probes.sync(ps, "pod_fits", "pod: fit check in memory")
     probes.coro(Client, "bind", "pod: Binding POST")
     return probes
 

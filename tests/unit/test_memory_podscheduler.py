@@ -1,14 +1,14 @@
-"""What the pod scheduler keeps per pod under churn (issue 24): a deleted pod's assumed
-bind (which holds the whole cached pod) goes with the pod's delete event, not only after
-``ASSUME_TTL``; its reconcile is never queued for a delete, so the informer's handler is
-what frees it."""
+"""What the pod scheduler keeps per pod under churn (issue 24): a deleted pod's entry in
+its ``NodeBook`` (an assumed bind included) goes with the pod's delete event, not only
+after ``ASSUME_TTL``; its reconcile is never queued for a delete, so the informer's
+handler is what frees it."""
 
 from __future__ import annotations
 
 from typing import Any
 from unittest import mock
 
-from controllers import podscheduler
+from controllers.podfit import share_of
 from controllers.podscheduler import PodScheduler
 from sdgruntime.cache import Cache
 from sdgruntime.envtest import FakeClient
@@ -31,24 +31,29 @@ def scheduler() -> PodScheduler:
 def test_deleted_pods_leave_no_assumed_binds_and_the_book_is_back_to_empty() -> None:
     sched = scheduler()
     for i in range(300):
-        sched._assumed.assume(f"ns/p-{i}", f"n{i % 10}", pod(i))
-    assert len(sched._assumed) == 300
+        sched.book.assume(f"ns/p-{i}", f"n{i % 10}", share_of(pod(i)))
+    assert (len(sched.book), sched.book.assumed) == (300, 300)
     for i in range(300):
-        sched.pod_deleted(pod(i))
-    assert len(sched._assumed) == 0
-    assert sched._assumed._by_node == {}
+        sched.book.pod_deleted(pod(i))
+    assert (len(sched.book), sched.book.assumed) == (0, 0)
+    assert sched.book._nodes == {}
 
 
 def test_a_deleted_pod_stops_counting_on_its_node_at_once() -> None:
     sched = scheduler()
-    sched._assumed.assume("ns/p-1", "n1", pod(1))
-    sched._assumed.assume("ns/p-2", "n1", pod(2))
-    sched.pod_deleted(pod(1))
-    assert sched._assumed.on("n1", []) == [pod(2)]
+    sched.book.assume("ns/p-1", "n1", share_of(pod(1)))
+    sched.book.assume("ns/p-2", "n1", share_of(pod(2)))
+    sched.book.pod_deleted(pod(1))
+    assert sched.book.usage("n1").pods == 1
 
 
-def test_setup_feeds_the_pod_informers_deletes_to_the_scheduler() -> None:
-    mgr, sched = mock.MagicMock(), scheduler()
-    podscheduler.setup(mgr, sched)
-    mgr.cache.informer.assert_any_call(PODS)
-    mgr.cache.informer.return_value.add_handler.assert_any_call(on_delete=sched.pod_deleted)
+def test_the_scheduler_feeds_its_book_from_the_pod_informer() -> None:
+    """The book is the fit check's only view of a node's pods: every pod event reaches it
+    (a scheduler made without ``setup`` too)."""
+    cache = mock.MagicMock()
+    client = as_client(FakeClient())
+    sched = PodScheduler(client, cache, EventRecorder(client, "deviceshare-scheduler"))
+    cache.informer.assert_called_once_with(PODS)
+    cache.informer.return_value.add_handler.assert_called_once_with(
+        sched.book.pod_added, sched.book.pod_updated, sched.book.pod_deleted
+    )
