@@ -74,6 +74,9 @@ _POD_IDENTITY = frozenset(
     ("name", "generateName", "uid", "creationTimestamp", "resourceVersion", "managedFields")
 )
 _GROUP_WRITES = frozenset(("resourceVersion", "managedFields", "generation"))
+#: A decided patch and the response that carries it (the same response answers every
+#: review of that decision: its patch is encoded once).
+_Decision = tuple[Patch, AdmissionResponse]
 _GROUP_COUNTS = frozenset(("allocatedPods", "podCount", "allocatedPodCounts"))
 
 
@@ -173,9 +176,10 @@ class PodMutator:
         self._warned: LRU[str, None] = LRU(MAX_WARNED_GROUPS)
         #: Group name -> until when a live GET is not repeated for it (it was missing).
         self._missing: LRU[str, float] = LRU(MAX_MISSING)
-        #: ``decision_key`` -> the patch it gave, weighed by its size in bytes (denials are
-        #: decided afresh: they are rare and name what the pod did).
-        self._decisions: LRU[bytes, Patch] = LRU(MAX_DECISIONS, MAX_DECISION_BYTES)
+        #: ``decision_key`` -> the patch it gave and its response, weighed by the encoded
+        #: patch's size in bytes (denials are decided afresh: they are rare and name what
+        #: the pod did).
+        self._decisions: LRU[bytes, _Decision] = LRU(MAX_DECISIONS, MAX_DECISION_BYTES)
         self._group_parts: LRU[tuple[Any, Any, Any], bytes] = LRU(MAX_GROUP_PARTS)
 
     async def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
@@ -196,8 +200,8 @@ class PodMutator:
         key = None
         if group is not None:
             key = decision_key(pod, self._group_part(group), node, classes)
-        result = self._recall(key)
-        if result is None:
+        decision = self._decisions.get(key) if key is not None else None
+        if decision is None:
             decided = build_injection(
                 pod,
                 group,
@@ -209,10 +213,11 @@ class PodMutator:
             )
             if isinstance(decided, Denial):
                 return denied(decided.message)
-            result = self._remember(key, decided)
+            decision = self._remember(key, decided)
+        result, response = decision
         if group is not None and not request.dry_run:
             self._warn_unverified(group, result)
-        return patch_ops(result.operations, warnings=result.warnings)
+        return response
 
     def _group_part(self, group: Mapping[str, Any]) -> bytes:
         """``group_part(group)``, remembered per version (a version is never rewritten)."""
@@ -226,16 +231,15 @@ class PodMutator:
             self._group_parts.put(which, part)
         return part
 
-    def _recall(self, key: bytes | None) -> Patch | None:
-        return None if key is None else self._decisions.get(key)
-
-    def _remember(self, key: bytes | None, patch: Patch) -> Patch:
-        """Keep ``patch`` under ``key`` within both bounds (the oldest go first); a patch
-        larger than the byte bound alone is not kept."""
+    def _remember(self, key: bytes | None, patch: Patch) -> _Decision:
+        """``patch`` and its response (which encodes the patch once, for every review it
+        answers), kept under ``key`` within both bounds (the oldest go first); one larger
+        than the byte bound alone is not kept."""
+        response = patch_ops(patch.operations, warnings=patch.warnings)
         if key is not None:
-            size = len(dumps(patch.operations)) + sum(map(len, patch.warnings))
-            self._decisions.put(key, patch, size)
-        return patch
+            size = len(response.encoded_patch()) + sum(map(len, patch.warnings))
+            self._decisions.put(key, (patch, response), size)
+        return patch, response
 
     def _runtime_classes(self) -> dict[str, Mapping[str, Any]]:
         """The RuntimeClass ``--runtime-class-name``, by name, if the cache holds it (a

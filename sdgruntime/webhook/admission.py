@@ -118,6 +118,23 @@ class AdmissionResponse:
     patch: list[Operation] | None = None
     warnings: list[str] = field(default_factory=list)
     audit_annotations: dict[str, str] = field(default_factory=dict)
+    #: ``patch`` as a review carries it, and the list it was made from: a handler may
+    #: answer many requests with one response (a decision it remembers), which then
+    #: encodes its patch once. A patch list changed in place after that is not seen.
+    _encoded: tuple[list[Operation], str] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def encoded_patch(self) -> str:
+        """``patch`` as a review carries it: its JSON, base64 (``""`` for no patch)."""
+        patch = self.patch
+        if not patch:
+            return ""
+        done = self._encoded
+        if done is None or done[0] is not patch:
+            # jsoncodec: a string with a lone surrogate (valid in a JSON escape) cannot fail
+            done = self._encoded = (patch, base64.b64encode(jsoncodec.dumps(patch)).decode())
+        return done[1]
 
     def to_review(self, uid: str) -> dict[str, Any]:
         """The complete response AdmissionReview for request ``uid``."""
@@ -131,8 +148,7 @@ class AdmissionResponse:
             response["status"] = status
         if self.allowed and self.patch:
             response["patchType"] = "JSONPatch"
-            # jsoncodec: a string with a lone surrogate (valid in a JSON escape) cannot fail
-            response["patch"] = base64.b64encode(jsoncodec.dumps(self.patch)).decode("ascii")
+            response["patch"] = self.encoded_patch()
         if self.warnings:
             response["warnings"] = list(self.warnings)
         if self.audit_annotations:

@@ -321,6 +321,21 @@ async def test_mutation_is_returned_as_a_base64_json_patch(cert_dir: SecretVolum
     assert mutated["spec"]["containers"][0]["env"] == [{"name": "VISIBLE_DEVICES", "value": "0,1"}]
 
 
+def test_one_response_answers_many_reviews_each_with_its_own_uid_and_the_patch() -> None:
+    """A handler may keep a response and return it again (a remembered decision): each
+    review carries its own uid and the patch, which follows a patch list set anew."""
+    ops = [{"op": "add", "path": "/metadata/labels/a", "value": "ü"}]
+    response = patch_ops(ops, warnings=["w"])
+    first, second = response.to_review("u1"), response.to_review("u2")
+    assert (first["response"]["uid"], second["response"]["uid"]) == ("u1", "u2")
+    assert decode_patch(first["response"]) == decode_patch(second["response"]) == ops
+    assert first["response"]["patch"] == response.encoded_patch()
+    response.patch = [{"op": "remove", "path": "/metadata/labels/a"}]
+    assert decode_patch(response.to_review("u3")["response"]) == response.patch
+    assert patch_ops([]).encoded_patch() == ""
+    assert "patch" not in allowed().to_review("u")["response"]
+
+
 @pytest.mark.anyio
 async def test_validator_allows_and_denies_with_message(cert_dir: SecretVolume, ca: CA) -> None:
     async with running(make_server(cert_dir), ca) as srv:
