@@ -17,7 +17,7 @@ per controller, CPU seconds of this process, kube-apiserver and etcd, and timing
 write, Event write, Binding): that says what dominates. SDG's code is not changed.
 
     .venv/bin/python hack/bench/bench_e2e.py [--nodes 1000] [--groups 200] [--burst 200]
-        [--pods 200] [--group-workers 1] [--pod-workers 8] [--profile DIR]
+        [--pods 200] [--pod-cpu 10m] [--group-workers 1] [--pod-workers 8] [--profile DIR]
         [--json out.json] [--no-results]
 
 Results go to the ``e2e`` section of hack/bench/RESULTS.md unless ``--no-results``.
@@ -251,14 +251,13 @@ class Probes:
 def install_probes() -> Probes:
     import controllers.groupscheduler as gs
     import controllers.podscheduler as ps
-    from controllers.ledger.book import Ledger
+    from controllers.ledger.writer import RecordWriter
     from sdgruntime.events import EventRecorder
 
     probes = Probes()
     probes.sync(gs, "place", "group: place() in memory")
     probes.coro(gs.GroupScheduler, "_schedule", "group: _schedule (decision incl. writes)")
-    probes.coro(gs.GroupScheduler, "_add_finalizer", "group: finalizer PATCH")
-    probes.coro(Ledger, "write", "group: claim record write")
+    probes.coro(RecordWriter, "write", "group: claim record write")
     probes.coro(gs.GroupScheduler, "_bind_status", "group: status PUT (+ Scheduled event)")
     probes.coro(EventRecorder, "event", "any: Event write (inline, awaited)")
     probes.sync(ps, "pod_fits", "pod: fit check in memory")
@@ -377,6 +376,8 @@ async def create_fleet(admin: Client, n: int, concurrency: int) -> tuple[float, 
     limiter = anyio.CapacityLimiter(concurrency)
 
     async def one(node: Obj) -> None:
+        # build_fleet's nodes are the in-memory bench's, as a cache holds them
+        node["metadata"].pop("resourceVersion", None)
         async with limiter:
             await create_node(admin, node)
 
@@ -438,8 +439,17 @@ async def burst_groups(
     }
 
 
+def burst_pod(name: str, cpu: str | None) -> dict[str, Any]:
+    """A pod of phase c's group, requesting ``cpu`` when given (each bind's fit check
+    then sums requests on the node)."""
+    obj = pod(name, "bench-pods")
+    if cpu:
+        obj["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu}}
+    return obj
+
+
 async def burst_pods(
-    admin: Client, watcher: Watcher, n: int, concurrency: int, ph: Phase
+    admin: Client, watcher: Watcher, n: int, concurrency: int, ph: Phase, cpu: str | None = None
 ) -> dict[str, Any]:
     names = [f"p-{i:04d}" for i in range(n)]
     limiter = anyio.CapacityLimiter(concurrency)
@@ -449,7 +459,7 @@ async def burst_pods(
     async def one(name: str) -> None:
         async with limiter:
             sent[name] = t = time.perf_counter()
-            await admin.create(PODS, pod(name, "bench-pods"), NAMESPACE)
+            await admin.create(PODS, burst_pod(name, cpu), NAMESPACE)
             rtt.append(time.perf_counter() - t)
 
     t0 = time.perf_counter()
@@ -486,7 +496,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             with meter.phase("nodes: create the fleet") as ph:
                 secs, count = await create_fleet(admin, args.nodes, args.concurrency)
                 ph.extra = {"nodes": count, "nodes_per_s": count / secs}
-                ph.own_requests = {"POST": count, "PUT": count}
+                ph.own_requests = {"POST": count, "PATCH": count}
             print(f"created {count} nodes in {secs:.1f}s ({count / secs:.0f}/s)", flush=True)
             await admin.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
 
@@ -527,7 +537,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     await groups.event("bench-pods").wait()
                 await anyio.sleep(1)
                 with meter.phase("c: pod burst") as ph:
-                    ph.extra.update(await burst_pods(admin, pods, args.pods, args.concurrency, ph))
+                    ph.extra.update(
+                        await burst_pods(
+                            admin, pods, args.pods, args.concurrency, ph, cpu=args.pod_cpu
+                        )
+                    )
                 print(f"c: {args.pods} pods done", flush=True)
                 # Let follow-up work (status controller, events) settle, and measure it.
                 with meter.phase("settle: 3 s after the pod burst"):
@@ -693,6 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=200, help="sequential groups (a)")
     parser.add_argument("--burst", type=int, default=200, help="concurrent groups (b)")
     parser.add_argument("--pods", type=int, default=200, help="concurrent pods (c)")
+    parser.add_argument("--pod-cpu", help="each pod's cpu request in (c), e.g. 10m (none)")
     parser.add_argument("--concurrency", type=int, default=16, help="creates in flight")
     parser.add_argument("--rtt", type=int, default=200, help="sequential GETs (baseline)")
     parser.add_argument("--group-workers", type=int, default=1, help="SDG setting (default 1)")
