@@ -123,6 +123,13 @@ class StatusController:
         except errors.NotFound:
             self._forget(request.name)
             return None
+        now = self.clock()
+        wait = self._wait(request.name, now)
+        if wait > 0:
+            # Written within the period: once more when it ends, from the cache as it is then
+            # (pod events meanwhile find the same wait and read no pods: a burst into a
+            # group of thousands costs one pass over its pods per period, not per pod).
+            return Result(requeue_after=wait)
         pods = self.cache.list(PODS, index=POD_GROUP_INDEX, value=request.name, copy=False)
         status = status_of(group)
         before = status.get("allocatedPods") or []
@@ -153,12 +160,6 @@ class StatusController:
         # scheduler's conditional finalizer patch of the new group conflict.
         if unchanged and status.get("podCount", 0) == count:
             return None
-        now = self.clock()
-        wait = self._wait(request.name, now)
-        if wait > 0:
-            # Written within the period: once more when it ends, from the cache as it is then
-            # (pod events meanwhile find the same wait and write nothing).
-            return Result(requeue_after=wait)
         patch = {
             "metadata": {"uid": group["metadata"]["uid"]},
             "status": {**fields, "podCount": count},

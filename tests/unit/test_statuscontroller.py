@@ -27,6 +27,7 @@ class Cache:
         self.groups: dict[str, dict[str, Any]] = {}
         self.pods: list[dict[str, Any]] = []
         self.copies = 0
+        self.lists = 0
 
     def get(self, kind: Any, name: str, namespace: str | None = None, *, copy: bool = True) -> Any:
         assert kind == SDG_KIND
@@ -38,6 +39,7 @@ class Cache:
     def list(self, kind: Any, *, index: str, value: str, copy: bool = True) -> list[Any]:
         assert kind == PODS and index == POD_GROUP_INDEX
         self.copies += copy
+        self.lists += 1
         return [p for p in self.pods if p["metadata"]["annotations"][GROUP_ANNOTATION] == value]
 
 
@@ -128,12 +130,14 @@ async def test_a_burst_is_written_once_per_batch_period_and_the_first_at_once() 
     cache.pods = [pod("a", "g")]
     assert await sc.reconcile(Request("g")) is None  # the first change: written at once
     cache.groups["g"]["status"] = server.status("g")
+    lists = cache.lists
     for i, name in enumerate(("b", "c", "d")):
         clock.t += 0.25
         cache.pods.append(pod(name, "g"))
         result = await sc.reconcile(Request("g"))
         assert result is not None and result.requeue_after == pytest.approx(0.75 - 0.25 * i)
     assert server.patched() == ["g"]  # b, c and d wait for the period's end
+    assert cache.lists == lists  # ... and meanwhile no reconcile reads the group's pods
     clock.t += 0.25
     assert await sc.reconcile(Request("g")) is None
     assert server.status("g")["podCount"] == 4  # all three in one write
