@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from api.pods import is_active, pod_key
-from controllers.podfit import NodeUsage, Share, host_ports, pod_requests
+from controllers.podfit import NodeUsage, Share, share_of
 from sdgruntime.kinds import spec_of
 
 #: An assumed pod is dropped after this long even if the cache never showed it bound.
@@ -29,20 +29,6 @@ class _Entry(NamedTuple):
     node: str
     share: Share
     assumed_at: float | None  # None: the cache shows it there
-
-
-def _share(pod: Mapping[str, Any]) -> Share:
-    """``share_of(pod)``, but what does not parse (a request or port the API server let
-    through) counts as nothing: the pod still counts, and so does the rest of it."""
-    try:
-        units = tuple((name, u) for name, u in pod_requests(pod).items() if u)
-    except (ValueError, TypeError):
-        units = ()
-    try:
-        ports = tuple(host_ports(pod))
-    except (ValueError, TypeError):
-        ports = ()
-    return Share(units, ports)
 
 
 class NodeBook:
@@ -94,7 +80,8 @@ class NodeBook:
         if not node:
             return  # not bound (yet): an assumed bind of it keeps counting
         if is_active(pod):
-            self._put(key, node, _share(pod), None)
+            # a pod the API server let in counts, whatever of it does not parse
+            self._put(key, node, share_of(pod, lenient=True), None)
         else:
             self._drop(key)
 

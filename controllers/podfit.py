@@ -183,10 +183,28 @@ class Share:
     ports: tuple[tuple[str, str, int], ...] = ()
 
 
-def share_of(pod: Obj) -> Share:
-    """``pod``'s ``Share`` (``pod_requests`` and ``host_ports``)."""
-    units = tuple((name, u) for name, u in pod_requests(pod).items() if u)
-    return Share(units, tuple(host_ports(pod)))
+#: The share of a pod that requests nothing and takes no host port (most pods' share is
+#: this one object, not one each).
+NO_SHARE = Share()
+
+
+def share_of(pod: Obj, *, lenient: bool = False) -> Share:
+    """``pod``'s ``Share`` (``pod_requests`` and ``host_ports``). ``lenient``: requests
+    or ports that do not parse (the API server validates them; a test's pod may not) count
+    as none instead of raising ValueError."""
+    try:
+        units = tuple((name, u) for name, u in pod_requests(pod).items() if u)
+    except (ValueError, TypeError):
+        if not lenient:
+            raise
+        units = ()
+    try:
+        ports = tuple(host_ports(pod))
+    except (ValueError, TypeError):
+        if not lenient:
+            raise
+        ports = ()
+    return Share(units, ports) if units or ports else NO_SHARE
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ import pytest
 
 from api.constants import SDG_KIND
 from controllers.nodebook import NodeBook
-from controllers.podfit import NodeUsage, Share, share_of, usage_of
+from controllers.podfit import NO_SHARE, NodeUsage, Share, share_of, usage_of
 from controllers.podscheduler import PodScheduler
 from sdgruntime.cache import Cache
 from sdgruntime.envtest import FakeClient
@@ -128,6 +128,14 @@ def test_host_ports_count_and_free_with_their_pods() -> None:
     assert book.usage("n1").ports == Counter({("TCP", "0.0.0.0", 8080): 1})
     book.pod_deleted(web)
     assert book.usage("n1").ports == Counter()
+
+
+def test_pods_that_take_nothing_cost_the_book_no_share_each() -> None:
+    book = NodeBook(ttl=30, clock=Clock())
+    for i in range(3):
+        book.pod_added(factories.pod(f"p{i}", node="n1", phase="Running"))
+    assert book.usage("n1") == NodeUsage(3, {})
+    assert {id(e.share) for e in book._entries.values()} == {id(NO_SHARE)}
 
 
 def test_a_request_that_does_not_parse_counts_the_pod_without_it() -> None:
