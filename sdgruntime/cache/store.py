@@ -251,21 +251,25 @@ class Store:
     def _unindex(self, key: str) -> None:
         for name, values_by_key in self._values.items():
             values = values_by_key.pop(key, None)
-            if not values:
-                continue
-            index = self._indices[name]
-            for v in values:
-                bucket = index.get(v)
-                if bucket is not None:
-                    bucket.discard(key)
-                    if not bucket:
-                        del index[v]
+            if values:
+                _remove_from_index(self._indices[name], key, values)
 
     def _reindex(self, key: str, values: Mapping[str, tuple[str, ...]]) -> None:
-        self._unindex(key)
-        for name, vals in values.items():
-            self._values[name][key] = vals
-            _add_to_index(self._indices[name], key, vals)
+        """File ``key`` under ``values`` (index -> values) and nothing else; an index whose
+        values did not change is left alone (most updates change none)."""
+        for name, values_by_key in self._values.items():
+            vals = values.get(name)
+            old = values_by_key.get(key)
+            if old == vals:
+                continue
+            index = self._indices[name]
+            if old:
+                _remove_from_index(index, key, old)
+            if vals:
+                values_by_key[key] = vals
+                _add_to_index(index, key, vals)
+            else:
+                del values_by_key[key]
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -377,6 +381,15 @@ class Store:
         result.deleted = [o for k, o in previous.items() if k not in new_items]
         self._items, self._values, self._indices = new_items, new_values, new_indices
         return result
+
+
+def _remove_from_index(index: dict[str, set[str]], key: str, values: Iterable[str]) -> None:
+    for v in values:
+        bucket = index.get(v)
+        if bucket is not None:
+            bucket.discard(key)
+            if not bucket:
+                del index[v]
 
 
 def _add_to_index(index: dict[str, set[str]], key: str, values: Iterable[str]) -> None:

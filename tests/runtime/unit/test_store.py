@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
 
 import pytest
@@ -97,6 +98,29 @@ def test_indexes_follow_adds_updates_and_deletes() -> None:
     assert sorted(store.index_values("node")) == ["n2"]  # empty buckets are dropped
     with pytest.raises(KeyError):
         store.by_index("nope", "x")
+
+
+def test_indexes_match_a_fresh_index_after_any_sequence_of_writes() -> None:
+    """Random upserts (values kept, changed, added or dropped; several per object) and
+    deletes: each index holds exactly what indexing the stored objects afresh gives, and
+    no empty bucket."""
+    rng = random.Random(11)
+    indexers = {"node": field_indexer("spec.nodeName"), "ports": field_indexer("spec.ports")}
+    store = Store(indexers=indexers)
+    for step in range(3000):
+        name = f"p{rng.randrange(30)}"
+        if rng.random() < 0.2:
+            store.delete(f"default/{name}")
+            continue
+        obj = pod(name, rv=str(step), node=rng.choice([None, "n1", "n2"]))
+        obj["spec"]["ports"] = rng.sample(["80", "443", "8080"], rng.randrange(3))
+        store.upsert(obj)
+        for index, fn in indexers.items():
+            fresh: dict[str, set[str]] = {}
+            for obj in store.list(copy=False):
+                for value in fn(obj):
+                    fresh.setdefault(value, set()).add(object_key(obj))
+            assert {v: set(store.index_keys(index, v)) for v in store.index_values(index)} == fresh
 
 
 def test_index_added_later_covers_existing_objects_and_names_are_unique() -> None:
