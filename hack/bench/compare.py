@@ -541,10 +541,11 @@ async def create_nodes(kube: Kube, first: int, last: int, in_flight: int) -> flo
 
 async def delete_pods(kube: Kube, ns: str, within: float = 300.0) -> None:
     """Delete every pod of ``ns`` (a DELETE of the collection, grace 0) until none is left;
-    a collection delete that outlives the API server's request timeout is sent again."""
+    a collection delete that outlives the API server's request timeout (an error, or its
+    answer, the deleted pods, cut short) is sent again."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        with contextlib.suppress(ApiError):
+        with contextlib.suppress(ApiError, aiohttp.ClientPayloadError):
             await kube.request("DELETE", pods_path(ns), params={"gracePeriodSeconds": "0"})
         page = await kube.request("GET", pods_path(ns), params={"limit": "1"})
         if not page.get("items"):
