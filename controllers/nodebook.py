@@ -31,6 +31,16 @@ class _Entry(NamedTuple):
     assumed_at: float | None  # None: the cache shows it there
 
 
+#: The spec fields a pod's ``Share`` is computed from.
+_TAKE_FIELDS = ("containers", "initContainers", "resources", "overhead")
+
+
+def _same_take(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``new`` takes what ``old`` took (the fields of its share are equal)."""
+    a, b = spec_of(old), spec_of(new)
+    return all(a.get(f) == b.get(f) for f in _TAKE_FIELDS)
+
+
 class NodeBook:
     """Per node, what its active pods take (``NodeUsage``): the pod cache's and the
     assumed ones. Every change is O(the pod's own size); memory is one entry per active
@@ -63,13 +73,15 @@ class NodeBook:
     def pod_updated(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         key = pod_key(new)
         entry = self._entries.get(key)
-        if (
-            entry is not None
-            and entry.assumed_at is None
-            and is_active(new)
-            and spec_of(old) == spec_of(new)
-        ):
-            return  # a status change of a counted pod (the phase is not Succeeded/Failed)
+        if entry is not None and is_active(new) and _same_take(old, new):
+            if entry.assumed_at is None:
+                return  # a status change of a counted pod (not Succeeded/Failed)
+            if spec_of(new).get("nodeName") == entry.node:
+                # The cache shows the bind: the pod counts as cached from now on, with the
+                # share its assumption computed (what it takes has not changed since).
+                del self._assumed[key]
+                self._entries[key] = entry._replace(assumed_at=None)
+                return
         self._observe(key, new)
 
     def pod_deleted(self, pod: Mapping[str, Any]) -> None:
@@ -78,7 +90,20 @@ class NodeBook:
     def _observe(self, key: str, pod: Mapping[str, Any]) -> None:
         node = spec_of(pod).get("nodeName")
         if not node:
-            return  # not bound (yet): an assumed bind of it keeps counting
+            # Not bound (yet): an assumed bind of it keeps counting, with what it takes now
+            # (a finished pod takes nothing).
+            entry = self._entries.get(key)
+            if entry is not None and entry.assumed_at is not None:
+                if not is_active(pod):
+                    self._drop(key)
+                    return
+                share = share_of(pod, lenient=True)
+                if share != entry.share:
+                    usage = self._nodes[entry.node]
+                    usage.add(entry.share, -1)
+                    usage.add(share)
+                    self._entries[key] = entry._replace(share=share)
+            return
         if is_active(pod):
             # a pod the API server let in counts, whatever of it does not parse
             self._put(key, node, share_of(pod, lenient=True), None)

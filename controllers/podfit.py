@@ -17,7 +17,7 @@ from fractions import Fraction
 
 from api.constants import FILTERING_TAINT_EFFECTS
 from api.pods import is_active, tolerates
-from controllers.quantity import format_units, parse_quantity, to_units
+from controllers.quantity import format_units, parse_quantity, quantity_units, to_units
 from sdgruntime.kinds import Obj, meta_of, spec_of, status_of
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -117,8 +117,16 @@ def pod_requests(pod: Obj) -> dict[str, int]:
     need; pod-level ``spec.resources`` overrides per resource; then ``spec.overhead``.
     """
     spec = spec_of(pod)
+    containers = spec.get("containers") or ()
+    if not (
+        spec.get("initContainers")
+        or spec.get("resources")
+        or spec.get("overhead")
+        or any(isinstance(c, dict) and c.get("resources") for c in containers)
+    ):
+        return {}  # most pods: nothing requested anywhere
     total: dict[str, Fraction] = {}
-    for c in spec.get("containers") or ():
+    for c in containers:
         _add(total, _container_requests(c))
     sidecars: dict[str, Fraction] = {}
     init_need: dict[str, Fraction] = {}
@@ -317,13 +325,13 @@ def pod_fits(pod: Obj, node: Obj, usage: NodeUsage, share: Share | None = None) 
 def _resource_reasons(share: Share, node: Obj, usage: NodeUsage) -> list[str]:
     allocatable = status_of(node).get("allocatable") or {}
     reasons: list[str] = []
-    max_pods = to_units(parse_quantity(allocatable.get("pods", 0)), "pods")
+    max_pods = quantity_units(allocatable.get("pods", 0), "pods")
     if usage.pods + 1 > max_pods:
         reasons.append(f"Too many pods (node allows {max_pods}, {usage.pods} already running)")
     for name, want in sorted(share.units):
         if want <= 0:
             continue
-        have = to_units(parse_quantity(allocatable.get(name, 0)), name) - usage.units.get(name, 0)
+        have = quantity_units(allocatable.get(name, 0), name) - usage.units.get(name, 0)
         if want > have:
             reasons.append(
                 f"Insufficient {name} (requested {format_units(want, name)}, "

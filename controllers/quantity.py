@@ -91,6 +91,19 @@ def to_units(value: Fraction, resource: str) -> int:
     return math.ceil(value * 1000) if resource == "cpu" else math.ceil(value)
 
 
+def quantity_units(value: str | int | float, resource: str) -> int:
+    """``to_units(parse_quantity(value), resource)``, a string's remembered: a node's
+    allocatable is read on every fit check. Raises ValueError."""
+    if isinstance(value, str) and len(value) <= MAX_QUANTITY_LENGTH:
+        return _text_units(value, resource)
+    return to_units(parse_quantity(value), resource)
+
+
+@lru_cache(maxsize=QUANTITY_CACHE_SIZE)
+def _text_units(text: str, resource: str) -> int:
+    return to_units(parse_quantity(text), resource)
+
+
 def format_units(units: int, resource: str) -> str:
     """Readable form of ``to_units`` output: ``500m``/``2`` for cpu, ``512Mi`` for bytes."""
     if resource == "cpu":

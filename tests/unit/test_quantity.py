@@ -13,6 +13,7 @@ from controllers.quantity import (
     MAX_QUANTITY_LENGTH,
     format_units,
     parse_quantity,
+    quantity_units,
     to_units,
 )
 
@@ -110,3 +111,21 @@ def test_format_units(units: int, resource: str, text: str) -> None:
 @given(st.integers(0, 10**15), st.sampled_from(["cpu", "memory", "pods"]))
 def test_formatted_units_parse_back(units: int, resource: str) -> None:
     assert to_units(parse_quantity(format_units(units, resource)), resource) == units
+
+
+@given(
+    st.one_of(
+        st.integers(min_value=-(10**6), max_value=10**6),
+        st.from_regex(r"[0-9]{1,6}(\.[0-9]{1,3})?(m|Ki|Mi|Gi|k|M|G)?", fullmatch=True),
+    ),
+    st.sampled_from(["cpu", "memory", "pods", "nvidia.com/gpu"]),
+)
+def test_quantity_units_is_to_units_of_parse_quantity(value: int | str, resource: str) -> None:
+    """The remembered form a node's allocatable is read through gives the same units."""
+    assert quantity_units(value, resource) == to_units(parse_quantity(value), resource)
+
+
+def test_quantity_units_refuses_what_parse_quantity_refuses() -> None:
+    for bad in ("lots", "1" * (MAX_QUANTITY_LENGTH + 1), True):
+        with pytest.raises(ValueError):
+            quantity_units(bad, "cpu")
