@@ -179,7 +179,7 @@ def _ports_conflict(a: tuple[str, str, int], b: tuple[str, str, int]) -> bool:
     return a[1] in _WILDCARD_IPS or b[1] in _WILDCARD_IPS or a[1] == b[1]
 
 
-# --- what a node's pods use ----------------------------------------------------------
+# --- what a node's pods use -------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
