@@ -9,6 +9,11 @@ import pytest
 pytest_plugins = ["sdgruntime.envtest.pytest_plugin"]
 
 
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Tests press Ctrl-C (send SIGINT) to the CLI processes they start, and a child
     inherits an ignored SIGINT: a run started as ``make test &`` from a script (which
@@ -16,8 +21,3 @@ def pytest_configure(config: pytest.Config) -> None:
     default back, as in a terminal."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-@pytest.fixture(scope="session")
-def anyio_backend() -> str:
-    return "asyncio"
