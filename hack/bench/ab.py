@@ -1,17 +1,18 @@
 """A/B of SDG's own phases: S3 + S1 and S3b + S4 + S6/S7 of ``compare.py``, SDG's
 manager only (``--only s8``: S8's webhook latency, with a manager that serves webhooks and
-does not lead, then through the floor's webhook).
+does not lead, then through the floor's webhook; ``--only s2``: S2's backlog drain after a
+failover, then the raw binder's drain of the same backlog as the run's yardstick).
 
 For before/after runs of one change: run it from each tree in turn (``ROOT`` is the tree
 whose manager and bench code run), alternating, on a quiet machine. Prints each phase's
 wall and CPU seconds, the API server's writes and, for S1, its CPU per pod by part (its
-own profile, ``_pprof.py``); ``--py-spy`` profiles the manager in S1, S4 and S8 (and the
-floor in S8), and ``--work-dir`` keeps the raw stacks (``py-spy-s1.txt``,
-``py-spy-s4.txt``, ``py-spy-s8.txt``, ``py-spy-s8-floor.txt``) and the API server's
-profiles (``pprof-*.pb.gz``).
+own profile, ``_pprof.py``); ``--py-spy`` profiles the manager in S1, S2, S4 and S8 (and
+the floor in S8), and ``--work-dir`` keeps the raw stacks (``py-spy-s1.txt``,
+``py-spy-s2.txt``, ``py-spy-s4.txt``, ``py-spy-s8.txt``, ``py-spy-s8-floor.txt``) and the
+API server's profiles (``pprof-*.pb.gz``).
 About 2.5 minutes at full scale on 2 cores.
 
-    python hack/bench/ab.py ROOT OUT.json [--only s1|s4|s8] [--py-spy] [--work-dir DIR]
+    python hack/bench/ab.py ROOT OUT.json [--only s1|s2|s4|s8] [--py-spy] [--work-dir DIR]
 
 Part of the benchmarks, not of SDG.
 """
@@ -26,11 +27,11 @@ import sys
 from typing import Any
 
 
-def phases(only: str | None) -> tuple[bool, bool, bool]:
-    """Whether S1, S4 and S8 run: S1 and S4, unless ``only`` names one phase."""
-    if only not in (None, "s1", "s4", "s8"):
-        raise ValueError(f"--only takes s1, s4 or s8, not {only!r}")
-    return only in (None, "s1"), only in (None, "s4"), only == "s8"
+def phases(only: str | None) -> tuple[bool, bool, bool, bool]:
+    """Whether S1, S4, S8 and S2 run: S1 and S4, unless ``only`` names one phase."""
+    if only not in (None, "s1", "s2", "s4", "s8"):
+        raise ValueError(f"--only takes s1, s2, s4 or s8, not {only!r}")
+    return only in (None, "s1"), only in (None, "s4"), only == "s8", only == "s2"
 
 
 def per_bench(cpu: dict[str, float]) -> dict[str, float]:
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("root", help="the tree to run (its manager and its compare.py)")
     p.add_argument("out", help="the results as JSON")
-    p.add_argument("--only", choices=("s1", "s4", "s8"))
+    p.add_argument("--only", choices=("s1", "s2", "s4", "s8"))
     p.add_argument("--py-spy", action="store_true")
     p.add_argument("--work-dir")
     p.add_argument("--scale", default="full", choices=("full", "small"))
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         "--nice", type=int, help="S8: the manager's and the floor's nice value (both alike)"
     )
     a = p.parse_args(argv)
-    run_s1, run_s4, run_s8 = phases(a.only)
+    run_s1, run_s4, run_s8, run_s2 = phases(a.only)
     sys.path[:0] = [a.root, f"{a.root}/hack/bench"]
     import compare as c  # the tree's own, from ROOT
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
         async def scenarios(self) -> None:
             sc, kube, env = self.scale, self.kube, self.env
-            for ns in ("s1-sdg", "s4-sdg", "s8-on", "s8-off", "s8f-on", "s8f-off"):
+            for ns in ("s1-sdg", "s4-sdg", "s8-on", "s8-off", "s8f-on", "s8f-off", "s2-sdg"):
                 await c.ensure_namespace(kube, ns)
             await c.create_nodes(kube, 0, sc.nodes, self.args.in_flight)
             groups = [f"g-{i:04d}" for i in range(sc.groups)]
@@ -114,6 +115,28 @@ def main(argv: list[str] | None = None) -> int:
                 spy = self.s8_contender(floor, "s8-floor")
                 self.out["s8_floor"] = await self.s8(floor, floor_port, groups, ns="s8f", spy=spy)
                 await self.stop(floor)
+            if run_s2:
+                await c.ensure_namespace(kube, "s2-raw")
+                mgr, _, _ = await env.manager("s3")
+                self.procs.append(mgr)
+                await self.s3_groups(mgr, groups, "S3")
+                await self.stop(mgr)
+                # a manager that serves the webhook while the bench holds its lease
+                await c.hold_lease(kube, "bench-holds-the-lease", 3600)
+                mgr, port, _ = await env.manager("s2")
+                self.procs.append(mgr)
+                env.webhooks(port)
+                await c.wait_webhook(kube, "s2-sdg", groups[0], on=True)
+                backlog = await self.s2_backlog(mgr, groups)
+                env.webhooks(None)
+                spy = None
+                if self.args.py_spy:
+                    spy = c.PySpy(mgr.pid, mgr.log_path.parent / "py-spy-s2.txt")
+                await self.s2_sdg(mgr, backlog, spy)
+                await c.delete_pods(kube, "s2-sdg")
+                await c.wait_groups_empty(kube)
+                await self.stop(mgr)
+                await self.s2_raw(backlog)
             if run_s1:
                 mgr, port, _ = await env.manager("s1")
                 self.procs.append(mgr)
@@ -170,9 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         if py:
             top = sorted(py.items(), key=lambda kv: -kv[1])
             print("  manager ms/pod:", ", ".join(f"{k} {v:.2f}" for k, v in top))
-    for key in ("s1_sdg", "s4_sdg", "s6_sdg", "s6_objects", "s7_sdg", "s8", "s8_floor"):
+    for key in ("s1_sdg", "s2_sdg", "s2_raw", "s4_sdg", "s6_sdg", "s6_objects", "s7_sdg"):
         if key in out:
             print(key, out[key])
+    for key in ("s8", "s8_floor"):
+        if key in out:
+            print(key, out[key])
+    if "s2_sdg" in out and "s2_raw" in out:  # S2's goal: SDG's drain rate over the raw one's
+        print("S2", round(out["s2_sdg"]["per_s"] / out["s2_raw"]["per_s"], 2), "x raw binds")
     if "s8" in out:  # compare's own S8 rows: the added p99s, the floor's beside SDG's
         for row in c.s8_rows(out, f"{c.SCALES[a.scale].s8_pods} creates each"):
             print(row[0], row[2], row[3])

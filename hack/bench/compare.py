@@ -1235,7 +1235,9 @@ class Run:
         self.out["s2_backlog_create_s"] = made.create_s
         return items
 
-    async def s2_sdg(self, mgr: Proc, backlog: list[Obj]) -> None:
+    async def s2_sdg(self, mgr: Proc, backlog: list[Obj], spy: PySpy | None = None) -> None:
+        """S2's drain: the lease let go, ``mgr`` leads and binds the backlog; ``spy`` (of
+        ``mgr``) is stopped at the last bind, its parts in the phase."""
         n = len(backlog)
         seen = FirstSeen([p["metadata"]["name"] for p in backlog], has_node)
         sw = await self.stopwatch(self.pids(manager=mgr))
@@ -1244,9 +1246,14 @@ class Run:
             t_release = time.perf_counter()
             await hold_lease(self.kube, "", 1)
             await seen.wait(900)
+        at_bind = sw.cpu()
+        if spy is not None:
+            spy.stop()
         first, last = min(seen.first.values()), max(seen.first.values())
-        await self.phase(S2_SDG, sw, pods=n)
+        await self.phase(S2_SDG, sw, pods=n, cpu_at_last_bind=at_bind)
         self.phases[-1]["apiserver_parts"] = await api.stop()
+        if spy is not None and spy.out.exists():
+            self.phases[-1]["python_parts"] = {"manager": _pyspy.stack_parts(spy.out)}
         self.out["s2_sdg"] = {
             "pods": n,
             "seconds": last - first,
