@@ -201,15 +201,6 @@ class SDG:
                 taint_rules=settings.resource_slices != "off"
                 and settings.device_taint_rules != "off",
             )
-        self.status_controller = StatusController(
-            mgr.client,
-            cache,
-            mgr.event_recorder("deviceshare-controller"),
-            batch_period=settings.status_batch_period,
-            allocated_pods=settings.allocated_pods,
-        )
-        if runs("status"):
-            statuscontroller.setup(mgr, self.status_controller, workers=settings.status_workers)
         self.pod_scheduler = PodScheduler(
             mgr.client,
             cache,
@@ -218,8 +209,25 @@ class SDG:
             tracer_provider=tracer_provider,
             env_table=self.env_table,
         )
+        binds_waiting = None
         if runs("pod-scheduler"):
-            podscheduler.setup(mgr, self.pod_scheduler, workers=settings.pod_workers)
+            pods = podscheduler.setup(mgr, self.pod_scheduler, workers=settings.pod_workers)
+
+            def binds_waiting() -> bool:
+                """Pods wait in the pod scheduler's queue: status writes wait for them."""
+                return len(pods.queue) > 0
+
+        self.status_controller = StatusController(
+            mgr.client,
+            cache,
+            mgr.event_recorder("deviceshare-controller"),
+            batch_period=settings.status_batch_period,
+            allocated_pods=settings.allocated_pods,
+            busy=binds_waiting if settings.status_hold > 0 else None,
+            hold=settings.status_hold,
+        )
+        if runs("status"):
+            statuscontroller.setup(mgr, self.status_controller, workers=settings.status_workers)
         if runs("foreign-reporter"):
             foreign.setup(
                 mgr,

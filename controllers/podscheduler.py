@@ -38,6 +38,7 @@ from controllers.watches import (
 from sdgruntime import errors
 from sdgruntime.cache import Cache
 from sdgruntime.client import Client
+from sdgruntime.controller import Controller
 from sdgruntime.events import EventRecorder
 from sdgruntime.handler import EnqueueRequestsFromMapFunc as MapTo
 from sdgruntime.kinds import NODES, PODS, meta_of, spec_of, status_of
@@ -247,7 +248,7 @@ class PodScheduler:
         return Result(requeue=True)
 
 
-def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:
+def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> Controller:
     """Register the pod scheduler: its own pods, and what can let a pending one fit."""
     cache, name = mgr.cache, scheduler.scheduler_name
     index_groups(cache)
@@ -278,7 +279,7 @@ def setup(mgr: Manager, scheduler: PodScheduler, *, workers: int = 8) -> None:
         update=lambda _old, new: wants_scheduling(new, name),
         delete=lambda _obj: False,
     )
-    (
+    return (
         mgr.controller("pod-scheduler")
         .for_(PODS, predicates=[ours])
         # Its status controller's writes (the pod list) change nothing a pod's fit reads.

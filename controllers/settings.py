@@ -28,7 +28,7 @@ from api.constants import (
 from api.envvars import parse_env_table
 from api.validation import is_dns_subdomain
 from controllers.inventory import DEFAULT_DRA_DRIVERS
-from controllers.statuscontroller import STATUS_BATCH_PERIOD, STATUS_WORKERS
+from controllers.statuscontroller import STATUS_BATCH_PERIOD, STATUS_HOLD, STATUS_WORKERS
 from webhooks.delivery import Delivery, cdi_prefix_problem
 
 ENV_PREFIX = "SDG_"
@@ -176,6 +176,13 @@ class Settings(BaseModel):
         le=60,
         description="seconds between two status writes of one group (a burst of pods is "
         "written once per period; 0 writes every change at once)",
+    )
+    status_hold: float = Field(
+        STATUS_HOLD,
+        ge=0,
+        le=300,
+        description="seconds a group's status write may wait while pods wait to be bound "
+        "(binds go first after a failover; 0: never waits)",
     )
     event_qps: float = Field(
         50.0,

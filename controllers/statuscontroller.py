@@ -3,9 +3,11 @@
 It writes only those fields, as a JSON merge patch guarded by the group's UID, so it never
 races the group scheduler's conditional writes of conditions or binding. Writes are batched
 per group (at most one per ``batch_period``, the first at once), so a burst of joining pods
-costs one write per period. ``allocatedPods`` lists at most ``MAX_ALLOCATED_PODS`` pods and
-``podCount`` stays exact; ``--allocated-pods counts`` writes ``allocatedPodCounts``
-instead, and no pod names in Events either (docs/design.md, "Inside the controllers").
+costs one write per period; while pods wait in the pod scheduler's queue (``busy``), a
+write waits too, at most ``hold`` seconds, so binds go first. ``allocatedPods`` lists at
+most ``MAX_ALLOCATED_PODS`` pods and ``podCount`` stays exact; ``--allocated-pods counts``
+writes ``allocatedPodCounts`` instead, and no pod names in Events either (docs/design.md,
+"Inside the controllers").
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Literal
+
+import anyio
 
 from api.constants import MAX_ALLOCATED_PODS, SDG_KIND
 from api.pods import POD_GROUP_INDEX, is_active, pod_key
@@ -33,6 +37,7 @@ from sdgruntime.reconcile import Request, Result
 __all__ = [
     "EVENT_PODS",
     "STATUS_BATCH_PERIOD",
+    "STATUS_HOLD",
     "STATUS_WORKERS",
     "StatusController",
     "namespace_counts",
@@ -46,6 +51,12 @@ STATUS_WORKERS: Final = 8
 #: Seconds between two status writes of one group (``--status-batch-period``): as the Job
 #: controller's pod update batching, a burst is written once per period, not per pod.
 STATUS_BATCH_PERIOD: Final = 1.0
+#: Seconds a group's status write may wait while pods wait to be bound: after a failover
+#: (a backlog of thousands of pods) the binds go first and each group is written once,
+#: after them. Its pods are bound meanwhile; only the status is this much behind.
+STATUS_HOLD: Final = 10.0
+#: How often held writes are checked for release (the queue emptied, or the hold ended).
+HOLD_TICK: Final = 0.25
 
 
 def namespace_counts(keys: Iterable[str], limit: int = MAX_ALLOCATED_PODS) -> dict[str, int]:
@@ -69,7 +80,10 @@ class StatusController:
         batch_period: float = STATUS_BATCH_PERIOD,
         clock: Callable[[], float] = time.monotonic,
         allocated_pods: Literal["names", "counts"] = "names",
+        busy: Callable[[], bool] | None = None,
+        hold: float = STATUS_HOLD,
     ) -> None:
+        """``busy``: whether pods wait in the pod scheduler's queue (None: never held)."""
         self.client = client
         self.allocated_pods = allocated_pods
         self.cache = cache
@@ -83,6 +97,11 @@ class StatusController:
         #: group -> the resourceVersion our last write gave it, until the watch brings that
         #: version back (at most one entry per group; a deleted group's goes with it).
         self._echoes: dict[str, str] = {}
+        self.busy = busy
+        self.hold = hold
+        #: group -> when its write was first held for ``busy``, oldest first; an entry goes
+        #: when the group is reconciled past its hold or forgotten (at most one per group).
+        self._held: OrderedDict[str, float] = OrderedDict()
 
     def is_echo(self, group: Obj) -> bool:
         """Whether this version of ``group`` is our own last write coming back: it needs
@@ -99,6 +118,7 @@ class StatusController:
         self.events.flush(name)
         self._written.pop(name, None)
         self._echoes.pop(name, None)
+        self._held.pop(name, None)
 
     def _wait(self, name: str, now: float) -> float:
         """Seconds until ``name`` may be written again (0: now); forgets stale writes."""
@@ -110,6 +130,33 @@ class StatusController:
             del written[oldest]
         last = written.get(name)
         return 0.0 if last is None else self.batch_period - (now - last)
+
+    def _held_for(self, name: str, now: float) -> bool:
+        """Whether ``name``'s write waits for the binds: pods wait to be bound and its hold
+        (from its first wait) has not ended. ``release_held`` wakes it when either ends."""
+        if self.busy is None or not self.busy():
+            return False
+        since = self._held.setdefault(name, now)
+        return now - since < self.hold
+
+    def due_held(self, now: float) -> list[str]:
+        """The held groups to reconcile now: all once no pod waits to be bound, else those
+        whose hold has ended (oldest first)."""
+        if self.busy is None or not self.busy():
+            return list(self._held)
+        due = []
+        for name, since in self._held.items():
+            if now - since < self.hold:
+                break
+            due.append(name)
+        return due
+
+    async def release_held(self, wake: Callable[[Request], None]) -> None:
+        """Until cancelled: every ``HOLD_TICK``, ``wake`` the held groups that are due."""
+        while True:
+            await anyio.sleep(HOLD_TICK)
+            for name in self.due_held(self.clock()):
+                wake(Request(name))
 
     def __len__(self) -> int:
         """Groups whose last write is recent enough to delay the next."""
@@ -130,6 +177,9 @@ class StatusController:
             # (pod events meanwhile find the same wait and read no pods: a burst into a
             # group of thousands costs one pass over its pods per period, not per pod).
             return Result(requeue_after=wait)
+        if self._held_for(request.name, now):
+            return None  # release_held wakes it
+        self._held.pop(request.name, None)
         pods = self.cache.list(PODS, index=POD_GROUP_INDEX, value=request.name, copy=False)
         status = status_of(group)
         before = status.get("allocatedPods") or []
@@ -184,7 +234,7 @@ def setup(mgr: Manager, controller: StatusController, *, workers: int = STATUS_W
     """Register the status controller: woken by its groups (not by its own writes coming
     back) and their pods' comings and goings (status-only pod churn changes nothing it
     writes); its events go out from a leader-only runnable, as the reconciles do."""
-    (
+    ctrl = (
         mgr.controller("group-status")
         .for_(SDG_KIND, [Funcs(update=lambda _old, new: not controller.is_echo(new))])
         .watches(PODS, EnqueueRequestsFromMapFunc(group_of_pod), [pod_moved])
@@ -192,3 +242,4 @@ def setup(mgr: Manager, controller: StatusController, *, workers: int = STATUS_W
         .complete(controller)
     )
     mgr.add_runnable(controller.events.run)
+    mgr.add_runnable(lambda: controller.release_held(ctrl.enqueue))

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import anyio
 import pytest
 
 from api.constants import SDG_KIND
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
-from sdgruntime.kinds import EVENTS, NODES, PODS
-from tests.e2e.harness import add_node, eventually, group, pod, run_sdg, wait_bound
+from sdgruntime.kinds import EVENTS, LEASES, NODES, PODS
+from tests.e2e.harness import (
+    MANAGER_NS,
+    add_node,
+    eventually,
+    group,
+    pod,
+    run_sdg,
+    wait_bound,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -140,3 +150,59 @@ async def test_a_burst_of_binds_has_one_scheduled_event_and_the_group_names_them
         # Four binds within seconds of each other are one burst: its first bind has its
         # Event, the others none (a second burst only if binds came 5 s apart).
         assert 1 <= len(scheduled) < len(names)
+
+
+async def test_a_backlog_is_bound_before_its_group_status_is_written(
+    cluster: ControlPlane, client: Client, namespace: str
+) -> None:
+    """After a failover the binds go first: the group's status, held while pods wait in
+    the pod scheduler's queue, is written once they are taken, naming them all.
+    (resourceVersions are etcd revisions here, one order for pods and groups.)"""
+    await add_node(client, "n1", 2)
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    async with run_sdg(cluster):
+        await client.create(SDG_KIND, group("drain", {"nvidia.com/gpu": 1}))
+        await wait_bound(client, "drain")
+    # A standby serves the webhook while the lease is held elsewhere: the backlog.
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": f"held-{namespace}", "namespace": MANAGER_NS},
+        "spec": {"holderIdentity": "other", "leaseDurationSeconds": 3600, "renewTime": now},
+    }
+    await client.create(LEASES, lease, MANAGER_NS)
+    names = [f"b{i:02d}" for i in range(30)]
+    async with run_sdg(cluster, leader_elect=True, leader_election_id=f"held-{namespace}"):
+        for name in names:
+            await client.create(PODS, pod(name, "drain"), namespace)
+    start = (await client.get(SDG_KIND, "drain"))["metadata"]["resourceVersion"]
+    counts: list[tuple[int, int]] = []  # (resourceVersion, podCount) of each group write
+
+    async def watch_group() -> None:
+        async for ev in client.watch(
+            SDG_KIND, resource_version=start, field_selector="metadata.name=drain"
+        ):
+            obj = ev["object"]
+            if ev["type"] == "MODIFIED":
+                rv = int(obj["metadata"]["resourceVersion"])
+                counts.append((rv, (obj.get("status") or {}).get("podCount", 0)))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_group)
+        # One pod worker: the queue holds the backlog for as long as it takes.
+        async with run_sdg(cluster, pod_workers=1):
+
+            async def bound() -> list[int]:
+                pods, _ = await client.list_all(PODS, namespace)
+                rvs = [int(p["metadata"]["resourceVersion"]) for p in pods]
+                return sorted(rvs) if all(p["spec"].get("nodeName") for p in pods) else []
+
+            binds = await eventually(bound, what="the backlog bound")
+            await eventually(lambda: any(n == 30 for _, n in counts), what="podCount 30")
+        tg.cancel_scope.cancel()
+    assert len(binds) == 30
+    first_write = min(rv for rv, n in counts if n > 0)
+    # Written after the last pod was taken from the queue: after all binds but at most
+    # the one still in flight.
+    assert first_write > binds[-2], (first_write, binds)
+    assert next(n for _, n in counts if n > 0) == 30

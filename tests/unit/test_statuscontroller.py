@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import anyio
 import pytest
 
 from api.constants import GROUP_ANNOTATION, SDG_KIND
@@ -233,3 +234,84 @@ async def test_its_own_write_coming_back_needs_no_reconcile_anything_else_does()
     del cache.groups["g"]
     await sc.reconcile(Request("g"))
     assert not sc.is_echo(server.stored(SDG_KIND, "g"))
+
+
+def held_controller() -> tuple[StatusController, Cache, Server, Clock, list[bool]]:
+    """A controller whose writes wait while ``busy[0]`` (pods wait to be bound)."""
+    sc, cache, server, _, clock = controller()
+    busy = [True]
+    sc.busy = lambda: busy[0]
+    return sc, cache, server, clock, busy
+
+
+async def test_writes_wait_for_the_binds_and_go_once_no_pod_waits() -> None:
+    sc, cache, server, clock, busy = held_controller()
+    for name in ("g1", "g2"):
+        server.put(cache, group(name, podCount=0))
+        cache.pods.append(pod(f"p-{name}", name))
+        assert await sc.reconcile(Request(name)) is None
+    assert server.patched() == [] and cache.lists == 0  # held: not even the pods read
+    clock.t += 1
+    assert sc.due_held(clock.t) == []  # pods still wait to be bound
+    busy[0] = False
+    assert sc.due_held(clock.t) == ["g1", "g2"]  # the queue emptied: all of them, now
+    for name in ("g1", "g2"):
+        await sc.reconcile(Request(name))
+    assert server.patched() == ["g1", "g2"]
+    assert server.status("g1")["podCount"] == 1
+    assert sc.due_held(clock.t) == []  # written: nothing of theirs is held
+
+
+async def test_a_hold_ends_after_hold_seconds_even_while_pods_wait() -> None:
+    """A steady stream of pods keeps the queue busy: each group is still written once
+    per ``hold``, so its status is never more than that behind."""
+    sc, cache, server, clock, _ = held_controller()
+    server.put(cache, group("old", podCount=0))
+    cache.pods.append(pod("a", "old"))
+    await sc.reconcile(Request("old"))
+    clock.t += sc.hold / 2
+    server.put(cache, group("new", podCount=0))
+    cache.pods.append(pod("b", "new"))
+    await sc.reconcile(Request("new"))
+    clock.t += sc.hold / 2
+    assert sc.due_held(clock.t) == ["old"]  # oldest first; "new" has half its hold left
+    await sc.reconcile(Request("old"))
+    assert server.patched() == ["old"]
+    # The next change is held anew, from its own first wait.
+    cache.groups["old"]["status"] = server.status("old")
+    cache.pods.append(pod("c", "old"))
+    clock.t += sc.batch_period
+    await sc.reconcile(Request("old"))
+    assert server.patched() == ["old"]
+    assert sc.due_held(clock.t + sc.hold / 2) == ["new"]
+
+
+async def test_a_held_group_that_goes_is_forgotten() -> None:
+    sc, cache, server, clock, busy = held_controller()
+    server.put(cache, group(podCount=0))
+    cache.pods.append(pod("a", "g"))
+    await sc.reconcile(Request("g"))
+    del cache.groups["g"]
+    await sc.reconcile(Request("g"))
+    busy[0] = False
+    assert sc.due_held(clock.t) == [] and server.patched() == []
+
+
+async def test_held_groups_are_woken_when_due() -> None:
+    sc, cache, server, _, busy = held_controller()
+    server.put(cache, group(podCount=0))
+    cache.pods.append(pod("a", "g"))
+    await sc.reconcile(Request("g"))
+    woken: list[Request] = []
+    busy[0] = False
+    with anyio.move_on_after(0.3):  # one HOLD_TICK and a little
+        await sc.release_held(woken.append)
+    assert woken == [Request("g")]
+
+
+async def test_without_busy_nothing_is_held() -> None:
+    sc, cache, server, _, clock = controller()
+    server.put(cache, group(podCount=0))
+    cache.pods.append(pod("a", "g"))
+    await sc.reconcile(Request("g"))
+    assert server.patched() == ["g"] and sc.due_held(clock.t) == []
