@@ -102,6 +102,7 @@ class StatusController:
         #: group -> when its write was first held for ``busy``, oldest first; an entry goes
         #: when the group is reconciled past its hold or forgotten (at most one per group).
         self._held: OrderedDict[str, float] = OrderedDict()
+        self._holding = anyio.Event()  # set when a write is held: the runner wakes
 
     def is_echo(self, group: Obj) -> bool:
         """Whether this version of ``group`` is our own last write coming back: it needs
@@ -136,7 +137,10 @@ class StatusController:
         (from its first wait) has not ended. ``release_held`` wakes it when either ends."""
         if self.busy is None or not self.busy():
             return False
-        since = self._held.setdefault(name, now)
+        since = self._held.get(name)
+        if since is None:
+            since = self._held[name] = now
+            self._holding.set()
         return now - since < self.hold
 
     def due_held(self, now: float) -> list[str]:
@@ -152,8 +156,12 @@ class StatusController:
         return due
 
     async def release_held(self, wake: Callable[[Request], None]) -> None:
-        """Until cancelled: every ``HOLD_TICK``, ``wake`` the held groups that are due."""
+        """Until cancelled: every ``HOLD_TICK`` while writes are held, ``wake`` the held
+        groups that are due (idle, it sleeps until one is held)."""
         while True:
+            if not self._held:
+                await self._holding.wait()
+                self._holding = anyio.Event()
             await anyio.sleep(HOLD_TICK)
             for name in self.due_held(self.clock()):
                 wake(Request(name))

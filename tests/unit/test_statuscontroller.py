@@ -301,12 +301,18 @@ async def test_held_groups_are_woken_when_due() -> None:
     sc, cache, server, _, busy = held_controller()
     server.put(cache, group(podCount=0))
     cache.pods.append(pod("a", "g"))
-    await sc.reconcile(Request("g"))
     woken: list[Request] = []
-    busy[0] = False
-    with anyio.move_on_after(0.3):  # one HOLD_TICK and a little
-        await sc.release_held(woken.append)
-    assert woken == [Request("g")]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sc.release_held, woken.append)
+        await anyio.sleep(0.3)
+        assert woken == []  # nothing held: the runner sleeps
+        await sc.reconcile(Request("g"))  # held
+        await anyio.sleep(0.3)
+        assert woken == []  # pods still wait to be bound
+        busy[0] = False
+        await anyio.sleep(0.3)  # one HOLD_TICK and a little
+        tg.cancel_scope.cancel()
+    assert woken and set(woken) == {Request("g")}
 
 
 async def test_without_busy_nothing_is_held() -> None:
