@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--nice", type=int, help="S8: the manager's and the floor's nice value (both alike)"
     )
+    p.add_argument(
+        "--s8-after-s1",
+        action="store_true",
+        help="S8 after S1 with SDG in the same cluster, as compare.py runs it (its first "
+        "rounds with SDG's webhook are slower then: RESULTS.md, session 42)",
+    )
     a = p.parse_args(argv)
     run_s1, run_s4, run_s8, run_s2 = phases(a.only)
     sys.path[:0] = [a.root, f"{a.root}/hack/bench"]
@@ -82,9 +88,17 @@ def main(argv: list[str] | None = None) -> int:
             await c.create_nodes(kube, 0, sc.nodes, self.args.in_flight)
             groups = [f"g-{i:04d}" for i in range(sc.groups)]
             if run_s8:
-                mgr, _, _ = await env.manager("s3")
+                mgr, port, _ = await env.manager("s3")
                 self.procs.append(mgr)
+                if a.s8_after_s1:
+                    env.webhooks(port)
                 await self.s3_groups(mgr, groups, "S3")
+                if a.s8_after_s1:
+                    await c.wait_webhook(kube, "s1-sdg", groups[0], on=True)
+                    await self.s1_sdg(mgr, groups)
+                    await c.delete_pods(kube, "s1-sdg")
+                    await c.wait_groups_empty(kube)
+                    env.webhooks(None)
                 await self.stop(mgr)
                 await c.hold_lease(kube, "bench-holds-the-lease", 3600)
                 mgr, port, _ = await env.manager("s8")
