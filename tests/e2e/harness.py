@@ -6,6 +6,7 @@ admission policies of ``config/policy`` itself."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -25,7 +26,7 @@ from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
 from sdgruntime.envtest.controlplane import free_port, load_manifests
 from sdgruntime.envtest.fakes import DeviceNames, Kubelet, create_node, make_node
-from sdgruntime.kinds import CONFIGMAPS, NODES, PODS
+from sdgruntime.kinds import CONFIGMAPS, LEASES, NODES, PODS
 
 ROOT = Path(__file__).resolve().parents[2]
 MANAGER_NS = "deviceshare-system"
@@ -263,6 +264,19 @@ async def wait_bound(client: Client, name: str, within: float = 20.0) -> dict[st
         return g if (g.get("status") or {}).get("phase") == "Bound" else None
 
     return await eventually(bound, within=within, what=f"group {name} Bound")
+
+
+async def lease_held_elsewhere(client: Client, name: str) -> None:
+    """Lease ``name`` held by another replica for an hour: a manager started with
+    ``leader_election_id=name`` is a standby (it serves the webhooks, leads nothing)."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": MANAGER_NS},
+        "spec": {"holderIdentity": "other-replica", "leaseDurationSeconds": 3600, "renewTime": now},
+    }
+    await client.create(LEASES, lease, MANAGER_NS)
 
 
 async def bound_group_with_a_rogue_pod(

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import datetime as dt
-
 import anyio
 import pytest
 
 from api.constants import SDG_KIND
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
-from sdgruntime.kinds import EVENTS, LEASES, NODES, PODS
+from sdgruntime.kinds import EVENTS, NODES, PODS
 from tests.e2e.harness import (
-    MANAGER_NS,
     add_node,
     eventually,
     group,
+    lease_held_elsewhere,
     pod,
     run_sdg,
     wait_bound,
@@ -159,18 +157,11 @@ async def test_a_backlog_is_bound_before_its_group_status_is_written(
     the pod scheduler's queue, is written once they are taken, naming them all.
     (resourceVersions are etcd revisions here, one order for pods and groups.)"""
     await add_node(client, "n1", 2)
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     async with run_sdg(cluster):
         await client.create(SDG_KIND, group("drain", {"nvidia.com/gpu": 1}))
         await wait_bound(client, "drain")
     # A standby serves the webhook while the lease is held elsewhere: the backlog.
-    lease = {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {"name": f"held-{namespace}", "namespace": MANAGER_NS},
-        "spec": {"holderIdentity": "other", "leaseDurationSeconds": 3600, "renewTime": now},
-    }
-    await client.create(LEASES, lease, MANAGER_NS)
+    await lease_held_elsewhere(client, f"held-{namespace}")
     names = [f"b{i:02d}" for i in range(30)]
     async with run_sdg(cluster, leader_elect=True, leader_election_id=f"held-{namespace}"):
         for name in names:

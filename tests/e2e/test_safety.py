@@ -3,15 +3,13 @@ managers racing (a forced split brain, leader election off)."""
 
 from __future__ import annotations
 
-import datetime as dt
-
 import anyio
 import pytest
 
 from api.constants import SDG_KIND
 from sdgruntime.client import Client
 from sdgruntime.envtest import ControlPlane
-from sdgruntime.kinds import CONFIGMAPS, LEASES, PODS
+from sdgruntime.kinds import CONFIGMAPS, PODS
 from tests.e2e.harness import (
     GPU,
     MANAGER_NS,
@@ -23,6 +21,7 @@ from tests.e2e.harness import (
     eventually,
     group,
     kubelet,
+    lease_held_elsewhere,
     pod,
     run_sdg,
     wait_bound,
@@ -96,20 +95,7 @@ async def test_restart_recovers_without_double_allocation(
         await eventually(lambda: _has_node(client, "b-pod", namespace), what="b-pod bound")
     # The leader is down; a standby replica (the lease is held elsewhere) still serves
     # the webhooks, so groups and pods can be created, but nothing is placed or bound.
-    await client.create(
-        LEASES,
-        {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": "held-elsewhere", "namespace": MANAGER_NS},
-            "spec": {
-                "holderIdentity": "other-replica",
-                "leaseDurationSeconds": 3600,
-                "renewTime": rfc3339_micro(),
-            },
-        },
-        MANAGER_NS,
-    )
+    await lease_held_elsewhere(client, "held-elsewhere")
     async with run_sdg(cluster, leader_elect=True, leader_election_id="held-elsewhere"):
         await client.create(SDG_KIND, group("during-1", {GPU: 1}))
         await client.create(SDG_KIND, group("during-2", {GPU: 2}))
@@ -169,10 +155,6 @@ async def test_lost_status_and_lost_record_are_restored_from_pods(
 
 async def _has_node(client: Client, name: str, ns: str) -> bool:
     return bool((await client.get(PODS, name, ns))["spec"].get("nodeName"))
-
-
-def rfc3339_micro() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 async def test_recovery_reports_pods_running_with_other_devices(
