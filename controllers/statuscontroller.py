@@ -132,10 +132,14 @@ class StatusController:
         last = written.get(name)
         return 0.0 if last is None else self.batch_period - (now - last)
 
+    def _binds_wait(self) -> bool:
+        """Whether pods wait in the pod scheduler's queue (never, without ``busy``)."""
+        return self.busy is not None and self.busy()
+
     def _held_for(self, name: str, now: float) -> bool:
         """Whether ``name``'s write waits for the binds: pods wait to be bound and its hold
         (from its first wait) has not ended. ``release_held`` wakes it when either ends."""
-        if self.busy is None or not self.busy():
+        if not self._binds_wait():
             return False
         since = self._held.get(name)
         if since is None:
@@ -146,7 +150,7 @@ class StatusController:
     def due_held(self, now: float) -> list[str]:
         """The held groups to reconcile now: all once no pod waits to be bound, else those
         whose hold has ended (oldest first)."""
-        if self.busy is None or not self.busy():
+        if not self._binds_wait():
             return list(self._held)
         due = []
         for name, since in self._held.items():

@@ -87,6 +87,15 @@ def main(argv: list[str] | None = None) -> int:
                 await c.ensure_namespace(kube, ns)
             await c.create_nodes(kube, 0, sc.nodes, self.args.in_flight)
             groups = [f"g-{i:04d}" for i in range(sc.groups)]
+
+            async def standby(tag: str) -> tuple[Any, int]:
+                """A manager that serves webhooks but does not lead: the bench holds its
+                lease (S8's and S2's)."""
+                await c.hold_lease(kube, "bench-holds-the-lease", 3600)
+                mgr, port, _ = await env.manager(tag)
+                self.procs.append(mgr)
+                return mgr, port
+
             if run_s8:
                 mgr, port, _ = await env.manager("s3")
                 self.procs.append(mgr)
@@ -100,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     await c.wait_groups_empty(kube)
                     env.webhooks(None)
                 await self.stop(mgr)
-                await c.hold_lease(kube, "bench-holds-the-lease", 3600)
-                mgr, port, _ = await env.manager("s8")
-                self.procs.append(mgr)
+                mgr, port = await standby("s8")
                 spy = self.s8_contender(mgr, "s8")
                 self.out["s8"] = await self.s8(mgr, port, groups, spy=spy)
                 text = await c.manager_metrics(mgr) or ""
@@ -135,10 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 self.procs.append(mgr)
                 await self.s3_groups(mgr, groups, "S3")
                 await self.stop(mgr)
-                # a manager that serves the webhook while the bench holds its lease
-                await c.hold_lease(kube, "bench-holds-the-lease", 3600)
-                mgr, port, _ = await env.manager("s2")
-                self.procs.append(mgr)
+                mgr, port = await standby("s2")
                 env.webhooks(port)
                 await c.wait_webhook(kube, "s2-sdg", groups[0], on=True)
                 backlog = await self.s2_backlog(mgr, groups)
