@@ -949,23 +949,17 @@ class Run:
         env.webhooks(None)
 
         # --- S1 with the Python floor: SDG's per-pod API traffic and nothing else -------
-        floor, port, _ = await env.floor(
-            "s1",
-            "s1-floor",
-            self.write_json("floor-templates.json", self.templates),
-            self.write_json("floor-nodes.json", self.group_nodes),
-        )
+        templates = self.write_json("floor-templates.json", self.templates)
+        nodes = self.write_json("floor-nodes.json", self.group_nodes)
+        floor, port, _ = await env.floor("s1", "s1-floor", templates, nodes)
         self.procs.append(floor)
         env.webhooks(port)
         await wait_webhook(kube, "s1-floor", groups[0], on=True)
         await self.s1_floor(floor, groups, port)
-        # S8's control run: the same paced creates through the floor's webhook answers
-        self.out["s8_floor"] = await self.s8(floor, port, groups, ns="s8f")
         await self.stop(floor)
         env.webhooks(None)
         self.out["s1_floor"]["report"] = last_json_line(floor.log_path)
-        for ns in ("s1-floor", "s8f-on", "s8f-off"):
-            await delete_pods(kube, ns)
+        await delete_pods(kube, "s1-floor")
 
         # --- S1 with kube-scheduler ------------------------------------------------------
         ks, _ = await env.kube_scheduler("s1")
@@ -974,17 +968,32 @@ class Run:
         await self.stop(ks)
         await delete_pods(kube, "s1-kube")
 
-        # --- S8 and S2 with SDG: a manager that serves webhooks but does not lead yet ---
+        # --- S8 with SDG: a manager that serves webhooks but does not lead ---------------
         await hold_lease(kube, "bench-holds-the-lease", 3600)
-        mgr, port, _ = await env.manager("s2")
+        mgr, port, _ = await env.manager("s8")
         self.procs.append(mgr)
         self.out["s8"] = await self.s8(mgr, port, groups)
+        await self.stop(mgr)
+        env.webhooks(None)
+        for ns in ("s8-on", "s8-off"):
+            await delete_pods(kube, ns)
+        # S8's control run: the same paced creates through a floor started as SDG's manager
+        # was, so that both meet the API server with no connection of theirs open yet
+        floor, port, _ = await env.floor("s8", "s8f-none", templates, nodes)
+        self.procs.append(floor)
+        self.out["s8_floor"] = await self.s8(floor, port, groups, ns="s8f")
+        await self.stop(floor)
+        env.webhooks(None)
+        for ns in ("s8f-on", "s8f-off"):
+            await delete_pods(kube, ns)
+
+        # --- S2 with SDG: the backlog made while the manager does not lead ---------------
+        mgr, port, _ = await env.manager("s2")
+        self.procs.append(mgr)
         env.webhooks(port)
-        await wait_webhook(kube, "s8-on", groups[0], on=True)
+        await wait_webhook(kube, "s2-sdg", groups[0], on=True)
         backlog = await self.s2_backlog(mgr, groups)
         env.webhooks(None)
-        await delete_pods(kube, "s8-on")
-        await delete_pods(kube, "s8-off")
         await self.s2_sdg(mgr, backlog)
         await delete_pods(kube, "s2-sdg")
         await wait_groups_empty(kube)
@@ -1202,16 +1211,27 @@ class Run:
         warm = int(self.scale.s8_rate // 2)
         lat: dict[str, list[float]] = {"on": [], "off": []}
         per_round: dict[str, list[float]] = {"on": [], "off": []}  # each round's p99, ms
+        dials: list[float] = []  # connections the webhook accepted in each round (with it)
+
+        async def accepted() -> float | None:
+            return await (webhook_connections(mgr) if ns == "s8" else floor_connections(port))
+
+        own = 0 if ns == "s8" else 1  # the floor counts the connection that reads its count
+
         sw = await self.stopwatch(self.pids(**{"manager" if ns == "s8" else "floor": mgr}))
         for r in range(rounds):
             for mode in ("on", "off"):
                 where = f"{ns}-{mode}"
                 self.env.webhooks(port if mode == "on" else None)
+                before = await accepted() if mode == "on" else None
                 await wait_webhook(self.kube, where, groups[0], on=mode == "on")
                 await self.paced(where, f"warm{r}", groups, warm)
                 got = await self.paced(where, f"w{r}", groups, per)
                 lat[mode] += got
                 per_round[mode].append(round(summary(got)["p99"] * 1000, 1))
+                after = await accepted() if mode == "on" else None
+                if after is not None and before is not None:
+                    dials.append(after - before - own)
         who = "" if ns == "s8" else " (Python floor)"
         label = f"S8{who}: {rounds} rounds of paced creates, webhook on / off in turn"
         await self.phase(label, sw, pods=2 * rounds * (per + warm))
@@ -1220,6 +1240,7 @@ class Run:
             "off": {"latency": summary(lat["off"]), "rate": self.s8_rate_seen},
             "rounds": rounds,
             "per_round_p99_ms": per_round,
+            "per_round_connections": dials,
             **({"profile": spy.stop()} if spy is not None else {}),
         }
 
@@ -1409,13 +1430,23 @@ def mib(n: float) -> str:
     return f"{n / 1024 / 1024:.0f} MiB"
 
 
+def s8_each(s8: dict[str, Any]) -> str:
+    """Each round's p99 with the webhook and the connections it accepted then: a tail in
+    one round names its cause (a process just started meets the API server with no
+    connection open, and a slow handshake makes it dial more: round 1)."""
+    rounds, dials = s8.get("per_round_p99_ms"), s8.get("per_round_connections")
+    text = f"; each round's p99 with it: {' / '.join(map(str, rounds['on']))} ms" if rounds else ""
+    if dials:
+        text += f", connections accepted: {' / '.join(f'{d:.0f}' for d in dials)}"
+    return text
+
+
 def s8_rows(out: dict[str, Any], creates: str) -> list[tuple[str, str, str, str, str, str]]:
     """S8, the webhook's added p99, and the floor's control run when there was one."""
     r: list[tuple[str, str, str, str, str, str]] = []
     on, off = out["s8"]["on"], out["s8"]["off"]
     added = (on["latency"]["p99"] - off["latency"]["p99"]) * 1000
-    rounds = out["s8"].get("per_round_p99_ms")  # a tail in one round names its cause
-    each = f"; each round's p99 with it: {' / '.join(map(str, rounds['on']))} ms" if rounds else ""
+    each = s8_each(out["s8"])
     r.append(
         (
             "S8",
@@ -1436,10 +1467,10 @@ def s8_rows(out: dict[str, Any], creates: str) -> list[tuple[str, str, str, str,
                 "S8 floor",
                 "S8 through the Python floor's pod webhook (`floor.py`: a precomputed "
                 "answer per group on sdgruntime's HTTP server, nothing else), in rounds of "
-                "its own; SDG's added p99 over the floor's",
+                "its own, started after SDG's as SDG's was; SDG's added p99 over the floor's",
                 f"floor {f_added:+.1f} ms (p99 {f_on * 1000:.1f} ms); SDG "
                 f"{added - f_added:+.1f} ms over the floor",
-                f"no webhook: p99 {f_off * 1000:.1f} ms",
+                f"no webhook: p99 {f_off * 1000:.1f} ms{s8_each(f)}",
                 f"{f_added / 5:.2f}x",
                 "control run: S8's limit in Python on this host",
             )

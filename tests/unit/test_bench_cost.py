@@ -185,6 +185,17 @@ def test_s8_row_lists_each_rounds_p99_so_a_one_round_tail_shows() -> None:
     assert row[3].endswith("each round's p99 with it: 288.5 / 41.6 ms")
 
 
+def test_s8_rows_name_the_connections_each_round_made_for_sdg_and_the_floor() -> None:
+    rounds = {"per_round_p99_ms": {"on": [900.0, 20.0], "off": [9, 9]}}
+    out = {
+        "s8": {**s8(0.9, 0.01), **rounds, "per_round_connections": [412.0, 0.0]},
+        "s8_floor": {**s8(0.8, 0.01), **rounds, "per_round_connections": [380.0, 2.0]},
+    }
+    (row, floor) = s8_rows(out, "2000 creates each")
+    assert row[3].endswith("900.0 / 20.0 ms, connections accepted: 412 / 0")
+    assert floor[3].endswith("900.0 / 20.0 ms, connections accepted: 380 / 2")
+
+
 def test_s2_parts_put_sdgs_drain_beside_the_raw_binders() -> None:
     out = {
         "phases": [
