@@ -51,12 +51,6 @@ _LINGER_SECONDS = 2.0  # reading the rest of a refused request, so the answer is
 _MAX_REFUSING = 32
 _REFUSAL_LOG_INTERVAL = 10.0  # a flood of refusals is one warning per interval
 _BACKLOG = 511
-# Connections accepted per turn of the event loop; the rest wait in the kernel's accept
-# queue (``_BACKLOG``) for the next turn. A TLS handshake costs the loop more than a review
-# (~2.4 ms of CPU against under 1 ms on the benchmarks' host): accepting every dial at
-# once let a burst of them crowd out the reviews of connections already open, and the API
-# server, its reviews waiting, dialed again for each (RESULTS.md, session 43).
-_ACCEPTS_PER_TURN = 4
 MAX_HEADER_FIELDS = 128  # as aiohttp's parser; no real client sends more
 _MAX_PIPELINED = 16  # requests received and waiting behind the one being served
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -227,7 +221,6 @@ class HTTPServer:
         self._context: ssl.SSLContext | None = None
         self._warned_context = False  # the provider returned another context (logged once)
         self._connections: set[_Connection] = set()  # served connections, open now
-        self._handshakes: set[asyncio.Task[None]] = set()  # accepted, not handed over yet
         self._stopping = False  # shutting down: answers close their connections
         self._drained: asyncio.Event | None = None  # set when the last connection closes
         self._opened = metrics.HTTP_CONNECTIONS.labels(server=name, protocol="http/1.1")
@@ -277,11 +270,18 @@ class HTTPServer:
         self._connections.clear()
         self._stopping = False
         sockets = _bind(self.host, self._requested_port)
-        listening: list[socket.socket] = []
+        servers: list[asyncio.Server] = []
         try:
             for sock in sockets:
-                loop.add_reader(sock, self._accept, sock)
-                listening.append(sock)
+                servers.append(
+                    await loop.create_server(
+                        self._new_connection,
+                        sock=sock,
+                        ssl=self._context,
+                        ssl_handshake_timeout=self.request_timeout if self._context else None,
+                        backlog=_BACKLOG,
+                    )
+                )
             self._port = sockets[0].getsockname()[1]
             self._listening = True
             log.info(
@@ -295,21 +295,15 @@ class HTTPServer:
             await anyio.sleep_forever()
         finally:
             self._listening = False
-            for sock in listening:
-                loop.remove_reader(sock)
-            for sock in sockets:
-                sock.close()
             with anyio.CancelScope(shield=True):
-                await self._shutdown()
+                await self._shutdown(servers, sockets)
 
-    async def _shutdown(self) -> None:
-        """(Listening stopped) ends handshakes under way, closes idle connections, lets
-        requests in flight finish."""
-        handshakes = list(self._handshakes)
-        for task in handshakes:
-            task.cancel()
-        if handshakes:
-            await asyncio.wait(handshakes)  # each closes its connection as it ends
+    async def _shutdown(self, servers: list[asyncio.Server], sockets: list[socket.socket]) -> None:
+        """Stops listening, closes idle connections, lets requests in flight finish."""
+        for server in servers:
+            server.close()
+        for sock in sockets[len(servers) :]:  # bound, never served
+            sock.close()
         self._stopping = True
         for connection in list(self._connections):
             connection.stop()  # idle ones close now, busy ones after their answer
@@ -326,38 +320,6 @@ class HTTPServer:
             refusal.abort()
 
     # --- connections -------------------------------------------------------------------
-
-    def _accept(self, sock: socket.socket) -> None:
-        """``sock`` is readable: up to ``_ACCEPTS_PER_TURN`` connections, each handed to
-        the loop's transport (its TLS handshake) in a task the server owns; the rest, if
-        any, on the next turn (the reader stays armed)."""
-        for _ in range(_ACCEPTS_PER_TURN):
-            try:
-                conn, _ = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # the peer gave up (ECONNABORTED), out of descriptors
-                log.warning("%s server: accept failed: %s", self.name, exc)
-                return
-            conn.setblocking(False)
-            task = asyncio.get_running_loop().create_task(self._handshake(conn))
-            self._handshakes.add(task)
-            task.add_done_callback(self._handshakes.discard)
-
-    async def _handshake(self, conn: socket.socket) -> None:
-        """Serves ``conn`` once its TLS handshake (if any) is done. The transport owns
-        ``conn`` from the start and closes it when the handshake fails or times out (the
-        client sees why; closing it here too could close a descriptor reused since)."""
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.connect_accepted_socket(
-                self._new_connection,
-                conn,
-                ssl=self._context,
-                ssl_handshake_timeout=self.request_timeout if self._context else None,
-            )
-        except (OSError, ssl.SSLError) as exc:  # timeouts are ConnectionAbortedError
-            log.debug("%s server: connection ended in its handshake: %s", self.name, exc)
 
     def _new_connection(self) -> _Connection:
         """The listener's protocol factory: called per accepted connection."""

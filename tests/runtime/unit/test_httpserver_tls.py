@@ -14,7 +14,7 @@ import httpx
 import pytest
 from anyio.streams.tls import TLSAttribute, TLSStream
 
-from sdgruntime import httpserver, metrics
+from sdgruntime import metrics
 from sdgruntime.envtest.certs import CertificateAuthority
 from sdgruntime.httpserver import HTTPServer, Request, Response
 from sdgruntime.webhook.certs import CertWatcher
@@ -130,43 +130,3 @@ async def test_a_rotated_certificate_reaches_new_connections_only(folder: Path) 
 
 def _url(server: HTTPServer) -> str:
     return f"https://127.0.0.1:{server.port}"
-
-
-async def test_a_burst_of_dials_over_one_turns_accepts_is_all_served(folder: Path) -> None:
-    """The server takes a few connections per turn of the loop (so a burst of dials cannot
-    crowd out the requests of open connections); a burst of many times that waits its
-    turns and every connection is served."""
-    watcher = CertWatcher(folder / "tls.crt", folder / "tls.key")
-    burst = 6 * httpserver._ACCEPTS_PER_TURN
-    answers: list[bytes] = []
-    async with serving(ssl_context_provider=watcher) as server:
-
-        async def one() -> None:
-            async with await connect(server, ["http/1.1"]) as stream:
-                await stream.send(b"GET /echo HTTP/1.1\r\nhost: a\r\n\r\n")
-                answers.append(await stream.receive())
-
-        with anyio.fail_after(20):
-            async with anyio.create_task_group() as tg:
-                for _ in range(burst):
-                    tg.start_soon(one)
-    assert len(answers) == burst
-    assert all(a.startswith(b"HTTP/1.1 200") for a in answers)
-
-
-async def test_stopping_ends_a_handshake_the_client_never_finishes(folder: Path) -> None:
-    """A client that connects and never says hello does not hold up a shutdown: the
-    handshake under way is ended and its connection closed."""
-    watcher = CertWatcher(folder / "tls.crt", folder / "tls.key")
-    server = HTTPServer("127.0.0.1", 0, {"/echo": echo}, ssl_context_provider=watcher)
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            port = await tg.start(server.serve)
-            silent = await anyio.connect_tcp("127.0.0.1", port)
-            while not server._handshakes:  # noqa: ASYNC110 - accepted, waiting for a hello
-                await anyio.sleep(0.01)
-            tg.cancel_scope.cancel()
-        assert not server._handshakes
-        with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
-            await silent.receive()
-        await silent.aclose()
