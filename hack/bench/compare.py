@@ -26,7 +26,8 @@ It prints S1-S8 (the goals of the "faster than kube-scheduler and kopf" issue), 
 SDG's value, its yardstick measured in the same run, and the ratio, with the machine and
 the command; it rewrites the ``compare`` section of hack/bench/RESULTS.md. Each ratio is
 against a yardstick measured minutes apart on the same machine, because absolute numbers
-on a shared 2-core VM are noisy. With py-spy installed, the manager is sampled during S1.
+on a shared 2-core VM are noisy. With py-spy installed, the manager and the floor are
+sampled in a second, shorter S1 run (py-spy pauses what it samples: ``Run.profiled``).
 
 A benchmark, never a timed test: nothing here passes or fails.
 """
@@ -668,6 +669,8 @@ async def floor_connections(port: int) -> float | None:
 
 #: S1 measures each contender's CPU-s per second while idle, just before its creates.
 IDLE_SECONDS = 3.0
+#: Pods of S1's second, profiled run (``Run.profiled``): enough samples for the parts.
+PROFILED_PODS = 2000
 
 
 #: What settle_writes watches: every kind the contenders write in S1, but Leases.
@@ -1065,6 +1068,7 @@ class Run:
         pids: dict[str, int],
         spy: PySpy | None = None,
         profile_key: str = "profile",
+        api_tag: str | None = None,
     ) -> dict[str, Any]:
         """S1's measure for one contender: ``pods`` created in ``ns`` (``in_flight`` at a
         time) on a watch opened before; first create -> last pod seen with a node. The
@@ -1072,14 +1076,15 @@ class Run:
         bind (``settle_writes``: Events written later still count; the writes of what came
         before settle before it starts); ``spy`` (of the one Python process in ``pids``)
         is stopped at the last bind, its summary in ``out[profile_key]``, its parts
-        (``_pyspy``) in the phase."""
+        (``_pyspy``) in the phase; the API server's profile goes to ``pprof-API_TAG-*``
+        (``ns`` by default)."""
         seen = FirstSeen([p["metadata"]["name"] for p in pods], has_node)
         await settle_writes(self.kube)  # what came before (S3's paced Events) is not S1's
         idle_sw = Stopwatch(pids)  # what each spends while nothing is asked of it
         await asyncio.sleep(IDLE_SECONDS)
         idle = {k: v / IDLE_SECONDS for k, v in idle_sw.cpu().items()}
         sw = await self.stopwatch(pids)
-        api = self.api_profile(ns)
+        api = self.api_profile(api_tag or ns)
         calls_before = await webhook_calls(self.kube)
         async with Watch(self.kube, pods_path(ns), seen):
             made = await create_all(self.kube, pods_path(ns), pods, self.args.in_flight)
@@ -1112,15 +1117,52 @@ class Run:
     async def s1_sdg(self, mgr: Proc, groups: list[str]) -> None:
         n = self.scale.pods
         pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
-        spy = self.spy(mgr, "s1")
         self.out["profile"] = None
         opened = await webhook_connections(mgr)
-        s1 = await self.stream(S1_SDG, "s1-sdg", pods, self.pids(manager=mgr), spy)
+        s1 = await self.stream(S1_SDG, "s1-sdg", pods, self.pids(manager=mgr))
         after = await webhook_connections(mgr)
         s1["webhook_connections"] = None if opened is None or after is None else after - opened
         self.out["s1_sdg"] = s1
+        measured = self.phases[-1]
         # The pods as SDG's webhook made them: the other schedulers get the same ones.
         self.templates = await made_pods(self.kube, "s1-sdg")
+        await self.profiled(measured, "s1-sdg", pods, self.pids(manager=mgr), mgr, "s1")
+
+    async def profiled(
+        self,
+        measured: dict[str, Any],
+        ns: str,
+        pods: list[Obj],
+        pids: dict[str, int],
+        proc: Proc,
+        phase: str,
+        profile_key: str = "profile",
+    ) -> None:
+        """S1's parts for the Python contender ``proc``. py-spy pauses the process it
+        samples 100 times a second: sampled, SDG's manager streamed S1 at 105 pods/s
+        against 189 unsampled, and its webhook accepted 2,519 connections against 1,140
+        (RESULTS.md, session 43). So the goal rows come from S1 unsampled (``measured``,
+        its phase), and a second run of the first ``PROFILED_PODS`` of the same pods, in
+        ``ns`` again once the first are gone, is sampled: its samples share out the
+        measured run's CPU (``measured["python_parts"]``). Nothing without py-spy."""
+        spy = self.spy(proc, phase)
+        if spy is None:
+            return
+        await delete_pods(self.kube, ns)
+        await wait_groups_empty(self.kube)
+        again = pods[:PROFILED_PODS]
+        await self.stream(
+            f"{measured['name']} (again, py-spy on)",
+            ns,
+            again,
+            pids,
+            spy,
+            profile_key=profile_key,
+            api_tag=f"{ns}-profiled",
+        )
+        parts = self.phases[-1].get("python_parts")
+        if parts:
+            measured["python_parts"] = parts
 
     def write_json(self, name: str, obj: Any) -> Path:
         path = self.env.work / name
@@ -1132,14 +1174,12 @@ class Run:
         it; then each pod is checked against its group's template and node."""
         n, ns = self.scale.pods, "s1-floor"
         pods = [group_pod(f"p-{i:05d}", groups[i % len(groups)]) for i in range(n)]
-        spy = self.spy(floor, "s1-floor")  # as the manager's in its S1: S9's parts side by side
         opened = await floor_connections(port)
-        s1 = await self.stream(
-            S1_FLOOR, ns, pods, self.pids(floor=floor), spy, profile_key="profile_floor"
-        )
+        s1 = await self.stream(S1_FLOOR, ns, pods, self.pids(floor=floor))
         after = await floor_connections(port)
         s1["webhook_connections"] = None if opened is None or after is None else after - opened
         self.out["s1_floor"] = s1
+        measured = self.phases[-1]
         wrong = 0
         items, _ = await self.kube.list(pods_path(ns))
         for pod in items:
@@ -1152,6 +1192,9 @@ class Run:
             envs = [c.get("env") for c in pod["spec"]["containers"]]
             wrong += envs != [c.get("env") for c in want["spec"]["containers"]]
         assert wrong == 0, f"the floor made {wrong} fields differ from SDG's pods"
+        # as the manager's: S9's parts side by side
+        pids = self.pids(floor=floor)
+        await self.profiled(measured, ns, pods, pids, floor, "s1-floor", "profile_floor")
 
     async def s1_kube(self, ks: Proc) -> None:
         n = self.scale.pods
@@ -1731,7 +1774,9 @@ def parts_table(out: dict[str, Any], title: str, named: list[tuple[str, str]]) -
         lines += [
             "",
             "The Python process rows split the CPU per pod of the run's Python contender "
-            "(SDG's manager, the floor) by its py-spy profile up to the last bind: each "
+            "(SDG's manager, the floor) by the py-spy profile, up to the last bind, of a "
+            f"second S1 run of its first {PROFILED_PODS} pods (the measured run is not "
+            "sampled: py-spy pauses the process 100 times a second): each "
             "sample goes to the first matching part of `hack/bench/_pyspy.py`'s list (the "
             "floor's binds include their Event POSTs); what it spent after the last bind "
             "(paced Events, status) is its own row.",
