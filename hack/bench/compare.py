@@ -1144,7 +1144,7 @@ class Run:
         samples 100 times a second: sampled, SDG's manager streamed S1 at 105 pods/s
         against 189 unsampled, and its webhook accepted 2,519 connections against 1,140
         (RESULTS.md, session 43). So the goal rows come from S1 unsampled (``measured``,
-        its phase), and a second run of the first ``PROFILED_PODS`` of the same pods, in
+        its phase), and a second run of the first ``PROFILED_PODS`` of the same pods (new names), in
         ``ns`` again once the first are gone, is sampled: its samples share out the
         measured run's CPU (``measured["python_parts"]``). Nothing without py-spy."""
         spy = self.spy(proc, phase)
@@ -1152,7 +1152,11 @@ class Run:
             return
         await delete_pods(self.kube, ns)
         await wait_groups_empty(self.kube)
-        again = pods[:PROFILED_PODS]
+        # New names: a contender may remember the pods it has seen by name (the floor does).
+        again = [
+            {**pod, "metadata": {**pod["metadata"], "name": f"again-{pod['metadata']['name']}"}}
+            for pod in pods[:PROFILED_PODS]
+        ]
         await self.stream(
             f"{measured['name']} (again, py-spy on)",
             ns,
