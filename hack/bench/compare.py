@@ -1144,9 +1144,10 @@ class Run:
         samples 100 times a second: sampled, SDG's manager streamed S1 at 105 pods/s
         against 189 unsampled, and its webhook accepted 2,519 connections against 1,140
         (RESULTS.md, session 43). So the goal rows come from S1 unsampled (``measured``,
-        its phase), and a second run of the first ``PROFILED_PODS`` of the same pods (new names), in
-        ``ns`` again once the first are gone, is sampled: its samples share out the
-        measured run's CPU (``measured["python_parts"]``). Nothing without py-spy."""
+        its phase), and a second run of the first ``PROFILED_PODS`` of the same pods
+        (new names), in ``ns`` again once the first are gone, is sampled: its samples
+        share out the measured run's CPU (``measured["python_parts"]``). Nothing without
+        py-spy."""
         spy = self.spy(proc, phase)
         if spy is None:
             return
