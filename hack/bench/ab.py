@@ -6,10 +6,11 @@ failover, then the raw binder's drain of the same backlog as the run's yardstick
 For before/after runs of one change: run it from each tree in turn (``ROOT`` is the tree
 whose manager and bench code run), alternating, on a quiet machine. Prints each phase's
 wall and CPU seconds, the API server's writes and, for S1, its CPU per pod by part (its
-own profile, ``_pprof.py``); ``--py-spy`` profiles the manager in S1, S2, S4 and S8 (and
-the floor in S8), and ``--work-dir`` keeps the raw stacks (``py-spy-s1.txt``,
-``py-spy-s2.txt``, ``py-spy-s4.txt``, ``py-spy-s8.txt``, ``py-spy-s8-floor.txt``) and the
-API server's profiles (``pprof-*.pb.gz``).
+own profile, ``_pprof.py``); ``--py-spy`` profiles the manager in S1 (a second run,
+``compare.Run.profiled``: py-spy slows what it samples, so compare the phases of runs
+without it), S2, S4 and S8 (and the floor in S8), and ``--work-dir`` keeps the raw
+stacks (``py-spy-s1.txt``, ``py-spy-s2.txt``, ``py-spy-s4.txt``, ``py-spy-s8.txt``,
+``py-spy-s8-floor.txt``) and the API server's profiles (``pprof-*.pb.gz``).
 About 2.5 minutes at full scale on 2 cores.
 
     python hack/bench/ab.py ROOT OUT.json [--only s1|s2|s4|s8] [--py-spy] [--work-dir DIR]
